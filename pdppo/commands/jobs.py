@@ -1,5 +1,292 @@
-"""Client subcommands (placeholder until their issue lands)."""
+"""Client subcommands: submit, status, list, cancel, logs.
+
+They are thin shells over `pdppo.client.Client`, so the CLI and the Python client cannot drift
+apart. The server URL and key come from `--url/--api-key` or `PDPPO_URL/PDPPO_API_KEY` (what
+`pdppo dev` prints), never from a config file that could leak a key into a repository.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
-COMMANDS: list[click.Command] = []
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from pdppo.client import Client, Event, Job
+
+# Metrics worth a place on the progress line, in this order, when the trainer reports them.
+PREFERRED_METRICS = (
+    "reward",
+    "reward_mean",
+    "loss",
+    "masked_frac",
+    "mask_frac",
+    "mask_fraction",
+    "kl",
+    "tv",
+    "accuracy",
+)
+MAX_SHOWN_METRICS = 5
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_url_option = click.option(
+    "--url",
+    envvar="PDPPO_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="API base URL (env PDPPO_URL).",
+)
+_key_option = click.option(
+    "--api-key",
+    envvar="PDPPO_API_KEY",
+    default=None,
+    help="API key (env PDPPO_API_KEY).",
+)
+
+
+def _client(url: str, api_key: str | None) -> Client:
+    from pdppo.client import Client
+
+    if not api_key:
+        raise click.UsageError("no API key: pass --api-key or set PDPPO_API_KEY")
+    return Client(url, api_key)
+
+
+def _handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turns client errors into one-line CLI errors instead of tracebacks."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        import httpx
+
+        from pdppo.client import ApiError, FollowError
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except FollowError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except httpx.TransportError as exc:
+            raise click.ClickException(f"cannot reach the server: {exc}") from exc
+
+    return wrapper
+
+
+def _job_line(job: Job) -> str:
+    name = job.field("name") or (job.field("spec") or {}).get("name", "")
+    created = job.field("created_at") or ""
+    return f"{job.id}  {job.status:<10} {name:<24} {created}"
+
+
+def _total_steps(job: Job) -> int | None:
+    """The number of training steps, wherever this server version puts it in the job."""
+    for key in ("total_steps", "steps"):
+        value = job.field(key)
+        if isinstance(value, int):
+            return value
+    spec = job.field("spec")
+    if isinstance(spec, Mapping):
+        train = spec.get("train")
+        if isinstance(train, Mapping):
+            for key in ("steps", "total_steps", "num_steps", "max_steps"):
+                if isinstance(train.get(key), int):
+                    return int(train[key])
+    return None
+
+
+def _format_metrics(metrics: Mapping[str, Any]) -> dict[str, str]:
+    numeric = {
+        k: v
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("step", "time")
+    }
+    keys = [k for k in PREFERRED_METRICS if k in numeric]
+    keys += [k for k in numeric if k not in keys]
+    return {k: f"{numeric[k]:.4g}" for k in keys[:MAX_SHOWN_METRICS]}
+
+
+def follow_job(client: Client, job_id: str, last_event_id: str | None = None) -> str:
+    """Streams a job to the terminal with a live progress bar; returns its final status."""
+    from tqdm import tqdm
+
+    job = client.get(job_id)
+    total = _total_steps(job)
+    status = job.status
+    bar: tqdm[Any] = tqdm(total=total, unit="step", desc=job_id[:12], dynamic_ncols=True)
+    try:
+        for event in client.follow(job_id, last_event_id=last_event_id):
+            status = _show_event(event, bar, status)
+            if event.event == "done":
+                break
+    except KeyboardInterrupt:
+        bar.close()
+        click.echo(
+            f"\nstopped following; the job keeps running. Resume with: pdppo logs {job_id}",
+            err=True,
+        )
+        raise SystemExit(130) from None
+    bar.close()
+    return status
+
+
+def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
+    payload = _payload(event)
+    if event.event == "metrics" and isinstance(payload, Mapping):
+        step = payload.get("step")
+        if isinstance(step, int):
+            done_steps = step + 1 if bar.total is None or step < bar.total else step
+            if done_steps > bar.n:
+                bar.update(done_steps - bar.n)
+        bar.set_postfix(_format_metrics(payload), refresh=True)
+    elif event.event in ("status", "done"):
+        new = payload.get("status") if isinstance(payload, Mapping) else payload
+        if isinstance(new, str) and new != status:
+            status = new
+            bar.write(f"status: {status}")
+        if isinstance(payload, Mapping) and payload.get("error"):
+            bar.write(f"error: {payload['error']}")
+    elif event.event == "checkpoint":
+        bar.write(f"checkpoint: {_compact(payload)}")
+    elif event.event == "log":
+        message = payload.get("message") if isinstance(payload, Mapping) else payload
+        bar.write(str(message if message is not None else event.data))
+    return status
+
+
+def _payload(event: Event) -> Any:
+    try:
+        return event.json()
+    except ValueError:
+        return event.data
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":")) if not isinstance(value, str) else value
+
+
+def _exit_for(status: str) -> None:
+    if status != "succeeded":
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC.yaml", type=click.Path(exists=True, path_type=Path))
+@click.option("--follow", "-f", is_flag=True, help="Stream progress and metrics until the end.")
+@click.option("--idempotency-key", default=None, help="Same key, same job: safe to retry.")
+@_url_option
+@_key_option
+@_handle_errors
+def submit(
+    spec_path: Path, follow: bool, idempotency_key: str | None, url: str, api_key: str | None
+) -> None:
+    """Submit a job spec; print its id (or follow it with --follow)."""
+    from pdppo.client import spec_to_dict
+
+    try:
+        spec = spec_to_dict(spec_path)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    with _client(url, api_key) as client:
+        job = client.submit(spec, idempotency_key=idempotency_key)
+        if not follow:
+            click.echo(job.id)
+            return
+        click.echo(f"submitted {job.id}", err=True)
+        status = follow_job(client, job.id)
+        click.echo(f"{job.id} {status}")
+        _exit_for(status)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole job object as JSON.")
+@_url_option
+@_key_option
+@_handle_errors
+def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
+    """Show one job's status."""
+    with _client(url, api_key) as client:
+        job = client.get(job_id)
+    if as_json:
+        click.echo(json.dumps(job.model_dump(mode="json"), indent=2))
+    else:
+        click.echo(_job_line(job))
+        if job.field("error"):
+            click.echo(f"error: {job.field('error')}")
+
+
+@click.command(name="list")
+@click.option(
+    "--status",
+    "status_filter",
+    type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]),
+    default=None,
+    help="Only jobs in this state.",
+)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one job per line.")
+@_url_option
+@_key_option
+@_handle_errors
+def list_jobs(
+    status_filter: str | None, limit: int, as_json: bool, url: str, api_key: str | None
+) -> None:
+    """List your jobs, newest first."""
+    with _client(url, api_key) as client:
+        jobs = _take(client.iter_jobs(status=status_filter, page_size=min(limit, 100)), limit)
+    for job in jobs:
+        click.echo(json.dumps(job.model_dump(mode="json")) if as_json else _job_line(job))
+
+
+def _take(jobs: Iterator[Job], n: int) -> list[Job]:
+    out: list[Job] = []
+    for job in jobs:
+        if len(out) >= n:
+            break
+        out.append(job)
+    return out
+
+
+@click.command()
+@click.argument("job_id")
+@_url_option
+@_key_option
+@_handle_errors
+def cancel(job_id: str, url: str, api_key: str | None) -> None:
+    """Cancel a job: a running one stops at its next step."""
+    with _client(url, api_key) as client:
+        job = client.cancel(job_id)
+    click.echo(f"{job.id} {job.status}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--raw", is_flag=True, help="Print every event as `id event data` lines.")
+@click.option("--since", default=None, help="Resume after this event id.")
+@_url_option
+@_key_option
+@_handle_errors
+def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
+    """Stream a job's events from the start (or --since) until it ends."""
+    with _client(url, api_key) as client:
+        if not raw:
+            final = follow_job(client, job_id, last_event_id=since)
+            click.echo(f"{job_id} {final}")
+            _exit_for(final)
+            return
+        for event in client.follow(job_id, last_event_id=since):
+            click.echo(f"{event.id or '-'} {event.event} {event.data}")
+            sys.stdout.flush()
+
+
+COMMANDS: list[click.Command] = [submit, status, list_jobs, cancel, logs]

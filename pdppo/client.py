@@ -1,0 +1,310 @@
+"""A small synchronous Python client for the pdppo HTTP API.
+
+It talks HTTP only (httpx, with httpx-sse for the event stream) and imports neither `api` nor
+`workers`, so a laptop that submits jobs to a remote GPU box needs no server-side code paths.
+The job JSON is kept as a permissive model: the server owns the schema, and a newer server that
+adds fields must not break an older client.
+
+`Client.follow` is the piece with a contract worth reading: it yields every event of a job's
+stream once, in order, and survives dropped connections by reconnecting with `Last-Event-ID`, so
+a flaky proxy or a restarted API costs a pause, not a gap or a duplicate.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import httpx
+from httpx_sse import SSEError, connect_sse
+from pydantic import BaseModel, ConfigDict
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class ApiError(Exception):
+    """The server answered, and the answer was an error (4xx/5xx)."""
+
+    def __init__(self, status_code: int, detail: Any, method: str = "", url: str = "") -> None:
+        self.status_code = status_code
+        self.detail = detail
+        self.method = method
+        self.url = url
+        where = f" ({method} {url})" if method else ""
+        super().__init__(f"HTTP {status_code}{where}: {_detail_text(detail)}")
+
+
+class FollowError(Exception):
+    """The event stream could not be re-established after repeated attempts."""
+
+
+def _detail_text(detail: Any) -> str:
+    """FastAPI validation errors arrive as a list of dicts; make them one readable line each."""
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, dict) and "msg" in item:
+                loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+                parts.append(f"{loc}: {item['msg']}" if loc else str(item["msg"]))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return str(detail)
+
+
+class Job(BaseModel):
+    """A job as the server describes it; unknown fields are kept, not rejected."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    status: str
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def field(self, name: str, default: Any = None) -> Any:
+        """Reads a server field that this client version does not declare."""
+        extra = self.model_extra or {}
+        return extra.get(name, getattr(self, name, default))
+
+
+class JobPage(BaseModel):
+    """One page of `GET /v1/jobs`; pass `next_cursor` back to get the next page."""
+
+    items: builtins.list[Job]
+    next_cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event of a job's stream."""
+
+    event: str
+    data: str
+    id: str | None = None
+
+    def json(self) -> Any:
+        """The payload decoded as JSON (every event the API sends carries JSON data)."""
+        return json.loads(self.data) if self.data else None
+
+
+SpecLike = Mapping[str, Any] | BaseModel | Path
+
+
+def spec_to_dict(spec: SpecLike) -> dict[str, Any]:
+    """Turns a spec given as a mapping, a pydantic model or a YAML/JSON file into JSON data."""
+    if isinstance(spec, Path):
+        import yaml
+
+        loaded = yaml.safe_load(spec.read_text())
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{spec}: a job spec must be a mapping, got {type(loaded).__name__}")
+        return loaded
+    if isinstance(spec, BaseModel):
+        dumped: dict[str, Any] = spec.model_dump(mode="json")
+        return dumped
+    return dict(spec)
+
+
+class Client:
+    """Sync client for one pdppo server and one API key.
+
+    `base_url` and `api_key` default to the `PDPPO_URL` and `PDPPO_API_KEY` environment
+    variables, the same ones the CLI reads.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        stream_read_timeout: float = 60.0,
+        reconnect_delay: float = 0.5,
+        max_reconnects: int = 20,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("PDPPO_URL") or DEFAULT_URL).rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("PDPPO_API_KEY")
+        # The server pings idle streams every few seconds; a read that waits much longer than
+        # that means the connection is dead even if TCP has not noticed yet.
+        self.stream_read_timeout = stream_read_timeout
+        self.reconnect_delay = reconnect_delay
+        self.max_reconnects = max_reconnects
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- plain requests --------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._http.request(method, path, **kwargs)
+        _raise_for_status(response)
+        return response
+
+    def health(self) -> bool:
+        """True when the API answers `/readyz` (its Redis is reachable)."""
+        try:
+            return self._http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def submit(self, spec: SpecLike, idempotency_key: str | None = None) -> Job:
+        """Queues a job; with the same `idempotency_key` a retried submit returns the same job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = self._request("POST", "/v1/jobs", json=spec_to_dict(spec), headers=headers)
+        return Job.model_validate(response.json())
+
+    def get(self, job_id: str) -> Job:
+        return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())
+
+    def list(
+        self, status: str | None = None, limit: int = 20, cursor: str | None = None
+    ) -> JobPage:
+        """One page of this tenant's jobs, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        if cursor:
+            params["cursor"] = cursor
+        body = self._request("GET", "/v1/jobs", params=params).json()
+        if isinstance(body, list):  # tolerate a server that returns a bare list
+            return JobPage(items=[Job.model_validate(j) for j in body])
+        items = body.get("items", body.get("jobs", []))
+        cursor_out = body.get("next_cursor", body.get("cursor"))
+        return JobPage(items=[Job.model_validate(j) for j in items], next_cursor=cursor_out)
+
+    def iter_jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[Job]:
+        """Every job, walking the cursor pages."""
+        cursor: str | None = None
+        while True:
+            page = self.list(status=status, limit=page_size, cursor=cursor)
+            yield from page.items
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, job_id: str) -> Job:
+        """Asks for cancellation; a running job stops at its next step, a queued one never runs."""
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+
+    def metrics(self, job_id: str) -> builtins.list[dict[str, Any]]:
+        """Every step's metrics recorded so far, oldest first."""
+        body = self._request("GET", f"/v1/jobs/{job_id}/metrics").json()
+        if isinstance(body, dict):
+            body = body.get("items", body.get("metrics", []))
+        rows: builtins.list[dict[str, Any]] = body
+        return rows
+
+    def metrics_csv(self, job_id: str) -> str:
+        return self._request("GET", f"/v1/jobs/{job_id}/metrics", params={"format": "csv"}).text
+
+    def checkpoints(self, job_id: str) -> builtins.list[dict[str, Any]]:
+        body = self._request("GET", f"/v1/jobs/{job_id}/checkpoints").json()
+        if isinstance(body, dict):
+            body = body.get("items", body.get("checkpoints", []))
+        rows: builtins.list[dict[str, Any]] = body
+        return rows
+
+    def download(self, job_id: str, name: str, dest: Path) -> Path:
+        """Streams one checkpoint file (a name from `checkpoints`) to `dest` (a file or folder)."""
+        target = dest / Path(name).name if dest.is_dir() else dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/checkpoints/{name}") as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for_status(response)
+            with partial.open("wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+        partial.replace(target)  # never leave a half-written file under the real name
+        return target
+
+    # -- the event stream ------------------------------------------------------------------
+
+    def follow(self, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+        """Yields the job's events until (and including) `done`.
+
+        Starts after `last_event_id` when given (as a reconnecting browser would), else from
+        the first event the server kept. A connection that drops or ends before `done` is
+        re-opened with `Last-Event-ID`, so no event is lost or repeated; after
+        `max_reconnects` attempts in a row without a single new event it raises FollowError.
+        """
+        last = last_event_id
+        delay = self.reconnect_delay
+        failures = 0
+        timeout = httpx.Timeout(self._http.timeout.connect, read=self.stream_read_timeout)
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            reason = "the server closed the stream before `done`"
+            try:
+                with connect_sse(
+                    self._http,
+                    "GET",
+                    f"/v1/jobs/{job_id}/events",
+                    headers=headers,
+                    timeout=timeout,
+                ) as source:
+                    response = source.response
+                    if response.status_code >= 400:
+                        response.read()
+                        if response.status_code < 500:
+                            _raise_for_status(response)  # 4xx will not heal by retrying
+                        raise _ServerError(response.status_code)
+                    for sse in source.iter_sse():
+                        if sse.retry is not None:
+                            delay = sse.retry / 1000
+                        if sse.id:
+                            last = sse.id
+                        failures = 0
+                        event = Event(event=sse.event, data=sse.data, id=sse.id or None)
+                        yield event
+                        if event.event == "done":
+                            return
+            except (httpx.TransportError, SSEError, _ServerError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            failures += 1
+            if failures > self.max_reconnects:
+                raise FollowError(
+                    f"gave up following job {job_id} after {failures - 1} reconnects "
+                    f"(last event id {last!r}; {reason})"
+                )
+            time.sleep(delay)
+
+
+class _ServerError(Exception):
+    """A 5xx on the stream: retried like a dropped connection."""
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"HTTP {status_code}")
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+        detail = body.get("detail", body) if isinstance(body, dict) else body
+    except ValueError:
+        detail = response.text
+    raise ApiError(response.status_code, detail, response.request.method, str(response.url))

@@ -1,0 +1,121 @@
+"""The one settings object of the service, read from `PDPPO_*` environment variables (and `.env`).
+
+The API, the Celery app and the workers all read this, so a deployment configures everything in
+one place. Outside development it refuses the insecure defaults (no API keys, short keys) instead
+of starting a service that anyone can use.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MIN_PRODUCTION_KEY_LENGTH = 16
+
+
+def parse_api_keys(raw: str) -> dict[str, str]:
+    """Parse `tenant:key,tenant:key` into {key: tenant}; a tenant may hold several keys."""
+    by_key: dict[str, str] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        tenant, sep, key = entry.partition(":")
+        tenant, key = tenant.strip(), key.strip()
+        if not sep or not key:
+            raise ValueError(f"api_keys entry {entry.split(':')[0]!r} must be 'tenant:key'")
+        if not _TENANT_RE.match(tenant):
+            raise ValueError(f"api_keys tenant {tenant!r} must match {_TENANT_RE.pattern}")
+        if key in by_key and by_key[key] != tenant:
+            raise ValueError(f"api_keys: one key is given to both {by_key[key]!r} and {tenant!r}")
+        by_key[key] = tenant
+    return by_key
+
+
+class Settings(BaseSettings):
+    """Service settings; every field is the env var `PDPPO_<FIELD NAME IN CAPITALS>`."""
+
+    model_config = SettingsConfigDict(env_prefix="PDPPO_", env_file=".env", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = Field(
+        default="development", description="production refuses empty or short API keys"
+    )
+    redis_url: str = Field(
+        default="redis://localhost:6379/0", description="job store, event streams and Celery broker"
+    )
+    api_keys: str = Field(
+        default="", description="'tenant:key,tenant:key'; a tenant may have several"
+    )
+    artifact_dir: Path = Field(
+        default=Path(".pdppo/artifacts"),
+        description="checkpoints and models, one folder per job id",
+    )
+    max_active_jobs_per_tenant: int = Field(
+        default=16, ge=1, description="queued plus running jobs per tenant before POST answers 429"
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, description="request bodies above get 413"
+    )
+    sse_ping_seconds: float = Field(
+        default=15.0, gt=0, description="keep-alive ping on idle streams"
+    )
+    sse_queue_size: int = Field(
+        default=4096,
+        ge=16,
+        description="events buffered per slow SSE subscriber before it is dropped",
+    )
+    lease_seconds: float = Field(
+        default=30.0, ge=1, description="a job whose worker stops renewing for this long is resumed"
+    )
+    visibility_timeout_seconds: int = Field(
+        default=3600, ge=10, description="Celery redelivers an unacknowledged task after this"
+    )
+    idempotency_ttl_seconds: int = Field(
+        default=86_400, ge=60, description="Idempotency-Key lifetime"
+    )
+    worker_torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch.set_num_threads in workers; unset keeps torch's default",
+    )
+    log_level: str = Field(default="INFO", description="log level of the API and workers")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: str) -> str:
+        parse_api_keys(value)
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_insecure_production(self) -> Settings:
+        if self.environment == "production":
+            keys = self.tenants_by_key
+            if not keys:
+                raise ValueError("PDPPO_API_KEYS must be set when PDPPO_ENVIRONMENT=production")
+            short = sorted({t for k, t in keys.items() if len(k) < MIN_PRODUCTION_KEY_LENGTH})
+            if short:
+                raise ValueError(
+                    f"API keys of tenants {short} are shorter than {MIN_PRODUCTION_KEY_LENGTH} "
+                    "characters; refused in production"
+                )
+        return self
+
+    @property
+    def tenants_by_key(self) -> dict[str, str]:
+        return parse_api_keys(self.api_keys)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Renew the lease three times per lease period, so one late renewal never loses it."""
+        return self.lease_seconds / 3
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -128,15 +128,21 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
             status = _show_event(event, bar, status)
             if event.event == "done":
                 break
-    except KeyboardInterrupt:
+    finally:
         bar.close()
+    return status
+
+
+def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = None) -> str:
+    """Ctrl-C stops watching, not the job: say so, and how to pick the stream up again."""
+    try:
+        return follow_job(client, job_id, last_event_id)
+    except KeyboardInterrupt:
         click.echo(
             f"\nstopped following; the job keeps running. Resume with: pdppo logs {job_id}",
             err=True,
         )
         raise SystemExit(130) from None
-    bar.close()
-    return status
 
 
 def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
@@ -202,7 +208,7 @@ def submit(
             click.echo(job.id)
             return
         click.echo(f"submitted {job.id}", err=True)
-        status = follow_job(client, job.id)
+        status = _follow_or_detach(client, job.id)
         click.echo(f"{job.id} {status}")
         _exit_for(status)
 
@@ -280,7 +286,7 @@ def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | Non
     """Stream a job's events from the start (or --since) until it ends."""
     with _client(url, api_key) as client:
         if not raw:
-            final = follow_job(client, job_id, last_event_id=since)
+            final = _follow_or_detach(client, job_id, last_event_id=since)
             click.echo(f"{job_id} {final}")
             _exit_for(final)
             return

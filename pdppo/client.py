@@ -18,12 +18,13 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
 import httpx
 from httpx_sse import SSEError, connect_sse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -59,6 +60,19 @@ def _detail_text(detail: Any) -> str:
     return str(detail)
 
 
+class Progress(BaseModel):
+    step: int = 0
+    total: int = 0
+
+
+class JobError(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    code: str = ""
+    message: str = ""
+    traceback: str | None = None
+
+
 class Job(BaseModel):
     """A job as the server describes it; unknown fields are kept, not rejected."""
 
@@ -66,15 +80,28 @@ class Job(BaseModel):
 
     id: str
     status: str
+    name: str | None = None
+    queue: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    progress: Progress = Field(default_factory=Progress)
+    metrics: dict[str, float] | None = None
+    error: JobError | None = None
+    cancel_requested: bool = False
+    attempts: int = 0
 
     @property
     def done(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
     def field(self, name: str, default: Any = None) -> Any:
-        """Reads a server field that this client version does not declare."""
-        extra = self.model_extra or {}
-        return extra.get(name, getattr(self, name, default))
+        """Reads a field, including one that a newer server sends and this client lacks."""
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        return (self.model_extra or {}).get(name, default)
 
 
 class JobPage(BaseModel):
@@ -82,6 +109,26 @@ class JobPage(BaseModel):
 
     items: builtins.list[Job]
     next_cursor: str | None = None
+
+
+class MetricsRow(BaseModel):
+    step: int
+    metrics: dict[str, float]
+
+
+class Checkpoint(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    step: int
+    size_bytes: int = 0
+    created_at: datetime | None = None
+    download_url: str
+
+
+class CheckpointList(BaseModel):
+    items: builtins.list[Checkpoint]
+    final_model_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,12 +233,7 @@ class Client:
             params["status"] = status
         if cursor:
             params["cursor"] = cursor
-        body = self._request("GET", "/v1/jobs", params=params).json()
-        if isinstance(body, list):  # tolerate a server that returns a bare list
-            return JobPage(items=[Job.model_validate(j) for j in body])
-        items = body.get("items", body.get("jobs", []))
-        cursor_out = body.get("next_cursor", body.get("cursor"))
-        return JobPage(items=[Job.model_validate(j) for j in items], next_cursor=cursor_out)
+        return JobPage.model_validate(self._request("GET", "/v1/jobs", params=params).json())
 
     def iter_jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[Job]:
         """Every job, walking the cursor pages."""
@@ -207,37 +249,47 @@ class Client:
         """Asks for cancellation; a running job stops at its next step, a queued one never runs."""
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
 
-    def metrics(self, job_id: str) -> builtins.list[dict[str, Any]]:
-        """Every step's metrics recorded so far, oldest first."""
+    def metrics(self, job_id: str) -> builtins.list[MetricsRow]:
+        """Every published step's metrics so far, oldest first."""
         body = self._request("GET", f"/v1/jobs/{job_id}/metrics").json()
-        if isinstance(body, dict):
-            body = body.get("items", body.get("metrics", []))
-        rows: builtins.list[dict[str, Any]] = body
-        return rows
+        return [MetricsRow.model_validate(row) for row in body["items"]]
 
     def metrics_csv(self, job_id: str) -> str:
         return self._request("GET", f"/v1/jobs/{job_id}/metrics", params={"format": "csv"}).text
 
-    def checkpoints(self, job_id: str) -> builtins.list[dict[str, Any]]:
+    def checkpoints(self, job_id: str) -> CheckpointList:
         body = self._request("GET", f"/v1/jobs/{job_id}/checkpoints").json()
-        if isinstance(body, dict):
-            body = body.get("items", body.get("checkpoints", []))
-        rows: builtins.list[dict[str, Any]] = body
-        return rows
+        return CheckpointList.model_validate(body)
 
     def download(self, job_id: str, name: str, dest: Path) -> Path:
-        """Streams one checkpoint file (a name from `checkpoints`) to `dest` (a file or folder)."""
-        target = dest / Path(name).name if dest.is_dir() else dest
+        """Saves one checkpoint (a name from `checkpoints`, or "final" for the trained model).
+
+        The server sends a .tar of the checkpoint folder; `dest` is a file or a folder. The
+        file appears under its real name only once complete, so a dropped download never
+        passes for a good one.
+        """
+        listing = self.checkpoints(job_id)
+        if name == "final":
+            if listing.final_model_url is None:
+                raise ApiError(404, f"job {job_id} has no final model (yet)")
+            url = listing.final_model_url
+        else:
+            match = [c for c in listing.items if c.name == name]
+            if not match:
+                known = ", ".join(c.name for c in listing.items) or "none"
+                raise ApiError(404, f"job {job_id} has no checkpoint {name!r} (has: {known})")
+            url = match[0].download_url
+        target = dest / f"{job_id}-{name}.tar" if dest.is_dir() else dest
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
-        with self._http.stream("GET", f"/v1/jobs/{job_id}/checkpoints/{name}") as response:
+        with self._http.stream("GET", url) as response:
             if response.status_code >= 400:
                 response.read()
                 _raise_for_status(response)
             with partial.open("wb") as fh:
                 for chunk in response.iter_bytes():
                     fh.write(chunk)
-        partial.replace(target)  # never leave a half-written file under the real name
+        partial.replace(target)
         return target
 
     # -- the event stream ------------------------------------------------------------------
@@ -304,7 +356,10 @@ def _raise_for_status(response: httpx.Response) -> None:
         return
     try:
         body = response.json()
-        detail = body.get("detail", body) if isinstance(body, dict) else body
     except ValueError:
-        detail = response.text
+        body = response.text
+    detail: Any = body
+    if isinstance(body, dict):
+        # `detail` is one readable line; a 422's `errors` list is the same, broken down.
+        detail = body.get("detail") or body.get("errors") or body
     raise ApiError(response.status_code, detail, response.request.method, str(response.url))

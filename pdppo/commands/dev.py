@@ -254,6 +254,7 @@ class Stack:
         env = dict(os.environ)
         env.update(
             {
+                "PDPPO_ENVIRONMENT": "development",
                 "PDPPO_REDIS_URL": self.redis_url,
                 "PDPPO_API_KEYS": f"dev:{self.api_key}",
                 "PDPPO_ARTIFACT_DIR": str((self.data_dir / "artifacts").resolve()),

@@ -22,15 +22,15 @@ if TYPE_CHECKING:
 
 # Metrics worth a place on the progress line, in this order, when the trainer reports them.
 PREFERRED_METRICS = (
-    "reward",
     "reward_mean",
+    "reward",
+    "accuracy",
     "loss",
+    "masked_fraction",
     "masked_frac",
-    "mask_frac",
     "mask_fraction",
     "kl",
     "tv",
-    "accuracy",
 )
 MAX_SHOWN_METRICS = 5
 
@@ -83,32 +83,14 @@ def _handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 def _job_line(job: Job) -> str:
-    name = job.field("name") or (job.field("spec") or {}).get("name", "")
-    created = job.field("created_at") or ""
-    return f"{job.id}  {job.status:<10} {name:<24} {created}"
-
-
-def _total_steps(job: Job) -> int | None:
-    """The number of training steps, wherever this server version puts it in the job."""
-    for key in ("total_steps", "steps"):
-        value = job.field(key)
-        if isinstance(value, int):
-            return value
-    spec = job.field("spec")
-    if isinstance(spec, Mapping):
-        train = spec.get("train")
-        if isinstance(train, Mapping):
-            for key in ("steps", "total_steps", "num_steps", "max_steps"):
-                if isinstance(train.get(key), int):
-                    return int(train[key])
-    return None
+    created = job.created_at.strftime("%Y-%m-%d %H:%M:%S") if job.created_at else ""
+    progress = f"{job.progress.step}/{job.progress.total}"
+    return f"{job.id}  {job.status:<10} {progress:>9}  {job.name or '':<24} {created}"
 
 
 def _format_metrics(metrics: Mapping[str, Any]) -> dict[str, str]:
     numeric = {
-        k: v
-        for k, v in metrics.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("step", "time")
+        k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
     keys = [k for k in PREFERRED_METRICS if k in numeric]
     keys += [k for k in numeric if k not in keys]
@@ -120,9 +102,13 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
     from tqdm import tqdm
 
     job = client.get(job_id)
-    total = _total_steps(job)
     status = job.status
-    bar: tqdm[Any] = tqdm(total=total, unit="step", desc=job_id[:12], dynamic_ncols=True)
+    bar: tqdm[Any] = tqdm(
+        total=job.progress.total or None,
+        unit="step",
+        desc=job.name or job_id[:12],
+        dynamic_ncols=True,
+    )
     try:
         for event in client.follow(job_id, last_event_id=last_event_id):
             status = _show_event(event, bar, status)
@@ -146,26 +132,32 @@ def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = N
 
 
 def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
+    """Draws one event: metrics move the bar, everything else prints a line above it."""
     payload = _payload(event)
-    if event.event == "metrics" and isinstance(payload, Mapping):
-        step = payload.get("step")
-        if isinstance(step, int):
-            done_steps = step + 1 if bar.total is None or step < bar.total else step
-            if done_steps > bar.n:
-                bar.update(done_steps - bar.n)
-        bar.set_postfix(_format_metrics(payload), refresh=True)
+    data: Mapping[str, Any] = payload if isinstance(payload, Mapping) else {}
+    if event.event == "metrics":
+        total, step = data.get("total"), data.get("step")
+        if isinstance(total, int) and total > 0 and bar.total != total:
+            bar.total = total
+        if isinstance(step, int) and step > bar.n:
+            bar.update(step - bar.n)
+        metrics = data.get("metrics")
+        if isinstance(metrics, Mapping):
+            bar.set_postfix(_format_metrics(metrics), refresh=True)
     elif event.event in ("status", "done"):
-        new = payload.get("status") if isinstance(payload, Mapping) else payload
+        new = data.get("status")
         if isinstance(new, str) and new != status:
             status = new
             bar.write(f"status: {status}")
-        if isinstance(payload, Mapping) and payload.get("error"):
-            bar.write(f"error: {payload['error']}")
+        error = data.get("error")
+        if error:
+            bar.write(
+                f"error: {error.get('message', error) if isinstance(error, Mapping) else error}"
+            )
     elif event.event == "checkpoint":
-        bar.write(f"checkpoint: {_compact(payload)}")
+        bar.write(f"checkpoint {data.get('name', '')} (step {data.get('step', '?')})")
     elif event.event == "log":
-        message = payload.get("message") if isinstance(payload, Mapping) else payload
-        bar.write(str(message if message is not None else event.data))
+        bar.write(str(data.get("message", event.data)))
     return status
 
 
@@ -174,10 +166,6 @@ def _payload(event: Event) -> Any:
         return event.json()
     except ValueError:
         return event.data
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":")) if not isinstance(value, str) else value
 
 
 def _exit_for(status: str) -> None:
@@ -227,8 +215,12 @@ def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
         click.echo(json.dumps(job.model_dump(mode="json"), indent=2))
     else:
         click.echo(_job_line(job))
-        if job.field("error"):
-            click.echo(f"error: {job.field('error')}")
+        if job.metrics:
+            click.echo(
+                "  " + "  ".join(f"{k}={v}" for k, v in _format_metrics(job.metrics).items())
+            )
+        if job.error is not None:
+            click.echo(f"error ({job.error.code}): {job.error.message}")
 
 
 @click.command(name="list")

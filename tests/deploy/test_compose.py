@@ -1,0 +1,173 @@
+"""The compose deployment, checked without Docker: parse it and hold it to what the service needs.
+
+Docker is not available in CI, so these tests read `deploy/` as data and check the properties
+that break a deployment silently: Redis that evicts or forgets, a healthcheck that is missing,
+a worker that gets no GPU, an env var that no setting reads, a command the CLI does not have.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pdppo.cli import main
+from pdppo.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+COMPOSE_PATH = DEPLOY / "docker-compose.yml"
+PDPPO_SERVICES = ("api", "worker-gpu", "worker-cpu")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE_PATH.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return dict(compose["services"])
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service["command"]
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def _named_volumes(service: dict[str, Any]) -> dict[str, str]:
+    """volume name -> mount path, for short-syntax named volumes (not bind mounts)."""
+    mounts = {}
+    for entry in service.get("volumes", []):
+        source, _, target = str(entry).partition(":")
+        if not source.startswith((".", "/", "~")):
+            mounts[source] = target.split(":")[0]
+    return mounts
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        return dict(str(item).partition("=")[::2] for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def test_compose_has_every_service(services: dict[str, Any]) -> None:
+    assert {"redis", "api", "worker-gpu", "worker-cpu", "flower"} <= set(services)
+
+
+def test_redis_persists_and_never_evicts(services: dict[str, Any]) -> None:
+    redis = services["redis"]
+    args = _command(redis)
+    assert args[0] == "redis-server"
+    options = dict(zip(args[1::2], args[2::2], strict=True))
+    assert options["--appendonly"] == "yes"
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert _named_volumes(redis) == {"redis-data": "/data"}
+    assert "redis-cli" in redis["healthcheck"]["test"]
+
+
+def test_api_has_a_readiness_healthcheck_and_waits_for_redis(services: dict[str, Any]) -> None:
+    api = services["api"]
+    test = " ".join(api["healthcheck"]["test"])
+    assert "/readyz" in test or "/healthz" in test
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert any(str(p).endswith(":8000") for p in api["ports"])
+
+
+def test_gpu_worker_reserves_an_nvidia_gpu_and_runs_the_cuda_image(
+    services: dict[str, Any],
+) -> None:
+    gpu = services["worker-gpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    dockerfile = ROOT / gpu["build"]["dockerfile"]
+    assert re.search(r"^FROM nvidia/cuda:\S+", dockerfile.read_text(), re.MULTILINE)
+    assert _command(gpu)[-2:] == ["--queues", "gpu"]
+
+
+def test_cpu_worker_and_api_use_the_slim_image(services: dict[str, Any]) -> None:
+    for name in ("api", "worker-cpu"):
+        dockerfile = ROOT / services[name]["build"]["dockerfile"]
+        assert re.search(r"^FROM python:3\.\d+-slim", dockerfile.read_text(), re.MULTILINE)
+    assert _command(services["worker-cpu"])[-2:] == ["--queues", "cpu"]
+
+
+def test_artifacts_volume_is_shared_at_the_configured_dir(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    for name in PDPPO_SERVICES:
+        service = services[name]
+        artifact_dir = _env(service)["PDPPO_ARTIFACT_DIR"]
+        assert _named_volumes(service)["artifacts"] == artifact_dir, name
+    declared = set(compose["volumes"])
+    used = {v for s in services.values() for v in _named_volumes(s)}
+    assert used <= declared
+    assert {"redis-data", "artifacts"} <= declared
+
+
+def test_flower_sits_behind_a_profile(services: dict[str, Any]) -> None:
+    assert services["flower"]["profiles"] == ["monitoring"]
+    assert all("profiles" not in services[name] for name in ("redis", *PDPPO_SERVICES))
+
+
+def test_every_pdppo_variable_is_a_setting(services: dict[str, Any]) -> None:
+    fields = set(Settings.model_fields)
+    env_example = DEPLOY / ".env.example"
+    names: set[str] = set()
+    for service in services.values():
+        names |= {k for k in _env(service) if k.startswith("PDPPO_")}
+    names |= set(re.findall(r"^(PDPPO_\w+)=", env_example.read_text(), re.MULTILINE))
+    names |= set(re.findall(r"\$\{(PDPPO_\w+)", COMPOSE_PATH.read_text()))
+    assert {"PDPPO_REDIS_URL", "PDPPO_API_KEYS", "PDPPO_ARTIFACT_DIR"} <= names
+    unknown = sorted(n for n in names if n.removeprefix("PDPPO_").lower() not in fields)
+    assert unknown == [], f"not fields of pdppo.settings.Settings: {unknown}"
+
+
+def test_every_pdppo_service_reaches_redis_by_service_name(services: dict[str, Any]) -> None:
+    for name in PDPPO_SERVICES:
+        assert _env(services[name])["PDPPO_REDIS_URL"].startswith("redis://redis:"), name
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_env_example_is_a_valid_production_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone copies .env.example and edits only the keys: the rest must load as-is."""
+    for line in (DEPLOY / ".env.example").read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.startswith("PDPPO_"):
+            monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.environment == "production"
+    assert settings.tenants_by_key
+
+
+@pytest.mark.parametrize("service", PDPPO_SERVICES)
+def test_service_command_is_a_real_cli_invocation(services: dict[str, Any], service: str) -> None:
+    """`pdppo serve/worker` with exactly these options must parse (checked via --help)."""
+    argv = _command(services[service])
+    assert argv[0] == "pdppo"
+    subcommand = main.commands[argv[1]]
+    known = {opt for param in subcommand.params for opt in getattr(param, "opts", [])}
+    options = [a for a in argv[2:] if a.startswith("--")]
+    assert set(options) <= known, f"{service}: {set(options) - known} unknown to pdppo {argv[1]}"
+    result = CliRunner().invoke(main, [*argv[1:], "--help"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_dockerfiles_copy_what_exists_and_install_the_package(dockerfile: str) -> None:
+    text = (DEPLOY / dockerfile).read_text()
+    for sources in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.MULTILINE):
+        for source in sources.split():
+            assert (ROOT / source).exists(), f"{dockerfile} copies missing {source}"
+    assert "pip install" in text and "torch==" in text
+    assert re.search(r"^USER\s+\w+", text, re.MULTILINE), "run as a non-root user"
+    ignore = (DEPLOY / f"{dockerfile}.dockerignore").read_text()
+    assert "!pdppo/" in ignore and "!core/" in ignore

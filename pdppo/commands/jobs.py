@@ -23,16 +23,13 @@ if TYPE_CHECKING:
 # Metrics worth a place on the progress line, in this order, when the trainer reports them.
 PREFERRED_METRICS = (
     "reward_mean",
-    "reward",
-    "accuracy",
-    "loss",
     "masked_fraction",
-    "masked_frac",
-    "mask_fraction",
-    "kl",
-    "tv",
+    "divergence_mean",
+    "direction_disagreement",
+    "loss",
+    "entropy",
 )
-MAX_SHOWN_METRICS = 5
+MAX_SHOWN_METRICS = 4
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -90,7 +87,9 @@ def _job_line(job: Job) -> str:
 
 def _format_metrics(metrics: Mapping[str, Any]) -> dict[str, str]:
     numeric = {
-        k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        k: v
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"
     }
     keys = [k for k in PREFERRED_METRICS if k in numeric]
     keys += [k for k in numeric if k not in keys]

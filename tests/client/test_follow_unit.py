@@ -1,0 +1,158 @@
+"""Unit tests of `Client.follow`'s reconnect logic, one function against a scripted transport.
+
+The end-to-end behaviour (a real API, a real drop) is in `test_client_stack.py`; these pin the
+edge cases that a live stack cannot produce on demand: a drop in the middle of a chunk, a 5xx
+while reconnecting, a 4xx that must not be retried, a server that never comes back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdppo.client import ApiError, Client, FollowError, spec_to_dict
+
+SSE = {"content-type": "text/event-stream"}
+
+
+class _DroppingStream(httpx.SyncByteStream):
+    """Sends `chunks`, then fails like a connection reset (or ends cleanly)."""
+
+    def __init__(self, chunks: list[bytes], fail: bool) -> None:
+        self.chunks = chunks
+        self.fail = fail
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.chunks
+        if self.fail:
+            raise httpx.ReadError("connection reset by peer")
+
+
+def _event(event_id: int, name: str, data: str) -> bytes:
+    return f"id: {event_id}-0\nevent: {name}\ndata: {data}\n\n".encode()
+
+
+def _scripted(
+    responses: list[Callable[[httpx.Request], httpx.Response]],
+) -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return responses[min(len(seen), len(responses)) - 1](request)
+
+    return httpx.MockTransport(handler), seen
+
+
+def _client(transport: httpx.MockTransport, max_reconnects: int = 20) -> Client:
+    return Client(
+        "http://pdppo.test",
+        "key",
+        transport=transport,
+        reconnect_delay=0,
+        max_reconnects=max_reconnects,
+    )
+
+
+def test_follow_resumes_after_a_drop_mid_event_with_last_event_id() -> None:
+    first = _event(1, "status", '{"status": "running"}') + _event(2, "metrics", '{"step": 1}')
+    half = _event(3, "metrics", '{"step": 2}')[:12]  # the drop cuts event 3 in half
+    transport, seen = _scripted(
+        [
+            lambda r: httpx.Response(200, headers=SSE, stream=_DroppingStream([first, half], True)),
+            lambda r: httpx.Response(
+                200,
+                headers=SSE,
+                stream=_DroppingStream(
+                    [
+                        _event(3, "metrics", '{"step": 2}'),
+                        _event(4, "done", '{"status": "succeeded"}'),
+                        _event(5, "log", '{"message": "after done: never read"}'),
+                    ],
+                    False,
+                ),
+            ),
+        ]
+    )
+    with _client(transport) as client:
+        events = list(client.follow("job1"))
+    assert [e.id for e in events] == ["1-0", "2-0", "3-0", "4-0"]
+    assert [e.event for e in events] == ["status", "metrics", "metrics", "done"]
+    assert events[2].json() == {"step": 2}
+    assert len(seen) == 2
+    assert "last-event-id" not in seen[0].headers
+    assert seen[1].headers["last-event-id"] == "2-0"
+    assert seen[1].headers["authorization"] == "Bearer key"
+    assert seen[1].url.path == "/v1/jobs/job1/events"
+
+
+def test_follow_starts_after_the_given_event_id() -> None:
+    transport, seen = _scripted(
+        [
+            lambda r: httpx.Response(
+                200, headers=SSE, stream=_DroppingStream([_event(9, "done", "{}")], False)
+            )
+        ]
+    )
+    with _client(transport) as client:
+        assert [e.event for e in client.follow("j", last_event_id="8-0")] == ["done"]
+    assert seen[0].headers["last-event-id"] == "8-0"
+
+
+def test_follow_retries_5xx_and_a_clean_end_before_done() -> None:
+    transport, seen = _scripted(
+        [
+            lambda r: httpx.Response(
+                200, headers=SSE, stream=_DroppingStream([_event(1, "status", "{}")], False)
+            ),
+            lambda r: httpx.Response(503, json={"detail": "redis unavailable"}),
+            lambda r: httpx.Response(
+                200, headers=SSE, stream=_DroppingStream([_event(2, "done", "{}")], False)
+            ),
+        ]
+    )
+    with _client(transport) as client:
+        assert [e.id for e in client.follow("j")] == ["1-0", "2-0"]
+    assert [r.headers.get("last-event-id") for r in seen] == [None, "1-0", "1-0"]
+
+
+def test_follow_does_not_retry_a_client_error() -> None:
+    transport, seen = _scripted([lambda r: httpx.Response(404, json={"detail": "job j not found"})])
+    with _client(transport) as client, pytest.raises(ApiError) as info:
+        list(client.follow("j"))
+    assert info.value.status_code == 404
+    assert info.value.detail == "job j not found"
+    assert len(seen) == 1
+
+
+def test_follow_gives_up_when_the_server_stays_away() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    transport, seen = _scripted([refuse])
+    with _client(transport, max_reconnects=3) as client, pytest.raises(FollowError):
+        list(client.follow("j"))
+    assert len(seen) == 4  # the first try and three reconnects
+
+
+def test_spec_to_dict_reads_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: t\ntrain:\n  steps: 3\n")
+    assert spec_to_dict(path) == {"name": "t", "train": {"steps": 3}}
+    path.write_text("- not a mapping\n")
+    with pytest.raises(ValueError, match="mapping"):
+        spec_to_dict(path)
+
+
+def test_client_imports_no_server_code() -> None:
+    code = (
+        "import sys, pdppo.client, pdppo.commands.jobs;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('api', 'workers', 'core'));"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

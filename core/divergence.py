@@ -1,0 +1,314 @@
+"""Divergences between the behavior policy and the current one, and their predicted change.
+
+For every generated token we estimate `D(mu, pi)` and the directional derivative
+`g = d/de D(mu, softmax(z + e * v))` at e = 0 along the token's own policy-gradient step
+`v = A * (onehot(a) - pi)` (DESIGN.md §1). The trust-region masks in `core.masks` use both.
+
+All estimators share one fact of softmax calculus: along `v`, the log-probability of any token `i`
+moves at the rate
+
+    dlogp_i = A * ([i == a] - pi_i - c),      c = pi_a - q,   q = sum_j pi_j^2,
+
+so the only full-vocabulary quantities a truncated (top-K) view needs are the log-partition
+function and `q`; both come out of one chunked pass over the logits (`softmax_stats`). The
+estimators then differ only in the categories they compare:
+
+- `exact`: the whole vocabulary, with the full `mu` (chunked over rows: O(chunk * V) memory).
+- `binary`: {a, rest}. On two categories every kind's `g` has the sign of `A * (pi_a - mu_a)`,
+  which is DPPO's ratio rule.
+- `topk`: the top-K ids plus `a`, and one bucket R for everything else.
+- `topk_tail`: the full vocabulary with `mu` imputed inside R as `pi_i * mu_R / pi_R`. Because
+  the imputed ratio mu_i / pi_i is constant on R, every kind here (all f-divergences) and its
+  first derivative coincide with `topk`'s lumped values; it is kept as an independent full-vocab
+  computation so tests and benchmarks can check that identity rather than assume it.
+
+Everything is computed in fp32 whatever the logits' dtype, and probabilities are floored at
+1e-30 (log-probs at `LOG_FLOOR`), so -inf behavior log-probs (top-p rollouts) and 1e-30 masses
+stay finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from core.behavior import BehaviorView
+
+Kind = Literal["tv", "kl", "kl_reverse"]
+Estimator = Literal["exact", "binary", "topk", "topk_tail"]
+KINDS: tuple[str, ...] = get_args(Kind)
+ESTIMATORS: tuple[str, ...] = get_args(Estimator)
+
+PROB_FLOOR = 1e-30
+LOG_FLOOR = math.log(PROB_FLOOR)
+# Rows x vocab elements handled at once by full-vocabulary passes: bounds their scratch memory to
+# a few chunks (16 MiB each in fp32) instead of whole (N, V) tensors.
+CHUNK_ELEMENTS = 1 << 22
+# The bucket R's mass is 1 - (a sum of fp32 probabilities), so below ~1e-6 it is rounding noise:
+# both pi_R and mu_R are floored there, or noise against a true zero would read as divergence.
+BUCKET_FLOOR = 1e-6
+
+
+@dataclass(frozen=True)
+class SoftmaxStats:
+    """Per-row reductions of the current policy that every estimator needs."""
+
+    lse: Tensor  # (N,) log-partition function of the fp32 logits
+    sum_sq: Tensor  # (N,) q = sum_i pi_i^2
+    entropy: Tensor | None  # (N,) H(pi), when asked for
+
+
+def _row_chunks(n: int, v: int) -> Iterator[slice]:
+    rows = max(1, CHUNK_ELEMENTS // max(v, 1))
+    for start in range(0, n, rows):
+        yield slice(start, min(start + rows, n))
+
+
+@torch.no_grad()
+def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
+    """One chunked pass over the logits: log-partition, sum of squared probabilities, entropy.
+
+    Cheaper than `log_softmax` because nothing of size (N, V) is written back: each chunk's
+    exponentials live only in a cache-sized scratch buffer.
+    """
+    n, v = logits.shape
+    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+    sum_sq = torch.empty_like(lse)
+    ent = torch.empty_like(lse) if entropy else None
+    for rows in _row_chunks(n, v):
+        z = logits[rows].float()
+        zmax = z.amax(dim=-1, keepdim=True)
+        zmax = torch.where(torch.isfinite(zmax), zmax, torch.zeros_like(zmax))
+        e = (z - zmax).exp_()  # (C, V), each row's largest entry is 1
+        s1 = e.sum(dim=-1)
+        lse[rows] = zmax.squeeze(-1) + s1.log()
+        if ent is not None:
+            # H = lse - sum_i pi_i z_i; zero-probability entries (z = -inf) contribute nothing.
+            ez = torch.where(e > 0, e * z, torch.zeros_like(e)).sum(dim=-1)
+            ent[rows] = lse[rows] - ez / s1
+        sum_sq[rows] = torch.linalg.vecdot(e, e) / (s1 * s1)
+    return SoftmaxStats(lse=lse, sum_sq=sum_sq, entropy=ent)
+
+
+def _check(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    kind: str,
+    estimator: str,
+    advantages: Tensor | None = None,
+) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (N, V), got {tuple(logits.shape)}")
+    n = logits.shape[0]
+    if tokens.shape != (n,):
+        raise ValueError(f"tokens must be (N={n},), got {tuple(tokens.shape)}")
+    if len(behavior) != n:
+        raise ValueError(f"behavior has {len(behavior)} rows, logits have {n}")
+    if advantages is not None and advantages.shape != (n,):
+        raise ValueError(f"advantages must be (N={n},), got {tuple(advantages.shape)}")
+    if estimator == "exact":
+        if behavior.full_logprobs is None:
+            raise ValueError("estimator 'exact' needs behavior.full_logprobs")
+        if behavior.full_logprobs.shape != logits.shape:
+            raise ValueError(
+                f"full_logprobs {tuple(behavior.full_logprobs.shape)} must match "
+                f"logits {tuple(logits.shape)}"
+            )
+
+
+def _category_terms(
+    logp: Tensor, logm: Tensor, dlogp: Tensor | None, weight: Tensor | None, kind: str
+) -> tuple[Tensor, Tensor | None]:
+    """D and its derivative summed over the last dim's categories, given each one's log-probs
+    under pi and mu and the rate `dlogp` at which log pi moves along the step."""
+    logp = logp.clamp_min(LOG_FLOOR)
+    logm = logm.clamp_min(LOG_FLOOR)
+    p, m = logp.exp(), logm.exp()
+    if kind == "tv":
+        d_terms = 0.5 * (p - m).abs()
+        g_terms = None if dlogp is None else 0.5 * torch.sign(p - m) * p * dlogp
+    elif kind == "kl":
+        d_terms = m * (logm - logp)
+        g_terms = None if dlogp is None else -m * dlogp
+    else:  # kl_reverse
+        ratio = logp - logm
+        d_terms = p * ratio
+        g_terms = None if dlogp is None else p * dlogp * ratio
+    if weight is not None:
+        d_terms = d_terms * weight
+        g_terms = None if g_terms is None else g_terms * weight
+    return d_terms.sum(-1), None if g_terms is None else g_terms.sum(-1)
+
+
+def _view_categories(
+    behavior: BehaviorView, tokens: Tensor, estimator: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The explicit categories S of a truncated view: ids (N, S), log mu (N, S), weight (N, S).
+
+    The sampled token is appended so that S always holds it; duplicates (the sampled token
+    already in the top-K, or padding ids) get weight 0 so no mass is counted twice.
+    """
+    a = tokens.unsqueeze(-1)
+    if estimator == "binary":
+        ids, logm = a, behavior.token_logprobs.unsqueeze(-1).float()
+        return ids, logm, torch.ones_like(logm)
+    ids = torch.cat([behavior.topk_ids, a], dim=-1)
+    logm = torch.cat([behavior.topk_logprobs, behavior.token_logprobs.unsqueeze(-1)], dim=-1)
+    sorted_ids, order = ids.sort(dim=-1, stable=True)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
+    weight = torch.empty_like(first).scatter_(-1, order, first)
+    return ids, logm.float(), weight.float()
+
+
+def _lumped(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    advantages: Tensor | None,
+    kind: str,
+    estimator: str,
+    stats: SoftmaxStats,
+) -> tuple[Tensor, Tensor | None]:
+    """`binary` and `topk`: categories S (explicit) plus one bucket R for the rest."""
+    ids, logm_s, w = _view_categories(behavior, tokens, estimator)
+    logp_s = logits.gather(-1, ids).float() - stats.lse.unsqueeze(-1)  # (N, S)
+    p_s = logp_s.clamp_min(LOG_FLOOR).exp() * w
+    m_s = logm_s.clamp_min(LOG_FLOOR).exp() * w
+    big_p, big_m = p_s.sum(-1), m_s.sum(-1)
+    p_r = (1.0 - big_p).clamp_min(BUCKET_FLOOR)
+    m_r = (1.0 - big_m).clamp_min(BUCKET_FLOOR)
+    log_ratio_r = p_r.log() - m_r.log()
+
+    dlogp_s = None
+    dp_r = None
+    if advantages is not None:
+        adv = advantages.float()
+        p_a = (logits.gather(-1, tokens.unsqueeze(-1)).float().squeeze(-1) - stats.lse).exp()
+        c = p_a - stats.sum_sq
+        is_a = (ids == tokens.unsqueeze(-1)).float() * w
+        dlogp_s = adv.unsqueeze(-1) * (is_a - p_s - c.unsqueeze(-1))
+        # Mass leaving R: dp_R = -A (sum_{i in R} pi_i^2 + c pi_R), with the tail's sum of squares
+        # clamped into its feasible range [0, pi_R^2] against rounding.
+        tail_sq = (stats.sum_sq - (p_s * p_s).sum(-1)).clamp(min=0.0)
+        tail_sq = torch.minimum(tail_sq, p_r * p_r)
+        dp_r = -adv * (tail_sq + c * p_r)
+
+    d_s, g_s = _category_terms(logp_s, logm_s, dlogp_s, w, kind)
+    # R's terms written so that no 1 - x cancellation enters TV: pi_R - mu_R = M - P exactly.
+    if kind == "tv":
+        diff_r = big_m - big_p
+        d_r = 0.5 * diff_r.abs()
+        g_r = None if dp_r is None else 0.5 * torch.sign(diff_r) * dp_r
+    elif kind == "kl":
+        d_r = -m_r * log_ratio_r
+        g_r = None if dp_r is None else -m_r * dp_r / p_r
+    else:
+        d_r = p_r * log_ratio_r
+        g_r = None if dp_r is None else dp_r * log_ratio_r
+    d = d_s + d_r
+    g = None if g_s is None or g_r is None else g_s + g_r
+    return d, g
+
+
+def _full_vocab(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    advantages: Tensor | None,
+    kind: str,
+    estimator: str,
+) -> tuple[Tensor, Tensor | None]:
+    """`exact` (full mu) and `topk_tail` (mu imputed on the tail), chunked over rows."""
+    n, v = logits.shape
+    d_out = torch.empty(n, dtype=torch.float32, device=logits.device)
+    g_out = torch.empty_like(d_out) if advantages is not None else None
+    if estimator == "topk_tail":
+        ids, logm_s, w = _view_categories(behavior, tokens, estimator)
+    for rows in _row_chunks(n, v):
+        logp = torch.log_softmax(logits[rows].float(), dim=-1)  # (C, V)
+        a = tokens[rows].unsqueeze(-1)
+        if estimator == "exact":
+            assert behavior.full_logprobs is not None
+            logm = behavior.full_logprobs[rows].float()
+        else:
+            ids_c = ids[rows]
+            p_s = logp.gather(-1, ids_c).clamp_min(LOG_FLOOR).exp() * w[rows]
+            m_s = logm_s[rows].clamp_min(LOG_FLOOR).exp() * w[rows]
+            p_r = (1.0 - p_s.sum(-1)).clamp_min(BUCKET_FLOOR)
+            m_r = (1.0 - m_s.sum(-1)).clamp_min(BUCKET_FLOOR)
+            logm = logp + (m_r.log() - p_r.log()).unsqueeze(-1)
+            logm.scatter_(-1, ids_c, logm_s[rows])
+        dlogp = None
+        if advantages is not None:
+            adv = advantages[rows].float().unsqueeze(-1)
+            p = logp.exp()
+            c = p.gather(-1, a) - torch.linalg.vecdot(p, p).unsqueeze(-1)
+            dlogp = p.add_(c).mul_(-adv)  # reuses p's buffer: -A (pi_i + c)
+            dlogp.scatter_add_(-1, a, adv)
+        d, g = _category_terms(logp, logm, dlogp, None, kind)
+        d_out[rows] = d
+        if g_out is not None and g is not None:
+            g_out[rows] = g
+    return d_out, g_out
+
+
+@torch.no_grad()
+def divergence_and_change(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    advantages: Tensor | None,
+    kind: str,
+    estimator: str,
+    stats: SoftmaxStats | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """D (N,) and, when advantages are given, its predicted change g (N,) in one pass.
+
+    `stats` lets a caller that already ran `softmax_stats` (the loss, for entropy) share it.
+    """
+    _check(logits, behavior, tokens, kind, estimator, advantages)
+    if estimator in ("exact", "topk_tail"):
+        return _full_vocab(logits, behavior, tokens, advantages, kind, estimator)
+    if stats is None:
+        stats = softmax_stats(logits)
+    return _lumped(logits, behavior, tokens, advantages, kind, estimator, stats)
+
+
+def divergence(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    kind: Kind = "tv",
+    estimator: Estimator = "topk",
+) -> Tensor:
+    """D(mu, pi) per token (N,), fp32, from the estimator's view of mu."""
+    d, _ = divergence_and_change(logits, behavior, tokens, None, kind, estimator)
+    return d
+
+
+def predicted_change(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    advantages: Tensor,
+    kind: Kind = "tv",
+    estimator: Estimator = "topk",
+) -> Tensor:
+    """d/de D(mu, softmax(z + e A (onehot(a) - pi))) at e = 0 per token (N,), in closed form.
+
+    Positive means this token's own gradient step would take pi further from mu.
+    """
+    _, g = divergence_and_change(logits, behavior, tokens, advantages, kind, estimator)
+    assert g is not None
+    return g

@@ -1,0 +1,212 @@
+"""Property tests of the divergence estimators and their predicted change (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core import BehaviorView, divergence, predicted_change
+from core.divergence import ESTIMATORS, KINDS, softmax_stats
+from core.synthetic import Positions, positions, topk_view
+from tests.core.references import (
+    autograd_change,
+    exact_divergence_fn,
+    finite_step_change,
+    lumped_divergence_fn,
+)
+
+# (n, vocab, peak, gap, seed): flat to peaked, near to far off-policy, vocabularies up to 32k.
+CASES = [
+    (64, 8, 0.3, 0.5, 0),
+    (64, 50, 1.0, 0.1, 1),
+    (48, 512, 0.3, 1.0, 2),
+    (48, 512, 3.0, 0.3, 3),
+    (32, 4096, 1.0, 0.5, 4),
+    (16, 32000, 1.0, 0.2, 5),
+    (16, 32000, 2.5, 1.0, 6),
+]
+CASE_IDS = [f"n{c[0]}-v{c[1]}-peak{c[2]}-gap{c[3]}" for c in CASES]
+
+
+@pytest.fixture(params=CASES, ids=CASE_IDS)
+def pos(request: pytest.FixtureRequest) -> Positions:
+    n, vocab, peak, gap, seed = request.param
+    return positions(n, vocab, k=20, gap=gap, peak=peak, seed=seed)
+
+
+def _scale(p: Positions) -> torch.Tensor:
+    """The natural size of g's terms, |A| (pi_a + sum pi^2): errors are judged against it."""
+    pi = torch.softmax(p.logits.double(), dim=-1)
+    pi_a = pi.gather(-1, p.tokens.unsqueeze(-1)).squeeze(-1)
+    return p.advantages.double().abs() * (pi_a + (pi * pi).sum(-1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exact_change_matches_autograd(pos: Positions, kind: str) -> None:
+    got = predicted_change(
+        pos.logits, pos.behavior, pos.tokens, pos.advantages, kind=kind, estimator="exact"
+    ).double()
+    want = autograd_change(
+        exact_divergence_fn(pos.behavior, kind), pos.logits, pos.tokens, pos.advantages
+    )
+    scale = _scale(pos)
+    # relative error <= 1e-4 where g is not tiny next to its own terms; absolute elsewhere
+    not_tiny = want.abs() > 1e-3 * scale
+    assert not_tiny.float().mean() > 0.5
+    rel = (got - want).abs() / want.abs()
+    assert rel[not_tiny].max() <= 1e-4, f"max rel err {rel[not_tiny].max():.2e}"
+    assert ((got - want).abs() <= 1e-6 * scale + 1e-12).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exact_change_predicts_sign_of_a_small_step(pos: Positions, kind: str) -> None:
+    g = predicted_change(
+        pos.logits, pos.behavior, pos.tokens, pos.advantages, kind=kind, estimator="exact"
+    ).double()
+    fn = exact_divergence_fn(pos.behavior, kind)
+    step = finite_step_change(fn, pos.logits, pos.tokens, pos.advantages, eps=1e-5)
+    clear = g.abs() > 1e-3 * _scale(pos)
+    assert (torch.sign(step[clear]) == torch.sign(g[clear])).all()
+
+
+@pytest.mark.parametrize("estimator", ["binary", "topk"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_lumped_change_matches_autograd_of_lumped_divergence(
+    pos: Positions, kind: str, estimator: str
+) -> None:
+    got = predicted_change(
+        pos.logits, pos.behavior, pos.tokens, pos.advantages, kind=kind, estimator=estimator
+    ).double()
+    fn = lumped_divergence_fn(pos.behavior, pos.tokens, kind, estimator)
+    want = autograd_change(fn, pos.logits, pos.tokens, pos.advantages)
+    scale = _scale(pos)
+    assert ((got - want).abs() <= 1e-4 * want.abs() + 1e-5 * scale + 1e-12).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_binary_sign_is_dppo_direction(pos: Positions, kind: str) -> None:
+    g = predicted_change(
+        pos.logits, pos.behavior, pos.tokens, pos.advantages, kind=kind, estimator="binary"
+    )
+    pi_a = torch.log_softmax(pos.logits.double(), -1).gather(-1, pos.tokens[:, None]).squeeze(-1)
+    diff = pi_a.exp() - pos.behavior.token_logprobs.double().exp()
+    clear = diff.abs() > 1e-5
+    want = torch.sign(pos.advantages.double()) * torch.sign(diff)
+    assert (torch.sign(g.double())[clear] == want[clear]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_topk_with_full_vocabulary_equals_exact(kind: str) -> None:
+    for vocab, seed in [(16, 0), (300, 1)]:
+        p = positions(24, vocab, k=vocab, gap=0.7, seed=seed)
+        for fn in (divergence, predicted_change):
+            extra = () if fn is divergence else (p.advantages,)
+            topk = fn(p.logits, p.behavior, p.tokens, *extra, kind=kind, estimator="topk")
+            exact = fn(p.logits, p.behavior, p.tokens, *extra, kind=kind, estimator="exact")
+            torch.testing.assert_close(topk, exact, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_topk_tail_equals_topk(pos: Positions, kind: str) -> None:
+    """A constant mu/pi ratio on the tail leaves every f-divergence and its derivative equal to
+    the lumped one: the two estimators are computed independently and must agree."""
+    for fn in (divergence, predicted_change):
+        extra = () if fn is divergence else (pos.advantages,)
+        tail = fn(pos.logits, pos.behavior, pos.tokens, *extra, kind=kind, estimator="topk_tail")
+        topk = fn(pos.logits, pos.behavior, pos.tokens, *extra, kind=kind, estimator="topk")
+        torch.testing.assert_close(tail, topk, rtol=1e-3, atol=2e-6)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_divergence_equals_direct_computation(pos: Positions, kind: str, estimator: str) -> None:
+    got = divergence(pos.logits, pos.behavior, pos.tokens, kind=kind, estimator=estimator)
+    if estimator == "exact":
+        want = exact_divergence_fn(pos.behavior, kind)(pos.logits.double())
+    else:  # topk_tail equals the lumped divergence (see test_topk_tail_equals_topk)
+        lumped = "binary" if estimator == "binary" else "topk"
+        want = lumped_divergence_fn(pos.behavior, pos.tokens, kind, lumped)(pos.logits.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=2e-6)
+    assert (got >= -1e-6).all()
+
+
+def test_binary_tv_is_probability_gap() -> None:
+    p = positions(200, 64, gap=1.0, seed=9)
+    got = divergence(p.logits, p.behavior, p.tokens, kind="tv", estimator="binary")
+    pi_a = torch.softmax(p.logits.double(), -1).gather(-1, p.tokens[:, None]).squeeze(-1)
+    want = (pi_a - p.behavior.token_logprobs.double().exp()).abs()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=3e-7)
+
+
+def test_sampled_token_missing_from_topk_and_duplicate_ids() -> None:
+    """A view that breaks the engine convention still yields the proper lumped estimate."""
+    p = positions(40, 200, k=10, gap=0.8, seed=3)
+    logmu = p.behavior.full_logprobs
+    assert logmu is not None
+    top = logmu.topk(10, dim=-1)
+    ids, lps = top.indices.clone(), top.values.clone()
+    ids[:, -1], lps[:, -1] = ids[:, 0], lps[:, 0]  # a duplicate, sampled token maybe absent
+    broken = BehaviorView(p.behavior.token_logprobs, ids, lps)
+    clean_ids = torch.cat([top.indices[:, :9], p.tokens[:, None]], dim=-1)
+    clean_lps = torch.cat([top.values[:, :9], p.behavior.token_logprobs[:, None]], dim=-1)
+    clean = BehaviorView(p.behavior.token_logprobs, clean_ids, clean_lps)
+    for kind in KINDS:
+        for view_a, view_b in [(broken, clean)]:
+            a = predicted_change(p.logits, view_a, p.tokens, p.advantages, kind=kind)
+            b = predicted_change(p.logits, view_b, p.tokens, p.advantages, kind=kind)
+            da = divergence(p.logits, view_a, p.tokens, kind=kind)
+            db = divergence(p.logits, view_b, p.tokens, kind=kind)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(da, db, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_finite_for_tiny_probabilities_and_low_precision_logits(
+    dtype: torch.dtype, estimator: str
+) -> None:
+    gen = torch.Generator().manual_seed(11)
+    n, vocab = 32, 1000
+    # logits spanning ~140 nats: pi down to ~1e-30 and below; mu with exact zeros (top-p).
+    z = (torch.randn(n, vocab, generator=gen) * 20).clamp(-70, 70)
+    zmu = z + torch.randn(n, vocab, generator=gen)
+    zmu[:, 500:] = float("-inf")
+    logmu = torch.log_softmax(zmu, dim=-1)
+    tokens = torch.randint(0, 500, (n,), generator=gen)
+    tokens[:8] = logmu[:8].argmin(dim=-1).clamp(max=499)  # very unlikely sampled tokens
+    view = topk_view(logmu, tokens, 20)
+    adv = torch.randn(n, generator=gen)
+    logits = z.to(dtype)
+    for kind in KINDS:
+        d = divergence(logits, view, tokens, kind=kind, estimator=estimator)
+        g = predicted_change(logits, view, tokens, adv, kind=kind, estimator=estimator)
+        assert d.dtype == g.dtype == torch.float32
+        assert torch.isfinite(d).all() and torch.isfinite(g).all(), (kind, estimator, dtype)
+        # low-precision logits are computed exactly as their fp32 values would be
+        d32 = divergence(logits.float(), view, tokens, kind=kind, estimator=estimator)
+        torch.testing.assert_close(d, d32)
+
+
+def test_softmax_stats_match_direct_reductions() -> None:
+    p = positions(37, 3001, seed=2)
+    stats = softmax_stats(p.logits.to(torch.bfloat16), entropy=True)
+    z = p.logits.to(torch.bfloat16).double()
+    logp = torch.log_softmax(z, -1)
+    torch.testing.assert_close(stats.lse.double(), torch.logsumexp(z, -1), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(
+        stats.sum_sq.double(), (logp.exp() ** 2).sum(-1), rtol=1e-5, atol=1e-8
+    )
+    assert stats.entropy is not None
+    torch.testing.assert_close(
+        stats.entropy.double(), -(logp.exp() * logp).sum(-1), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_bad_arguments_name_the_problem() -> None:
+    p = positions(4, 30, seed=0, keep_full=False)
+    with pytest.raises(ValueError, match="kind"):
+        divergence(p.logits, p.behavior, p.tokens, kind="js", estimator="topk")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="full_logprobs"):
+        divergence(p.logits, p.behavior, p.tokens, kind="tv", estimator="exact")
+    with pytest.raises(ValueError, match="tokens"):
+        divergence(p.logits, p.behavior, p.tokens[:2], kind="tv", estimator="topk")

@@ -1,0 +1,142 @@
+"""Each trust-region mask against a hand-written reference of its rule, on random positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core import trust_region_mask
+from core.divergence import ESTIMATORS, KINDS
+from core.masks import MASKS
+from core.synthetic import Positions, positions
+from tests.core.references import (
+    autograd_change,
+    exact_divergence_fn,
+    lumped_divergence_fn,
+)
+
+DELTA_LOW, DELTA_HIGH = 0.1, 0.2
+
+
+@pytest.fixture(params=[(400, 64, 1.5, 0), (200, 1000, 1.0, 1), (64, 8000, 2.0, 2)])
+def pos(request: pytest.FixtureRequest) -> Positions:
+    n, vocab, gap, seed = request.param
+    return positions(n, vocab, k=20, gap=gap, seed=seed)
+
+
+def _probs_a(p: Positions) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log_softmax(p.logits.double(), -1).gather(-1, p.tokens[:, None]).squeeze(-1)
+    return logp.exp(), p.behavior.token_logprobs.double().exp()
+
+
+def _deltas(p: Positions) -> torch.Tensor:
+    return torch.where(p.advantages > 0, DELTA_HIGH, DELTA_LOW).double()
+
+
+def _mask(p: Positions, mask: str, kind: str = "tv", estimator: str = "topk") -> torch.Tensor:
+    return trust_region_mask(
+        logits=p.logits,
+        behavior=p.behavior,
+        tokens=p.tokens,
+        advantages=p.advantages,
+        mask=mask,  # type: ignore[arg-type]
+        kind=kind,  # type: ignore[arg-type]
+        estimator=estimator,  # type: ignore[arg-type]
+        delta_low=DELTA_LOW,
+        delta_high=DELTA_HIGH,
+    )
+
+
+def _assert_same_away_from_boundary(
+    keep: torch.Tensor, masked_ref: torch.Tensor, clear: torch.Tensor
+) -> None:
+    assert clear.float().mean() > 0.9
+    assert masked_ref[clear].any() and (~masked_ref[clear]).any(), "reference must mask some"
+    assert torch.equal(keep[clear], ~masked_ref[clear])
+
+
+def test_ppo_clip_is_the_ratio_rule(pos: Positions) -> None:
+    pi_a, mu_a = _probs_a(pos)
+    r, a = pi_a / mu_a, pos.advantages
+    masked = ((a > 0) & (r > 1 + DELTA_HIGH)) | ((a < 0) & (r < 1 - DELTA_LOW))
+    clear = ((r - (1 + DELTA_HIGH)).abs() > 1e-5) & ((r - (1 - DELTA_LOW)).abs() > 1e-5)
+    _assert_same_away_from_boundary(_mask(pos, "ppo_clip"), masked, clear)
+
+
+def test_dppo_binary_tv_is_the_published_rule(pos: Positions) -> None:
+    pi_a, mu_a = _probs_a(pos)
+    a = pos.advantages
+    masked = ((a > 0) & (pi_a - mu_a > DELTA_HIGH)) | ((a < 0) & (mu_a - pi_a > DELTA_LOW))
+    clear = ((pi_a - mu_a).abs() - _deltas(pos)).abs() > 1e-6
+    _assert_same_away_from_boundary(_mask(pos, "dppo", "tv", "binary"), masked, clear)
+
+
+def test_dppo_binary_kl_is_the_published_rule(pos: Positions) -> None:
+    pi_a, mu_a = _probs_a(pos)
+    a = pos.advantages
+    kl = mu_a * (mu_a / pi_a).log() + (1 - mu_a) * ((1 - mu_a) / (1 - pi_a)).log()
+    masked = ((a > 0) & (pi_a > mu_a) & (kl > DELTA_HIGH)) | (
+        (a < 0) & (pi_a < mu_a) & (kl > DELTA_LOW)
+    )
+    clear = (kl - _deltas(pos)).abs() > 1e-5
+    _assert_same_away_from_boundary(_mask(pos, "dppo", "kl", "binary"), masked, clear)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dppo_topk_uses_topk_divergence_and_ratio_direction(pos: Positions, kind: str) -> None:
+    pi_a, mu_a = _probs_a(pos)
+    a = pos.advantages
+    d = lumped_divergence_fn(pos.behavior, pos.tokens, kind, "topk")(pos.logits.double())
+    away = ((a > 0) & (pi_a > mu_a)) | ((a < 0) & (pi_a < mu_a))
+    masked = away & (d > _deltas(pos))
+    clear = (d - _deltas(pos)).abs() > 1e-5
+    _assert_same_away_from_boundary(_mask(pos, "dppo", kind, "topk"), masked, clear)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_predictive_exact_is_divergence_and_autograd_direction(pos: Positions, kind: str) -> None:
+    fn = exact_divergence_fn(pos.behavior, kind)
+    d = fn(pos.logits.double())
+    g = autograd_change(fn, pos.logits, pos.tokens, pos.advantages)
+    masked = (d > _deltas(pos)) & (g > 0)
+    clear = ((d - _deltas(pos)).abs() > 1e-5) & (g.abs() > 1e-7)
+    _assert_same_away_from_boundary(_mask(pos, "predictive", kind, "exact"), masked, clear)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_predictive_binary_equals_dppo_binary(pos: Positions, kind: str) -> None:
+    """DESIGN §1: on the two-category view the predictive direction is DPPO's ratio rule."""
+    pi_a, mu_a = _probs_a(pos)
+    clear = (pi_a - mu_a).abs() > 1e-5
+    keep_pred = _mask(pos, "predictive", kind, "binary")
+    keep_dppo = _mask(pos, "dppo", kind, "binary")
+    assert torch.equal(keep_pred[clear], keep_dppo[clear])
+
+
+def test_predictive_and_dppo_differ_on_full_distributions() -> None:
+    """They must not collapse into one rule once the rest of the distribution is seen."""
+    p = positions(2000, 2000, k=20, gap=1.5, seed=4)
+    keep_pred = _mask(p, "predictive", "tv", "exact")
+    keep_dppo = _mask(p, "dppo", "tv", "exact")
+    assert (keep_pred != keep_dppo).float().mean() > 0.01
+
+
+def test_none_keeps_everything(pos: Positions) -> None:
+    assert _mask(pos, "none").all()
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_zero_advantage_tokens_keep_their_gradient(mask: str, estimator: str) -> None:
+    p = positions(300, 100, gap=3.0, seed=5)
+    p = Positions(p.logits, p.behavior, p.tokens, torch.zeros_like(p.advantages))
+    for kind in KINDS:
+        assert _mask(p, mask, kind, estimator).all()
+
+
+def test_unknown_mask_and_negative_delta_are_rejected() -> None:
+    p = positions(4, 30, seed=0)
+    with pytest.raises(ValueError, match="mask must be one of"):
+        _mask(p, "trpo")
+    with pytest.raises(ValueError, match=r"delta_low=-0\.1"):
+        trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=-0.1)

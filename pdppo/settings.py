@@ -8,7 +8,7 @@ of starting a service that anyone can use.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
                 )
         return self
 
-    @property
+    @cached_property
     def tenants_by_key(self) -> dict[str, str]:
         return parse_api_keys(self.api_keys)
 

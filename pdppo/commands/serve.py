@@ -1,9 +1,28 @@
-"""`pdppo serve` (placeholder until its issue lands)."""
+"""`pdppo serve`: the HTTP gateway under uvicorn."""
+
+from __future__ import annotations
 
 import click
 
 
 @click.command()
-def serve() -> None:
-    """Not available yet."""
-    raise click.ClickException("pdppo serve is not implemented yet")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to bind.")
+@click.option("--workers", default=1, show_default=True, type=int, help="uvicorn processes.")
+@click.option("--log-level", default=None, help="uvicorn log level (default: PDPPO_LOG_LEVEL).")
+def serve(host: str, port: int, workers: int, log_level: str | None) -> None:
+    """Run the API (settings from PDPPO_* environment variables)."""
+    import uvicorn
+
+    from pdppo.settings import get_settings
+
+    settings = get_settings()  # fail here, readably, on bad settings
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=(log_level or settings.log_level).lower(),
+        timeout_graceful_shutdown=5,
+    )

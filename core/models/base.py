@@ -1,0 +1,87 @@
+"""What the trainer needs from a language model, whatever its origin (built-in or Hugging Face).
+
+One small interface so that the rollout engine, the loss and checkpoints never branch on the model
+family: a forward pass with an optional KV cache over left-padded batches, a tokenizer with EOS and
+pad ids, the trainable parameters, and saving in the family's own format.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Prompt ids, with whatever start token the model was trained with."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Plain ids, no special tokens (completions in the warm-up)."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids, special tokens dropped."""
+        ...
+
+
+class CausalLM(abc.ABC):
+    """A causal LM plus its tokenizer, driven with explicit masks and position ids."""
+
+    module: nn.Module
+    tokenizer: Tokenizer
+    max_seq_len: int | None = None
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, T) int64
+        attention_mask: Tensor,  # (B, T_past + T) bool/int, 1 = real token
+        position_ids: Tensor,  # (B, T) int64
+        cache: Any = None,
+    ) -> tuple[Tensor, Any]:
+        """Logits (B, T, V) in the module's dtype and the updated cache."""
+
+    @abc.abstractmethod
+    def save_final(self, path: Path) -> None:
+        """The trained model in its family's own format, loadable without pdppo where possible."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.module.parameters()).dtype
+
+    def trainable(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def snapshot(self) -> dict[str, Tensor]:
+        """A detached copy of the trainable weights: enough to rebuild a stale policy."""
+        return {n: p.detach().clone() for n, p in self.trainable()}
+
+    def load_snapshot(self, snap: dict[str, Tensor]) -> None:
+        params = dict(self.module.named_parameters())
+        with torch.no_grad():
+            for n, t in snap.items():
+                params[n].copy_(t)  # casts to this copy's dtype (low-precision rollouts)
+
+    def copy_as(self, dtype: torch.dtype) -> CausalLM:
+        """A frozen copy for the rollout engine, possibly in lower precision than training."""
+        clone = copy.copy(self)
+        clone.module = copy.deepcopy(self.module).to(dtype)
+        for p in clone.module.parameters():
+            p.requires_grad_(False)
+        clone.module.eval()
+        # The trainable names must still exist: snapshots are loaded by name.
+        return clone

@@ -1,0 +1,138 @@
+"""`hf:<path or hub id>`: any Hugging Face causal LM, optionally with LoRA adapters through peft.
+
+Hub ids work where the machine can reach the hub; tests and offline runs pass a local directory.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from core.config import ModelConfig
+from core.models.base import CausalLM
+
+
+class HFTokenizer:
+    """Adapts a transformers tokenizer to the trainer's needs (EOS and pad always defined)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        if tok.eos_token_id is None:
+            raise ValueError("the Hugging Face tokenizer has no eos_token_id; RL needs one to stop")
+        self.eos_id = int(tok.eos_token_id)
+        self.pad_id = int(tok.pad_token_id) if tok.pad_token_id is not None else self.eos_id
+        self.vocab_size = len(tok)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=True)["input_ids"])
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=True))
+
+
+class HFLM(CausalLM):
+    def __init__(self, cfg: ModelConfig) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = cfg.name.removeprefix("hf:")
+        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        module: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        self.hf_tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(source))
+        self.tokenizer = self.hf_tokenizer
+        self.max_seq_len = getattr(module.config, "max_position_embeddings", None)
+        self.lora = cfg.lora is not None
+        if cfg.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            module = get_peft_model(
+                module,
+                LoraConfig(
+                    r=cfg.lora.r,
+                    lora_alpha=cfg.lora.alpha,  # type: ignore[arg-type]  # peft accepts floats
+                    lora_dropout=cfg.lora.dropout,
+                    target_modules=cfg.lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        module.eval()  # no dropout: pi and mu must differ only by the knobs the config names
+        self.module = module
+        # transformers 5 renamed `past_key_values` to `cache`; older releases only know the former.
+        base = module.get_base_model() if cfg.lora is not None else module
+        self._cache_arg = (
+            "cache"
+            if "cache" in inspect.signature(type(base).forward).parameters
+            else "past_key_values"
+        )
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: Any = None,
+    ) -> tuple[Tensor, Any]:
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=attention_mask.long(),
+            position_ids=position_ids,
+            use_cache=True,
+            **{self._cache_arg: cache},
+        )
+        return out.logits, getattr(out, self._cache_arg)
+
+    def save_final(self, path: Path) -> None:
+        """Safetensors via save_pretrained; LoRA adapters are merged so the result loads alone."""
+        import copy
+
+        path.mkdir(parents=True, exist_ok=True)
+        module: Any = self.module
+        if self.lora:
+            module = copy.deepcopy(module).merge_and_unload()
+        module.save_pretrained(str(path), safe_serialization=True)
+        self.hf_tokenizer.tok.save_pretrained(str(path))
+
+
+def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:
+    """Save a tiny random Llama and a word-level tokenizer to `path`, built locally (no hub).
+
+    For tests and offline examples: the tokenizer knows single characters, digits and a few
+    hundred filler tokens so that top-K truncation is real.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    chars = [chr(c) for c in range(32, 127)]
+    vocab = specials + chars + [f"<w{i}>" for i in range(max(0, vocab_words - len(chars)))]
+    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    fast.save_pretrained(str(path))
+    return path

@@ -1,0 +1,151 @@
+"""`builtin:tiny`: a small causal transformer and a byte tokenizer, made locally (no download).
+
+The vocabulary has 512 entries (4 specials, 256 bytes, 252 reserved) so that a top-20 view of the
+behavior policy is a real truncation, as with production vocabularies, while the model stays
+small enough to learn a task on a laptop CPU in minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_model, save_model
+from torch import Tensor, nn
+
+from core.config import TinyModelConfig
+from core.models.base import CausalLM
+
+VOCAB_SIZE = 512
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+_BYTE0 = 4
+
+KVCache = list[tuple[Tensor, Tensor]]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past four special ids; ids 260..511 are reserved and never encoded."""
+
+    vocab_size = VOCAB_SIZE
+    eos_id = EOS
+    pad_id = PAD
+    bos_id = BOS
+
+    def encode(self, text: str) -> list[int]:
+        return [b + _BYTE0 for b in text.encode("utf-8")]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return [BOS, *self.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        data = bytes(i - _BYTE0 for i in ids if _BYTE0 <= i < _BYTE0 + 256)
+        return data.decode("utf-8", errors="replace")
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(
+        self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        b, t, d = x.shape
+        h = self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Dh)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask (B, 1, T, Tk)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.mlp(self.ln2(x))
+        return x, (k, v)
+
+
+class TinyTransformer(nn.Module):
+    """Pre-LayerNorm GPT with learned positions; no dropout, so pi and mu differ only by design."""
+
+    def __init__(self, cfg: TinyModelConfig, vocab_size: int = VOCAB_SIZE) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(_Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, T)
+        attention_mask: Tensor,  # (B, Tk) with Tk = T_past + T
+        position_ids: Tensor,  # (B, T)
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, KVCache]:
+        t = input_ids.shape[1]
+        tk = attention_mask.shape[1]
+        if int(position_ids.max()) >= self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence of {int(position_ids.max()) + 1} tokens exceeds "
+                f"model.tiny.max_seq_len={self.cfg.max_seq_len}"
+            )
+        x = self.tok(input_ids) + self.pos(position_ids)
+        # query i sits at key position tk - t + i; it sees real keys at or before it, and itself
+        # (so that left-padding queries never attend to nothing and produce NaN).
+        qpos = torch.arange(tk - t, tk, device=x.device)[:, None]
+        kpos = torch.arange(tk, device=x.device)[None, :]
+        causal = kpos <= qpos  # (T, Tk)
+        keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
+        mask = (causal[None, None] & keys) | (kpos == qpos)[None, None]  # (B, 1, T, Tk)
+        new_cache: KVCache = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, mask, None if cache is None else cache[i])
+            new_cache.append(kv)
+        return self.head(self.ln_f(x)), new_cache
+
+
+class TinyLM(CausalLM):
+    def __init__(self, cfg: TinyModelConfig) -> None:
+        self.cfg = cfg
+        self.module = TinyTransformer(cfg)
+        self.tokenizer = ByteTokenizer()
+        self.max_seq_len = cfg.max_seq_len
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: Any = None,
+    ) -> tuple[Tensor, Any]:
+        logits, new_cache = self.module(input_ids, attention_mask, position_ids, cache)
+        return logits, new_cache
+
+    def save_final(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        save_model(self.module, str(path / "model.safetensors"))
+        cfg = self.cfg.model_dump()
+        meta = {"model": "builtin:tiny", "tiny": cfg, "vocab_size": VOCAB_SIZE}
+        (path / "config.json").write_text(json.dumps(meta, indent=2))
+
+
+def load_tiny_final(path: Path) -> TinyLM:
+    """Rebuild a `builtin:tiny` model saved by `save_final`."""
+    meta = json.loads((path / "config.json").read_text())
+    lm = TinyLM(TinyModelConfig(**meta["tiny"]))
+    load_model(lm.module, str(path / "model.safetensors"))
+    return lm

@@ -1,0 +1,19 @@
+"""Tasks with verifiable rewards in [0, 1]: built-in digit tasks and JSONL datasets."""
+
+from __future__ import annotations
+
+from core.config import TaskConfig
+from core.tasks.base import Example, Task, positional_credit
+from core.tasks.builtin import ArithmeticTask, DigitStringTask
+from core.tasks.jsonl import JsonlTask
+
+__all__ = ["Example", "Task", "make_task", "positional_credit"]
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    if cfg.name == "jsonl":
+        assert cfg.path is not None  # the config validator guarantees it
+        return JsonlTask(cfg.path, cfg.match, cfg.numeric_tolerance)
+    if cfg.name == "arithmetic":
+        return ArithmeticTask(cfg.min_len, cfg.max_len)
+    return DigitStringTask(cfg.name, cfg.min_len, cfg.max_len)

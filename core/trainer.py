@@ -1,0 +1,378 @@
+"""The RL loop: GRPO-style groups, the trust-region loss, checkpoints, and a callback for callers.
+
+How this departs from the textbook GRPO loop, on purpose:
+- the behavior policy is whatever sampled the tokens, recorded by the rollout engine as a top-K
+  view (`core.rollout`); knobs make it differ from the trained policy the way real systems do:
+  a lower-precision rollout copy, stale rollout weights (the policy `staleness` steps ago), and
+  several minibatch updates per rollout batch;
+- the loss is DPPO's `- A * sg(min(pi/mu, c)) * m * log pi(a)` with the configured mask, not the
+  PPO clipped objective; there is no KL-to-reference term;
+- an optional format warm-up (supervised, random content) runs once before RL when the task asks.
+
+One step = one rollout batch (prompts_per_step x group_size completions) followed by
+epochs x minibatches optimizer updates. Metrics are flat floats, one JSON line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from core.config import TrainConfig
+from core.loss import policy_loss
+from core.models import CausalLM, load_model
+from core.rollout import RolloutBatch, generate, left_pad, response_logits
+from core.tasks import Example, Task, make_task
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TrainerCallback:
+    """Hooks for a caller (CLI progress bar, Celery worker). Defaults do nothing."""
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        """After step `step`'s update, before that step's checkpoint is written."""
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        """A complete checkpoint for `step` now exists at `path`."""
+
+    def on_log(self, message: str) -> None:
+        """A human-readable line about the run (warm-up, resume, final model)."""
+
+    def should_stop(self) -> bool:
+        """Checked between steps; True saves a checkpoint and ends the run cleanly."""
+        return False
+
+
+@dataclass
+class TrainResult:
+    step: int  # last completed step
+    stopped: bool  # True when the callback asked to stop before `config.steps`
+    final_model: Path | None  # out_dir/final, written only when the run completed
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but CUDA is not available")
+    return torch.device(name)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool) -> torch.Tensor:
+    """reward - group mean (optionally / group std), rewards (B,) laid out group after group."""
+    r = rewards.view(-1, group_size)  # (G, group_size)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if normalize_std:
+        adv = adv / (r.std(dim=1, keepdim=True) + 1e-6)
+    return adv.reshape(-1)
+
+
+class _Run:
+    """Everything a run holds between steps; checkpointed and restored as a whole."""
+
+    def __init__(self, cfg: TrainConfig, out_dir: Path, callback: TrainerCallback) -> None:
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.cb = callback
+        self.device = resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        self.lm: CausalLM = load_model(cfg.model, self.device)
+        self.task: Task = make_task(cfg.task)
+        params = [p for _, p in self.lm.trainable()]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.prompt_rng = random.Random(cfg.seed)
+        self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
+        rollout_dtype = _DTYPES[cfg.rollout.dtype]
+        self.separate_rollout = cfg.rollout.staleness > 0 or rollout_dtype != self.lm.dtype
+        self.rollout_lm = self.lm.copy_as(rollout_dtype) if self.separate_rollout else self.lm
+        # snapshots[0] is the policy the next rollout samples from (staleness steps old)
+        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.rollout.staleness + 1)
+        self.step = 0
+
+    # -- state --------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "prompt_rng": self.prompt_rng.getstate(),
+            "sample_gen": self.sample_gen.get_state(),
+            "shuffle_gen": self.shuffle_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "snapshots": [{k: v.cpu() for k, v in s.items()} for s in self.snapshots],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.prompt_rng.setstate(_as_random_state(state["prompt_rng"]))
+        self.sample_gen.set_state(state["sample_gen"])
+        self.shuffle_gen.set_state(state["shuffle_gen"])
+        torch.set_rng_state(state["torch_rng"])
+        self.snapshots.clear()
+        for s in state["snapshots"]:
+            self.snapshots.append({k: v.to(self.device) for k, v in s.items()})
+
+    def checkpoint(self) -> Path:
+        meta = {"config": self.cfg.model_dump(mode="json"), "model": self.cfg.model.name}
+        path = save_checkpoint(
+            self.out_dir,
+            self.step,
+            self.lm,
+            self.optimizer,
+            self.state(),
+            meta,
+            keep=self.cfg.keep_checkpoints,
+        )
+        self.cb.on_checkpoint(self.step, path)
+        return path
+
+    # -- warm-up ------------------------------------------------------------------------
+
+    def warmup(self) -> None:
+        """Supervised steps on right-shaped, random-content completions: format, not task."""
+        t = self.cfg.task
+        if not t.warmup_steps:
+            return
+        rng = random.Random(self.cfg.seed + 3)
+        opt = torch.optim.AdamW([p for _, p in self.lm.trainable()], lr=t.warmup_lr)
+        tok = self.lm.tokenizer
+        t0 = time.perf_counter()
+        loss = torch.tensor(0.0)
+        for _ in range(t.warmup_steps):
+            exs = [self.task.sample(rng) for _ in range(t.warmup_batch_size)]
+            prompts = [tok.encode_prompt(e.prompt) for e in exs]
+            comps = [[*tok.encode(self.task.warmup_completion(e, rng)), tok.eos_id] for e in exs]
+            batch = _pack(prompts, comps, tok.pad_id, self.device)
+            logits = response_logits(self.lm, batch, 1.0)
+            loss = torch.nn.functional.cross_entropy(logits, batch.tokens)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        self.cb.on_log(
+            f"format warm-up: {t.warmup_steps} steps, final loss {float(loss):.3f}, "
+            f"{time.perf_counter() - t0:.1f}s"
+        )
+
+    # -- one RL step --------------------------------------------------------------------
+
+    def rollout(self) -> tuple[RolloutBatch, list[Example], torch.Tensor, float]:
+        r = self.cfg.rollout
+        if self.separate_rollout:
+            self.snapshots.append(self.lm.snapshot())
+            self.rollout_lm.load_snapshot(self.snapshots[0])
+        exs = [self.task.sample(self.prompt_rng) for _ in range(r.prompts_per_step)]
+        group = [e for e in exs for _ in range(r.group_size)]
+        tok = self.lm.tokenizer
+        t0 = time.perf_counter()
+        batch = generate(
+            self.rollout_lm,
+            [tok.encode_prompt(e.prompt) for e in group],
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=self.cfg.algorithm.top_k,
+            keep_full=self.cfg.algorithm.estimator == "exact",
+            generator=self.sample_gen,
+        )
+        _sync(self.device)
+        elapsed = time.perf_counter() - t0
+        rewards = torch.tensor(
+            [
+                self.task.score(e, tok.decode(c))
+                for e, c in zip(group, batch.completions, strict=True)
+            ],
+            dtype=torch.float32,
+        )
+        return batch, group, rewards, elapsed
+
+    def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        a = self.cfg.algorithm
+        temp = self.cfg.rollout.temperature
+        b = batch.input_ids.shape[0]
+        per_mb = b // a.minibatches
+        adv_seq = advantages.to(self.device)  # (B,)
+        sums: dict[str, float] = {}
+        weight_total = 0.0
+        div_max = 0.0
+        grad_norms: list[float] = []
+        offpolicy = float("nan")
+        params = [p for _, p in self.lm.trainable()]
+        for _epoch in range(a.epochs):
+            order = torch.randperm(b, generator=self.shuffle_gen).to(self.device)
+            for i in range(a.minibatches):
+                rows = order[i * per_mb : (i + 1) * per_mb].sort().values
+                mb = batch.select(rows)
+                adv_tok = adv_seq[rows][:, None].expand_as(mb.response_mask)[mb.response_mask]
+                logits = response_logits(self.lm, mb, temp)  # (N, V) fp32, with grad
+                out = policy_loss(
+                    logits=logits,
+                    tokens=mb.tokens,
+                    behavior=mb.behavior,
+                    advantages=adv_tok,
+                    mask=a.mask,
+                    kind=a.kind,
+                    estimator=a.estimator,
+                    delta_low=a.delta_low,
+                    delta_high=a.delta_high,
+                    is_cap=a.is_cap,
+                )
+                if math.isnan(offpolicy):
+                    # how far the sampler was from the trained policy before any update on it
+                    with torch.no_grad():
+                        lp = torch.log_softmax(logits.detach(), -1)
+                        lp_a = lp.gather(-1, mb.tokens[:, None])[:, 0]
+                        offpolicy = float((lp_a - mb.behavior.token_logprobs).abs().mean())
+                self.optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+                self.optimizer.step()
+                grad_norms.append(float(gn))
+                w = float(len(mb.tokens))
+                weight_total += w
+                stats = {"loss": float(out.loss.detach()), **out.stats}
+                for k, v in stats.items():
+                    if k != "divergence_max":
+                        sums[k] = sums.get(k, 0.0) + w * v
+                div_max = max(div_max, out.stats["divergence_max"])
+        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+        metrics["divergence_max"] = div_max
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["offpolicy_logratio_abs"] = offpolicy
+        return metrics
+
+    def run_step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        batch, _group, rewards, rollout_time = self.rollout()
+        adv = group_advantages(
+            rewards, self.cfg.rollout.group_size, self.cfg.algorithm.normalize_std
+        )
+        t1 = time.perf_counter()
+        metrics = self.update(batch, adv)
+        _sync(self.device)
+        update_time = time.perf_counter() - t1
+        self.step += 1
+        n_tokens = int(batch.response_mask.sum())
+        return {
+            "step": float(self.step),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            **metrics,
+            "response_len": n_tokens / len(rewards),
+            "tokens_per_s": n_tokens / max(rollout_time, 1e-9),
+            "rollout_time": rollout_time,
+            "update_time": update_time,
+            "step_time": time.perf_counter() - t0,
+        }
+
+
+def train(
+    config: TrainConfig,
+    out_dir: Path,
+    *,
+    callback: TrainerCallback | None = None,
+    resume: bool = False,
+) -> TrainResult:
+    """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cb = callback or TrainerCallback()
+    run = _Run(config, out_dir, cb)
+    metrics_path = out_dir / "metrics.jsonl"
+    ckpt = latest_checkpoint(out_dir) if resume else None
+    if ckpt is not None:
+        run.step, state = load_checkpoint(ckpt, run.lm, run.optimizer)
+        run.restore(state)
+        _truncate_metrics(metrics_path, run.step)
+        cb.on_log(f"resumed from {ckpt} at step {run.step}")
+    else:
+        metrics_path.write_text("")
+        run.warmup()
+    last_saved = run.step if ckpt is not None else -1
+    with metrics_path.open("a", encoding="utf-8") as mf:
+        while run.step < config.steps:
+            if cb.should_stop():
+                if last_saved != run.step:
+                    run.checkpoint()
+                cb.on_log(f"stopped at step {run.step}")
+                return TrainResult(step=run.step, stopped=True, final_model=None)
+            metrics = run.run_step()
+            _check_finite(metrics)
+            mf.write(json.dumps(metrics) + "\n")
+            mf.flush()
+            cb.on_step(run.step, metrics)
+            every = config.checkpoint_every
+            if (every and run.step % every == 0) or run.step == config.steps:
+                run.checkpoint()
+                last_saved = run.step
+    final = out_dir / "final"
+    run.lm.save_final(final)
+    cb.on_log(f"final model saved to {final}")
+    return TrainResult(step=run.step, stopped=False, final_model=final)
+
+
+def _pack(
+    prompts: list[list[int]], completions: list[list[int]], pad: int, device: torch.device
+) -> RolloutBatch:
+    """Prompt + given completion in the rollout layout (for the supervised warm-up)."""
+    from core.behavior import BehaviorView
+
+    ids, mask = left_pad(prompts, pad, device)
+    t = max(len(c) for c in completions)
+    resp = torch.full((len(prompts), t), pad, dtype=torch.long)
+    rmask = torch.zeros((len(prompts), t), dtype=torch.bool)
+    for i, c in enumerate(completions):
+        resp[i, : len(c)] = torch.tensor(c)
+        rmask[i, : len(c)] = True
+    n = int(rmask.sum())
+    empty = BehaviorView(torch.zeros(n), torch.zeros(n, 1, dtype=torch.long), torch.zeros(n, 1))
+    return RolloutBatch(
+        input_ids=torch.cat([ids, resp.to(device)], 1),
+        attention_mask=torch.cat([mask, rmask.to(device)], 1),
+        prompt_len=ids.shape[1],
+        response_mask=rmask.to(device),
+        behavior=empty,
+        completions=completions,
+    )
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop lines past the checkpoint so a resumed run's file equals an uninterrupted one."""
+    if not path.exists():
+        return
+    keep = [
+        line
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line)["step"] <= step
+    ]
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+def _check_finite(metrics: dict[str, float]) -> None:
+    bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+    if bad:
+        raise FloatingPointError(f"non-finite metrics at step {int(metrics['step'])}: {bad}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _as_random_state(state: Any) -> tuple[Any, ...]:
+    """random.Random states come back from torch.load as lists; setstate needs tuples."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

@@ -1,0 +1,78 @@
+"""The job spec: the one model shared by the API (request body), the workers and `pdppo train`.
+
+`train` is the core trainer's own config; the spec adds what only the service cares about (a name,
+the resources to schedule on). No torch import here: the API validates specs without the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from core.config import TrainConfig
+
+__all__ = ["JobSpec", "Resources", "SpecError", "load_spec"]
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: Literal["cpu", "gpu"] = Field(
+        default="cpu", description="Worker queue the job runs on."
+    )
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=200, description="Human label for the job.")
+    resources: Resources = Field(default_factory=lambda: Resources(), description="Where to run.")
+    train: TrainConfig = Field(description="The trainer's configuration.")
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be read or does not validate; the message names the field."""
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
+        msg = err["msg"].removeprefix("Value error, ")
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"{loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, source: str = "spec") -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a job spec must be a mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: invalid job spec\n{format_validation_error(exc)}") from exc
+
+
+def load_spec(path: Path) -> JobSpec:
+    """A JobSpec from a YAML or JSON file (JSON is YAML, but `.json` gets JSON's error messages)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except (ValueError, ImportError) as exc:
+        raise SpecError(f"{path}: not valid YAML/JSON ({exc})") from exc
+    except Exception as exc:  # yaml.YAMLError has no common base we can import lazily
+        raise SpecError(f"{path}: not valid YAML/JSON ({exc})") from exc
+    return parse_spec(data, str(path))

@@ -150,7 +150,7 @@ if st == 'queued' then
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
-  return 'cancelled'
+  return 'cancelled-while-queued'
 end
 if st == 'running' then
   if redis.call('HGET', KEYS[1], 'cancel_requested') ~= '1' then
@@ -159,7 +159,7 @@ if st == 'running' then
   end
   return 'requested'
 end
-return st
+return 'already-' .. st
 """
 
 # KEYS: job, events, lease, running, tenant active; ARGV: id, now, queued data, log data,
@@ -353,6 +353,7 @@ class AsyncJobStore:
                 return out, None
 
     async def cancel(self, job_id: str) -> str:
+        """'cancelled-while-queued', 'requested' (running), 'already-<status>' or 'missing'."""
         record = await self.get(job_id)
         if record is None:
             return "missing"

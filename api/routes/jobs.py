@@ -107,9 +107,10 @@ async def cancel_job(job: JobDep, store: StoreDep) -> Job:
     outcome = await store.cancel(job.id)
     if outcome == "missing":
         raise HTTPException(404, detail=f"job {job.id!r} not found")
-    if outcome not in ("cancelled", "requested"):
-        raise HTTPException(409, detail=f"job {job.id!r} already {outcome}; nothing to cancel")
-    if outcome == "cancelled":
+    if outcome.startswith("already-"):
+        status = outcome.removeprefix("already-")
+        raise HTTPException(409, detail=f"job {job.id!r} already {status}; nothing to cancel")
+    if outcome == "cancelled-while-queued":
         try:
             await anyio.to_thread.run_sync(revoke_queued, job.id)
         except Exception:  # the task skips a cancelled job by itself anyway

@@ -1,0 +1,132 @@
+"""Fixtures that start the real service: redis-server, `pdppo serve` and `pdppo worker`.
+
+Session-scoped and shared by every integration test (and the client tests): one Redis server, one
+service (API + one CPU worker) on database 0. Tests that kill workers get their own service on
+another database through `make_service`, so they never disturb the shared one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from tests.integration.stack import RedisServer, Service
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """API and one CPU worker on Redis db 0 (alice, bob and carol have keys: stack.KEYS)."""
+    svc = Service(redis_server, tmp_path_factory.mktemp("service"), db=0)
+    try:
+        svc.start_api()
+        svc.start_worker("cpu")
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture
+def make_service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Service]]:
+    """Builds extra services on fresh Redis databases (1, 2, ...); stopped after the test."""
+    made: list[Service] = []
+    dbs = itertools.count(1 + len(list(tmp_path_factory.getbasetemp().glob("extra*"))))
+
+    def make(**env: str) -> Service:
+        svc = Service(redis_server, tmp_path_factory.mktemp("extra"), db=next(dbs) % 16, env=env)
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.stop()
+
+
+@pytest.fixture
+def alice(service: Service) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+@pytest.fixture
+def bob(service: Service) -> Iterator[httpx.Client]:
+    with service.client("bob") as client:
+        yield client
+
+
+def wait_for(
+    client: httpx.Client,
+    job_id: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = 60,
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        if predicate(job):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting on job {job_id}: {job}")
+        time.sleep(0.05)
+
+
+def wait_status(
+    client: httpx.Client, job_id: str, statuses: set[str] | str, timeout: float = 60
+) -> dict[str, Any]:
+    wanted = {statuses} if isinstance(statuses, str) else statuses
+    return wait_for(client, job_id, lambda job: job["status"] in wanted, timeout)
+
+
+def read_events(
+    client: httpx.Client,
+    job_id: str,
+    *,
+    last_event_id: str | None = None,
+    limit: int | None = None,
+    timeout: float = 120,
+) -> list[dict[str, Any]]:
+    """Events as {id, event, data} until `done` (the server closes) or `limit` events."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    out: list[dict[str, Any]] = []
+    with connect_sse(
+        client, "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout
+    ) as source:
+        assert source.response.status_code == 200, source.response.read()
+        for sse in source.iter_sse():
+            if not sse.event or sse.event == "message":
+                continue  # comments (pings) are not events
+            out.append({"id": sse.id, "event": sse.event, "data": json.loads(sse.data)})
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def metric_steps(events: list[dict[str, Any]]) -> list[int]:
+    return [e["data"]["step"] for e in events if e["event"] == "metrics"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)

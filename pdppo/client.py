@@ -326,9 +326,13 @@ class Client:
                     for sse in source.iter_sse():
                         if sse.retry is not None:
                             delay = sse.retry / 1000
+                        failures = 0
+                        if sse.event == "message" and not sse.data:
+                            # A keep-alive comment: httpx-sse reports the blank line after it
+                            # as an empty event (it carries the last id, so one is set).
+                            continue
                         if sse.id:
                             last = sse.id
-                        failures = 0
                         event = Event(event=sse.event, data=sse.data, id=sse.id or None)
                         yield event
                         if event.event == "done":

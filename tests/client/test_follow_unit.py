@@ -70,7 +70,9 @@ def test_follow_resumes_after_a_drop_mid_event_with_last_event_id() -> None:
                 headers=SSE,
                 stream=_DroppingStream(
                     [
+                        b": ping - 2026-11-30 14:00:00\r\n\r\n",
                         _event(3, "metrics", '{"step": 2}'),
+                        b": ping - 2026-11-30 14:00:01\r\n\r\n",
                         _event(4, "done", '{"status": "succeeded"}'),
                         _event(5, "log", '{"message": "after done: never read"}'),
                     ],

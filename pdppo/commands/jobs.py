@@ -20,15 +20,14 @@ if TYPE_CHECKING:
 
     from pdppo.client import Client, Event, Job
 
-# Metrics worth a place on the progress line, in this order, when the trainer reports them.
-PREFERRED_METRICS = (
-    "reward_mean",
-    "masked_fraction",
-    "divergence_mean",
-    "direction_disagreement",
-    "loss",
-    "entropy",
-)
+# Metrics worth a place on the progress line, with short labels so that the line fits.
+PREFERRED_METRICS = {
+    "reward_mean": "reward",
+    "masked_fraction": "masked",
+    "divergence_mean": "D",
+    "direction_disagreement": "disagree",
+    "loss": "loss",
+}
 MAX_SHOWN_METRICS = 4
 
 P = ParamSpec("P")
@@ -86,14 +85,14 @@ def _job_line(job: Job) -> str:
 
 
 def _format_metrics(metrics: Mapping[str, Any]) -> dict[str, str]:
+    """The headline metrics, short-labelled, else the first few numeric ones."""
     numeric = {
         k: v
         for k, v in metrics.items()
         if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"
     }
-    keys = [k for k in PREFERRED_METRICS if k in numeric]
-    keys += [k for k in numeric if k not in keys]
-    return {k: f"{numeric[k]:.4g}" for k in keys[:MAX_SHOWN_METRICS]}
+    keys = [k for k in PREFERRED_METRICS if k in numeric] or list(numeric)
+    return {PREFERRED_METRICS.get(k, k): f"{numeric[k]:.3g}" for k in keys[:MAX_SHOWN_METRICS]}
 
 
 def follow_job(client: Client, job_id: str, last_event_id: str | None = None) -> str:

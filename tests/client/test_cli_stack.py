@@ -1,0 +1,97 @@
+"""The client commands (`pdppo submit/status/list/cancel/logs`) against the real stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from pdppo.cli import main
+from tests.client.conftest import FinishedJob, parked_spec, write_spec
+from tests.integration.stack import pdppo_command, smoke_spec
+
+
+def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_submit_follow_shows_progress_and_ends_succeeded(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    spec = write_spec(tmp_path / "job.yaml", smoke_spec(steps=3) | {"name": "cli-follow"})
+    code, out, err = _run(["submit", str(spec), "--follow"], cli_env)
+    assert code == 0, (out, err)
+    job_id, status = out.strip().splitlines()[-1].split()
+    assert status == "succeeded"
+    assert f"submitted {job_id}" in err
+    assert "3/3" in err and "reward=" in err  # the bar reached the end and showed metrics
+    assert "status: running" in out
+
+
+def test_status_list_and_logs_of_a_finished_job(
+    finished_job: FinishedJob, cli_env: dict[str, str]
+) -> None:
+    job_id = finished_job.id
+    code, out, _ = _run(["status", job_id], cli_env)
+    assert code == 0 and job_id in out and "succeeded" in out and "4/4" in out
+    code, out, _ = _run(["status", job_id, "--json"], cli_env)
+    assert json.loads(out)["id"] == job_id
+
+    code, out, _ = _run(["list", "--status", "succeeded", "--limit", "100"], cli_env)
+    assert code == 0 and job_id in out
+    assert all("succeeded" in line for line in out.strip().splitlines())
+    code, out, _ = _run(["list", "--json"], cli_env)
+    assert job_id in {json.loads(line)["id"] for line in out.strip().splitlines()}
+
+    code, out, _ = _run(["logs", job_id, "--raw"], cli_env)
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == len(finished_job.events)
+    assert lines[-1] == f"{finished_job.events[-1].id} done {finished_job.events[-1].data}"
+    since = finished_job.events[-3].id or ""
+    code, out, _ = _run(["logs", job_id, "--raw", "--since", since], cli_env)
+    assert [line.split()[0] for line in out.strip().splitlines()] == [
+        e.id for e in finished_job.events[-2:]
+    ]
+
+
+def test_submit_cancel_and_logs_report_cancelled(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    spec = write_spec(tmp_path / "parked.yaml", parked_spec("cli-cancel"))
+    code, out, _ = _run(["submit", str(spec)], cli_env)
+    job_id = out.strip()
+    assert code == 0 and len(job_id) > 8
+    code, out, _ = _run(["cancel", job_id], cli_env)
+    assert code == 0 and out.strip() == f"{job_id} cancelled"
+    code, out, _ = _run(["logs", job_id], cli_env)
+    assert code == 1  # followed to the end, and the end was not a success
+    assert out.strip().splitlines()[-1] == f"{job_id} cancelled"
+
+
+def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    spec = write_spec(tmp_path / "bad.yaml", smoke_spec(steps=0))
+    code, out, err = _run(["submit", str(spec)], cli_env)
+    assert code == 1 and "HTTP 422" in err and "train.steps" in err
+
+    code, _, err = _run(["list"], {**cli_env, "PDPPO_API_KEY": ""})
+    assert code == 2 and "no API key" in err
+    code, _, err = _run(["list"], {**cli_env, "PDPPO_API_KEY": "wrong"})
+    assert code == 1 and "HTTP 401" in err
+    code, _, err = _run(["status", "x", "--url", "http://127.0.0.1:9"], cli_env)
+    assert code == 1 and "cannot reach the server" in err
+
+
+def test_the_installed_command_follows_a_job(
+    finished_job: FinishedJob, cli_env: dict[str, str]
+) -> None:
+    result = subprocess.run(
+        [*pdppo_command(), "logs", finished_job.id],
+        env={**os.environ, **cli_env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == f"{finished_job.id} succeeded"

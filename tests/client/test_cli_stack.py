@@ -72,7 +72,7 @@ def test_submit_cancel_and_logs_report_cancelled(tmp_path: Path, cli_env: dict[s
 
 def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path, cli_env: dict[str, str]) -> None:
     spec = write_spec(tmp_path / "bad.yaml", smoke_spec(steps=0))
-    code, out, err = _run(["submit", str(spec)], cli_env)
+    code, _, err = _run(["submit", str(spec)], cli_env)
     assert code == 1 and "HTTP 422" in err and "train.steps" in err
 
     code, _, err = _run(["list"], {**cli_env, "PDPPO_API_KEY": ""})

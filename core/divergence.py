@@ -47,8 +47,8 @@ ESTIMATORS: tuple[str, ...] = get_args(Estimator)
 PROB_FLOOR = 1e-30
 LOG_FLOOR = math.log(PROB_FLOOR)
 # Rows x vocab elements handled at once by full-vocabulary passes: bounds their scratch memory to
-# a few chunks (16 MiB each in fp32) instead of whole (N, V) tensors.
-CHUNK_ELEMENTS = 1 << 22
+# a few chunks (8 MiB each in fp32, cache-friendly) instead of whole (N, V) tensors.
+CHUNK_ELEMENTS = 1 << 21
 # The bucket R's mass is 1 - (a sum of fp32 probabilities), so below ~1e-6 it is rounding noise:
 # both pi_R and mu_R are floored there, or noise against a true zero would read as divergence.
 BUCKET_FLOOR = 1e-6
@@ -69,29 +69,40 @@ def _row_chunks(n: int, v: int) -> Iterator[slice]:
         yield slice(start, min(start + rows, n))
 
 
+def _rowdot(x: Tensor, y: Tensor) -> Tensor:
+    """sum_j x_ij y_ij per row, as a batched matmul: faster on CPU than vecdot or mul-sum."""
+    return torch.bmm(x.unsqueeze(1), y.unsqueeze(2)).view(-1)
+
+
 @torch.no_grad()
 def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
     """One chunked pass over the logits: log-partition, sum of squared probabilities, entropy.
 
-    Cheaper than `log_softmax` because nothing of size (N, V) is written back: each chunk's
-    exponentials live only in a cache-sized scratch buffer.
+    Cheaper than `log_softmax`: nothing of size (N, V) is written back, and every chunk's
+    exponentials go to one reused scratch buffer, so no fresh pages are faulted in per chunk.
     """
     n, v = logits.shape
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
     sum_sq = torch.empty_like(lse)
     ent = torch.empty_like(lse) if entropy else None
-    for rows in _row_chunks(n, v):
+    chunks = list(_row_chunks(n, v))
+    scratch = torch.empty(chunks[0].stop if chunks else 0, v, device=logits.device)
+    for rows in chunks:
         z = logits[rows].float()
+        e = scratch[: z.shape[0]]
         zmax = z.amax(dim=-1, keepdim=True)
         zmax = torch.where(torch.isfinite(zmax), zmax, torch.zeros_like(zmax))
-        e = (z - zmax).exp_()  # (C, V), each row's largest entry is 1
+        torch.sub(z, zmax, out=e).exp_()  # (C, V), each row's largest entry is 1
         s1 = e.sum(dim=-1)
         lse[rows] = zmax.squeeze(-1) + s1.log()
+        sum_sq[rows] = _rowdot(e, e) / (s1 * s1)
         if ent is not None:
-            # H = lse - sum_i pi_i z_i; zero-probability entries (z = -inf) contribute nothing.
-            ez = torch.where(e > 0, e * z, torch.zeros_like(e)).sum(dim=-1)
+            # H = lse - sum_i pi_i z_i; entries with z = -inf have e = 0 and contribute nothing.
+            ez = _rowdot(e, z)
+            bad = ~torch.isfinite(ez)
+            if bad.any():
+                ez[bad] = torch.where(e[bad] > 0, e[bad] * z[bad], 0.0).sum(-1)
             ent[rows] = lse[rows] - ez / s1
-        sum_sq[rows] = torch.linalg.vecdot(e, e) / (s1 * s1)
     return SoftmaxStats(lse=lse, sum_sq=sum_sq, entropy=ent)
 
 
@@ -253,7 +264,7 @@ def _full_vocab(
         if advantages is not None:
             adv = advantages[rows].float().unsqueeze(-1)
             p = logp.exp()
-            c = p.gather(-1, a) - torch.linalg.vecdot(p, p).unsqueeze(-1)
+            c = p.gather(-1, a) - _rowdot(p, p).unsqueeze(-1)
             dlogp = p.add_(c).mul_(-adv)  # reuses p's buffer: -A (pi_i + c)
             dlogp.scatter_add_(-1, a, adv)
         d, g = _category_terms(logp, logm, dlogp, None, kind)

@@ -1,0 +1,155 @@
+"""`pdppo dev` as a newcomer runs it: the real command, its real children, real signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdppo.client import Client
+from tests.client.conftest import write_spec
+from tests.integration.stack import pdppo_command, smoke_spec
+
+pytestmark = pytest.mark.integration
+
+
+class DevProcess:
+    """`pdppo dev` in its own session (as a shell runs it), its output collected line by line."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(
+            [*pdppo_command(), "dev", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PDPPO_WORKER_TORCH_THREADS": "1"},
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                time.sleep(0.2)  # let the reader drain the pipe
+                found = re.search(pattern, self.output)
+                if found:
+                    return found
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no {pattern!r} in pdppo dev output:\n{self.output[-4000:]}")
+
+    def url_and_key(self) -> tuple[str, str]:
+        url = self.wait_for(r"API\s+(http://\S+)").group(1)
+        key = self.wait_for(r"API key\s+(\S+)").group(1)
+        return url, key
+
+    def stop(self, sig: int) -> int:
+        os.kill(self.proc.pid, sig)
+        return self.proc.wait(60)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, from /proc (children of children included)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its exit status is left to collect)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "demo.yaml", smoke_spec(steps=3) | {"name": "dev-demo"})
+    data = tmp_path / "data"
+    common = ["--port", "0", "--data-dir", str(data)]
+
+    dev = DevProcess(["--demo", "--spec", str(spec), *common], cwd=tmp_path)
+    try:
+        url, key = dev.url_and_key()
+        job_id = dev.wait_for(r"demo job (\w+) succeeded").group(1)
+        dev.wait_for("the stack is still up")
+        children = descendants(dev.proc.pid)
+        assert len(children) >= 3, children  # redis-server, the API, the worker
+        with Client(url, key) as client:
+            job = client.get(job_id)
+            assert (job.status, job.name, job.progress.step) == ("succeeded", "dev-demo", 3)
+        assert (data / "dev.env").read_text() == (
+            f"export PDPPO_URL={url}\nexport PDPPO_API_KEY={key}\n"
+        )
+
+        assert dev.stop(signal.SIGINT) == 130  # Ctrl-C
+    finally:
+        dev.kill()
+    assert "stopped: redis, api and worker are down." in dev.output
+    deadline = time.monotonic() + 10
+    while any(running(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in children if running(p)], "pdppo dev left processes behind"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/healthz", timeout=2)
+
+    # Again on the same folder: same key, and Redis's append-only file kept the job.
+    again = DevProcess(common, cwd=tmp_path)
+    try:
+        url2, key2 = again.url_and_key()
+        again.wait_for("Ctrl-C stops everything")
+        children = descendants(again.proc.pid)
+        assert key2 == key
+        with Client(url2, key2) as client:
+            assert client.get(job_id).status == "succeeded"
+            assert [r.step for r in client.metrics(job_id)] == [1, 2, 3]
+        assert again.stop(signal.SIGTERM) == 130
+    finally:
+        again.kill()
+    deadline = time.monotonic() + 10
+    while any(running(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in children if running(p)], "pdppo dev left processes behind"

@@ -15,17 +15,17 @@ from pdppo.settings import Settings
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_store(request: Request) -> AsyncJobStore:
+async def get_store(request: Request) -> AsyncJobStore:
     store: AsyncJobStore = request.app.state.store
     return store
 
 
-def get_hub(request: Request) -> EventHub:
+async def get_hub(request: Request) -> EventHub:
     hub: EventHub = request.app.state.hub
     return hub
 
@@ -35,7 +35,7 @@ StoreDep = Annotated[AsyncJobStore, Depends(get_store)]
 HubDep = Annotated[EventHub, Depends(get_hub)]
 
 
-def get_tenant(
+async def get_tenant(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:

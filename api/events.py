@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import redis.asyncio as aredis
+from sse_starlette import ServerSentEvent
 
 from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
 from pdppo.jobstore import AsyncJobStore, events_key
 
 log = logging.getLogger(__name__)
 Entry = tuple[str, dict[str, str]]
+# What subscribers receive: (stream id, event type, the SSE frame encoded once for all of them).
+Frame = tuple[str, str, bytes]
 BLOCK_MS = 5000
 BACKLOG_PAGE = 1000
 
@@ -36,7 +39,7 @@ def parse_id(entry_id: str) -> tuple[int, int]:
 
 @dataclass(eq=False)
 class Subscriber:
-    queue: asyncio.Queue[Entry | None]
+    queue: asyncio.Queue[Frame | None]
 
 
 @dataclass(eq=False)
@@ -98,7 +101,7 @@ class EventHub:
                 for _stream, entries in cast(list[tuple[str, list[Entry]]], reply or []):
                     for entry in entries:
                         feed.cursor = entry[0]
-                        self._dispatch(feed, entry)
+                        self._dispatch(feed, encode(entry))
                         if entry[1].get("type") == "done":
                             feed.finished = True
         except Exception:
@@ -108,10 +111,10 @@ class EventHub:
         finally:
             self._retire(feed)
 
-    def _dispatch(self, feed: Feed, entry: Entry) -> None:
+    def _dispatch(self, feed: Feed, frame: Frame) -> None:
         for sub in list(feed.subscribers):
             try:
-                sub.queue.put_nowait(entry)
+                sub.queue.put_nowait(frame)
             except asyncio.QueueFull:
                 log.info("sse subscriber of %s too slow; closing its stream", feed.job_id)
                 feed.subscribers.discard(sub)
@@ -131,33 +134,33 @@ class EventHub:
 
 async def job_events(
     hub: EventHub, store: AsyncJobStore, job_id: str, last_event_id: str | None
-) -> AsyncIterator[tuple[str, str, str]]:
-    """(id, event, data) after `last_event_id`, ending with `done` (or when cut off)."""
+) -> AsyncIterator[bytes]:
+    """Encoded SSE frames after `last_event_id`, ending with `done` (or when cut off)."""
     last = last_event_id or "0-0"
     async with hub.subscribe(job_id) as sub:
         # 1. backlog; 2. if the job already ended, whatever of the backlog came in meanwhile;
-        # 3. live entries from the feed, skipping what the backlog already sent.
+        # 3. live frames from the feed, skipping what the backlog already sent.
         async for entry in _backlog(store, job_id, last):
             last = entry[0]
-            yield _event(entry)
+            yield encode(entry)[2]
             if entry[1].get("type") == "done":
                 return
         record = await store.get(job_id)
         if record is None or record.terminal:
             async for entry in _backlog(store, job_id, last):
-                yield _event(entry)
+                yield encode(entry)[2]
                 if entry[1].get("type") == "done":
                     return
             return
         while True:
-            item = await sub.queue.get()
-            if item is None:
+            frame = await sub.queue.get()
+            if frame is None:
                 return
-            if parse_id(item[0]) <= parse_id(last):
+            if parse_id(frame[0]) <= parse_id(last):
                 continue
-            last = item[0]
-            yield _event(item)
-            if item[1].get("type") == "done":
+            last = frame[0]
+            yield frame[2]
+            if frame[1] == "done":
                 return
 
 
@@ -171,6 +174,8 @@ async def _backlog(store: AsyncJobStore, job_id: str, after: str) -> AsyncIterat
         after = page[-1][0]
 
 
-def _event(entry: Entry) -> tuple[str, str, str]:
+def encode(entry: Entry) -> Frame:
     entry_id, fields = entry
-    return entry_id, fields.get("type", "log"), fields.get("data", json.dumps({}))
+    event = fields.get("type", "log")
+    data = fields.get("data", json.dumps({}))
+    return entry_id, event, ServerSentEvent(data=data, event=event, id=entry_id).encode()

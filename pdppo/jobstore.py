@@ -258,6 +258,7 @@ class CreateResult:
     outcome: str  # "created", "existing" (idempotent replay) or "limit"
     job_id: str | None
     active: int = 0
+    record: JobRecord | None = None  # the new job, when created
 
 
 def _record_or_none(raw: dict[str, str]) -> JobRecord | None:
@@ -320,6 +321,8 @@ class AsyncJobStore:
         )
         if outcome == "limit":
             return CreateResult("limit", None, int(value))
+        if outcome == "created":
+            return CreateResult(outcome, value, record=JobRecord.from_hash(fields))
         return CreateResult(outcome, value)
 
     async def get(self, job_id: str) -> JobRecord | None:

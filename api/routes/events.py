@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 
 from api.deps import HubDep, JobDep, SettingsDep, StoreDep
 from api.events import job_events
@@ -42,12 +41,8 @@ async def job_event_stream(
             422, detail=f"Last-Event-ID: {after[:40]!r} is not an event id like 1700000000000-0"
         )
 
-    async def stream() -> AsyncIterator[ServerSentEvent]:
-        async for entry_id, event, data in job_events(hub, store, job.id, after):
-            yield ServerSentEvent(data=data, event=event, id=entry_id)
-
     return EventSourceResponse(
-        stream(),
+        job_events(hub, store, job.id, after),
         ping=settings.sse_ping_seconds,
         send_timeout=30,
         headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},

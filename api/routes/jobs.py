@@ -59,7 +59,7 @@ async def create_job(
             headers={"Retry-After": "30"},
         )
     assert result.job_id is not None
-    record = await store.get(result.job_id)
+    record = result.record or await store.get(result.job_id)
     if record is None:  # only if someone deleted it in between
         raise HTTPException(404, detail=f"job {result.job_id!r} not found")
     if result.outcome == "existing":

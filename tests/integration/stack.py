@@ -159,7 +159,7 @@ class Service:
     def start_worker(self, queues: str = "cpu", timeout: float = 90) -> subprocess.Popen[bytes]:
         index = len(self.workers)
         log_name = f"worker-{index}.log"
-        proc = self._spawn(["worker", "--queues", queues], log_name)
+        proc = self._spawn(["worker", "--queues", queues, "--loglevel", "INFO"], log_name)
         self.workers.append(proc)
         deadline = time.monotonic() + timeout
         while " ready." not in self.tail(log_name, 20_000):

@@ -37,6 +37,11 @@ def test_cancel_running_job_stops_within_seconds_and_keeps_a_checkpoint(
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
 
 
+def handled(log: str, job_id: str) -> bool:
+    """The worker got the task and is done with it (ran the skip, or discarded it as revoked)."""
+    return f"job {job_id}: " in log or f"revoked task: pdppo.train[{job_id}]" in log
+
+
 def test_cancelled_queued_job_never_runs(alice: httpx.Client, service: Service) -> None:
     # The only worker is busy with `blocker`, so `queued` waits behind it in the queue.
     blocker = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
@@ -51,8 +56,9 @@ def test_cancelled_queued_job_never_runs(alice: httpx.Client, service: Service) 
     wait_status(alice, blocker["id"], "cancelled", timeout=10)
     # The worker is free now; give it the time to receive the cancelled job's task.
     deadline = time.monotonic() + 20
-    while queued["id"] not in service.worker_log() and time.monotonic() < deadline:
+    while not handled(service.worker_log(), queued["id"]) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert handled(service.worker_log(), queued["id"]), service.worker_log()[-3000:]
 
     after = alice.get(f"/v1/jobs/{queued['id']}").json()
     assert after["status"] == "cancelled"

@@ -452,7 +452,13 @@ class JobStore:
     def running_job_ids(self) -> list[str]:
         return sorted(cast(set[str], self.redis.smembers(RUNNING_SET)))
 
-    def requeue_if_orphaned(self, job: JobRecord) -> str:
+    def requeue_if_orphaned(
+        self,
+        job: JobRecord,
+        reason: str = "worker lost; queued again to resume from its last checkpoint",
+    ) -> str:
+        """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
+        'leased' (its worker is alive) or 'not-running'."""
         keys = [
             job_key(job.id),
             events_key(job.id),
@@ -464,7 +470,7 @@ class JobStore:
             job.id,
             now_iso(),
             _status_data("queued"),
-            _log_data("worker lost; queued again to resume from its last checkpoint"),
+            _log_data(reason),
             _status_data("cancelled"),
             json.dumps({"status": "cancelled"}),
         ]

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import socket
+import threading
 import traceback
 from functools import lru_cache
 from pathlib import Path
@@ -24,10 +25,14 @@ from core.trainer import TrainerCallback, train
 from pdppo.jobstore import JobRecord, JobStore
 from pdppo.settings import get_settings
 from pdppo.spec import JobSpec
+from workers.celery_app import enqueue
 from workers.lease import Lease, LeaseLost
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000
+# Set when the worker is asked to shut down (SIGTERM, Ctrl-C): the running job checkpoints, goes
+# back to the queue and resumes on the next worker, instead of holding up the shutdown for hours.
+SHUTTING_DOWN = threading.Event()
 
 
 @lru_cache(maxsize=1)
@@ -65,7 +70,7 @@ class JobCallback(TrainerCallback):
 
     def should_stop(self) -> bool:
         self.lease.check()
-        return self.store.cancel_requested(self.job.id)
+        return SHUTTING_DOWN.is_set() or self.store.cancel_requested(self.job.id)
 
 
 def run_job(job_id: str) -> str:
@@ -80,14 +85,26 @@ def run_job(job_id: str) -> str:
     lease = Lease(store.redis, job_id, settings.lease_seconds, worker_name())
     if not lease.acquire():
         return "skipped: another worker holds the lease"
+    handoff = False
     try:
         if not store.claim(job_id, worker_name()):
             return "skipped: no longer queued"
         lease.start_heartbeat()
-        return _train(store, store.get(job_id) or job, lease)
+        outcome = _train(store, store.get(job_id) or job, lease)
+        handoff = outcome.startswith("stopped")
+        return outcome
     finally:
         lease.release()
         _release_memory()
+        if handoff:
+            _hand_off(store, job)
+
+
+def _hand_off(store: JobStore, job: JobRecord) -> None:
+    """After a shutdown stop: back to the queue (lease released first, so the script accepts)."""
+    reason = "worker shutting down; queued again to resume from its last checkpoint"
+    if store.requeue_if_orphaned(job, reason) == "requeued":
+        enqueue(job.id, job.queue)
 
 
 def _train(store: JobStore, job: JobRecord, lease: Lease) -> str:
@@ -110,9 +127,11 @@ def _train(store: JobStore, job: JobRecord, lease: Lease) -> str:
         log.exception("job %s failed", job.id)
         store.finish(job, "failed", _error("training_error", exc))
         return f"failed: {type(exc).__name__}"
-    if result.stopped:
+    if result.stopped and store.cancel_requested(job.id):
         store.finish(job, "cancelled")
         return f"cancelled at step {result.step}"
+    if result.stopped:  # the worker is shutting down; `run_job` queues the job again
+        return f"stopped at step {result.step} for a worker shutdown"
     extra = {"final_model": str(result.final_model)} if result.final_model else {}
     store.finish(job, "succeeded", extra)
     return f"succeeded at step {result.step}"

@@ -5,19 +5,22 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import worker_ready
+from celery.exceptions import Reject
+from celery.signals import worker_ready, worker_shutting_down
 
 from pdppo.jobstore import JobStore
 from pdppo.settings import get_settings
 from workers.celery_app import TRAIN_TASK, celery_app
 from workers.reaper import start_reaper
-from workers.runner import redis_client, run_job
+from workers.runner import SHUTTING_DOWN, redis_client, run_job
 
 log = logging.getLogger(__name__)
 
 
 @celery_app.task(name=TRAIN_TASK)
 def train_job(job_id: str) -> str:
+    if SHUTTING_DOWN.is_set():  # back to the broker, for the next worker
+        raise Reject("worker shutting down", requeue=True)
     outcome = run_job(job_id)
     log.info("job %s: %s", job_id, outcome)
     return outcome
@@ -31,3 +34,8 @@ def _on_worker_ready(**_: Any) -> None:
 
         torch.set_num_threads(settings.worker_torch_threads)
     start_reaper(JobStore(redis_client()), interval=max(1.0, settings.lease_seconds / 2))
+
+
+@worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    SHUTTING_DOWN.set()

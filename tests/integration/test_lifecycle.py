@@ -92,3 +92,18 @@ def test_reconnect_after_done_ends_at_once(alice: httpx.Client) -> None:
     assert read_events(alice, job["id"], last_event_id=events[-1]["id"], timeout=10) == []
     tail = read_events(alice, job["id"], last_event_id=events[-3]["id"])
     assert tail == events[-2:]
+
+
+def test_a_training_error_fails_the_job_with_code_and_message(alice: httpx.Client) -> None:
+    spec = smoke_spec()
+    spec["train"]["task"] = {"name": "jsonl", "path": "/nonexistent/data.jsonl"}
+    job = alice.post("/v1/jobs", json=spec).json()
+    events = read_events(alice, job["id"])
+    assert events[-1]["data"] == {"status": "failed"}
+    failed = alice.get(f"/v1/jobs/{job['id']}").json()
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "training_error"
+    assert failed["error"]["message"].startswith("FileNotFoundError")
+    assert "/nonexistent/data.jsonl" in failed["error"]["message"]
+    assert "Traceback" in failed["error"]["traceback"]
+    assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409

@@ -41,3 +41,32 @@ def test_job_resumes_on_next_worker_after_kill_9(make_service: Callable[..., Ser
         resumed_at = int(resumed[0].rsplit(" ", 1)[1])
         assert 20 <= resumed_at <= killed_at and resumed_at % 10 == 0
         assert at_kill["progress"]["step"] >= 25
+
+
+def test_sigterm_hands_the_job_back_and_the_next_worker_finishes_it(
+    make_service: Callable[..., Service],
+) -> None:
+    svc = make_service()
+    svc.start_api()
+    first = svc.start_worker()
+    with svc.client("alice") as alice:
+        spec = smoke_spec(steps=STEPS, checkpoint_every=0)  # only the shutdown checkpoints
+        spec["train"]["rollout"].update(prompts_per_step=8, group_size=8)
+        job = alice.post("/v1/jobs", json=spec).json()
+        wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 10)
+
+        first.terminate()  # SIGTERM, as `docker stop` sends
+        assert first.wait(20) == 0, svc.worker_log(0)[-2000:]
+        handed = alice.get(f"/v1/jobs/{job['id']}").json()
+        assert handed["status"] == "queued", handed
+        points = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [handed["progress"]["step"]]
+
+        svc.start_worker()
+        done = wait_status(alice, job["id"], {"succeeded", "failed", "cancelled"}, timeout=120)
+        assert done["status"] == "succeeded", done
+        assert done["attempts"] == 2
+        events = read_events(alice, job["id"])
+        assert metric_steps(events) == list(range(1, STEPS + 1))
+        logs = [e["data"]["message"] for e in events if e["event"] == "log"]
+        assert any(m.startswith("worker shutting down") for m in logs), logs

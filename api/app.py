@@ -53,6 +53,16 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "internal error"}, status_code=500)
 
 
+async def _warn_if_evicting(client: aredis.Redis) -> None:
+    """Jobs live in Redis: a server that evicts keys under memory pressure loses them."""
+    try:
+        policy = (await client.config_get("maxmemory-policy")).get("maxmemory-policy")
+    except aredis.RedisError:
+        return  # unreachable (readyz says so) or CONFIG disabled (managed Redis)
+    if policy and policy != "noeviction":
+        log.warning("Redis maxmemory-policy is %r; set noeviction or jobs may be lost", policy)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -68,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = AsyncJobStore(client)
         app.state.store = store
         app.state.hub = EventHub(client, store, settings.sse_queue_size)
+        await _warn_if_evicting(client)
         try:
             yield
         finally:

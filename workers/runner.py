@@ -153,3 +153,4 @@ def _release_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        log.info("GPU memory after the job: %d bytes reserved", torch.cuda.memory_reserved())

@@ -1,0 +1,118 @@
+"""README claims checked against the code, so the documentation cannot drift silently.
+
+The quick-start commands, every `pdppo` invocation, every spec example and field, and every
+`PDPPO_` variable the README names must exist as written.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from pdppo.cli import main
+from pdppo.settings import Settings
+from pdppo.spec import JobSpec, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+CLIENT_VARS = {"PDPPO_URL", "PDPPO_API_KEY"}  # read by the client and CLI, not the service
+
+
+def _code_blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, re.DOTALL)
+
+
+def _section(title: str) -> str:
+    match = re.search(
+        rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.DOTALL | re.MULTILINE
+    )
+    assert match, f"README has no '## {title}' section"
+    return match.group(1)
+
+
+def _commands(block: str) -> list[str]:
+    joined = block.replace("\\\n", " ")  # shell line continuations
+    lines = [line.split(" #")[0].strip() for line in joined.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_quick_start_is_two_commands_stack_first_then_tests() -> None:
+    block = re.search(r"```bash\n(.*?)```", _section("Quick start"), re.DOTALL)
+    assert block
+    first, second = _commands(block.group(1))
+    assert first.startswith("python3 -m venv .venv")
+    assert "pip install -e" in first and first.endswith("pdppo dev --demo")
+    assert second == "python -m pytest -q"
+    assert "python -m pytest -q" in _section("Tests")
+
+
+def _pdppo_invocations() -> list[list[str]]:
+    found = []
+    for block in _code_blocks("bash"):
+        for line in _commands(block):
+            for part in line.split("&&"):
+                if part.strip().startswith("pdppo "):
+                    found.append(shlex.split(part.strip())[1:])
+    return found
+
+
+def test_every_pdppo_command_in_the_readme_exists_with_its_options() -> None:
+    invocations = _pdppo_invocations()
+    assert {"dev", "submit", "list", "status", "logs", "cancel"} <= {a[0] for a in invocations}
+    for args in invocations:
+        command = main.commands.get(args[0])
+        assert command is not None, f"README runs unknown `pdppo {args[0]}`"
+        known = {opt for param in command.params for opt in getattr(param, "opts", [])}
+        unknown = [a for a in args[1:] if a.startswith("-") and a not in known]
+        assert not unknown, f"`pdppo {' '.join(args)}`: {unknown} unknown"
+
+
+def test_readme_spec_example_is_a_valid_job_spec() -> None:
+    examples = [yaml.safe_load(b) for b in _code_blocks("yaml")]
+    specs = [e for e in examples if isinstance(e, dict) and "train" in e]
+    assert specs, "README shows no job spec"
+    for spec in specs:
+        parse_spec(spec, "README")
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
+    paths = set()
+    for name, field in model.model_fields.items():
+        paths.add(prefix + name)
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        for sub in candidates:
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                paths |= _field_paths(sub, f"{prefix}{name}.")
+    return paths
+
+
+def test_every_field_the_readme_names_exists() -> None:
+    fields = _field_paths(JobSpec)
+    named = set(re.findall(r"`((?:train|resources)\.[a-z_.]+[a-z_])", README))
+    named |= {
+        f"train.{m}"
+        for m in re.findall(r"`((?:rollout|algorithm|task|model|optim)\.[a-z_.]+[a-z_])", README)
+    }
+    assert named, "README names no spec fields"
+    assert sorted(named - fields) == []
+
+
+def test_every_pdppo_variable_in_the_readme_is_a_setting() -> None:
+    named = set(re.findall(r"\bPDPPO_[A-Z_]+[A-Z]", README)) - CLIENT_VARS
+    assert {"PDPPO_API_KEYS", "PDPPO_REDIS_URL"} <= named
+    unknown = sorted(
+        n for n in named if n.removeprefix("PDPPO_").lower() not in Settings.model_fields
+    )
+    assert unknown == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid_job_specs(path: Path) -> None:
+    spec: Any = load_spec(path)
+    assert spec.train.steps >= 1

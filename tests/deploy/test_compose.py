@@ -82,15 +82,17 @@ def test_api_has_a_readiness_healthcheck_and_waits_for_redis(services: dict[str,
     assert any(str(p).endswith(":8000") for p in api["ports"])
 
 
-def test_gpu_worker_reserves_an_nvidia_gpu_and_runs_the_cuda_image(
+def test_gpu_worker_reserves_nvidia_gpus_and_runs_one_worker_per_gpu(
     services: dict[str, Any],
 ) -> None:
     gpu = services["worker-gpu"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
-    dockerfile = ROOT / gpu["build"]["dockerfile"]
-    assert re.search(r"^FROM nvidia/cuda:\S+", dockerfile.read_text(), re.MULTILINE)
-    assert _command(gpu)[-2:] == ["--queues", "gpu"]
+    dockerfile = (ROOT / gpu["build"]["dockerfile"]).read_text()
+    assert re.search(r"^FROM nvidia/cuda:\S+", dockerfile, re.MULTILINE)
+    assert _command(gpu) == ["pdppo-gpu-workers"]
+    assert "deploy/gpu-workers.sh /usr/local/bin/pdppo-gpu-workers" in dockerfile
+    assert _env(gpu)["PDPPO_ARTIFACT_DIR"] == "/artifacts"  # the anchor survived the merge
 
 
 def test_cpu_worker_and_api_use_the_slim_image(services: dict[str, Any]) -> None:
@@ -148,10 +150,21 @@ def test_env_example_is_a_valid_production_config(monkeypatch: pytest.MonkeyPatc
     assert settings.tenants_by_key
 
 
+def _gpu_script_invocation() -> list[str]:
+    script = (DEPLOY / "gpu-workers.sh").read_text()
+    line = next(
+        x for x in script.splitlines() if re.match(r"\s*CUDA_VISIBLE_DEVICES=\S+ pdppo ", x)
+    )
+    words = shlex.split(line.strip().rstrip("&"))
+    return [w for w in words[1:] if w != "&"]
+
+
 @pytest.mark.parametrize("service", PDPPO_SERVICES)
 def test_service_command_is_a_real_cli_invocation(services: dict[str, Any], service: str) -> None:
     """`pdppo serve/worker` with exactly these options must parse (checked via --help)."""
     argv = _command(services[service])
+    if argv == ["pdppo-gpu-workers"]:
+        argv = _gpu_script_invocation()
     assert argv[0] == "pdppo"
     subcommand = main.commands[argv[1]]
     known = {opt for param in subcommand.params for opt in getattr(param, "opts", [])}
@@ -165,7 +178,7 @@ def test_service_command_is_a_real_cli_invocation(services: dict[str, Any], serv
 def test_dockerfiles_copy_what_exists_and_install_the_package(dockerfile: str) -> None:
     text = (DEPLOY / dockerfile).read_text()
     for sources in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.MULTILINE):
-        for source in sources.split():
+        for source in (w for w in sources.split() if not w.startswith("--")):
             assert (ROOT / source).exists(), f"{dockerfile} copies missing {source}"
     assert "pip install" in text and "torch==" in text
     assert re.search(r"^USER\s+\w+", text, re.MULTILINE), "run as a non-root user"

@@ -130,6 +130,13 @@ class TaskConfig(_Strict):
             "content (the task itself is left for RL to learn). 0 disables."
         ),
     )
+    warmup_target: Literal["format", "answer"] = Field(
+        default="format",
+        description=(
+            "What the warm-up teaches: 'format' = answer-shaped random digits (RL learns the "
+            "whole task), 'answer' = the true answers (a partial head start that RL improves)."
+        ),
+    )
     warmup_lr: float = Field(default=3e-3, gt=0, description="Learning rate of the format warm-up.")
     warmup_batch_size: int = Field(default=32, ge=1, description="Examples per warm-up step.")
 

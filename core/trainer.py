@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -155,7 +156,11 @@ class _Run:
         for _ in range(t.warmup_steps):
             exs = [self.task.sample(rng) for _ in range(t.warmup_batch_size)]
             prompts = [tok.encode_prompt(e.prompt) for e in exs]
-            comps = [[*tok.encode(self.task.warmup_completion(e, rng)), tok.eos_id] for e in exs]
+            texts = [
+                e.answer if t.warmup_target == "answer" else self.task.warmup_completion(e, rng)
+                for e in exs
+            ]
+            comps = [[*tok.encode(text), tok.eos_id] for text in texts]
             batch = _pack(prompts, comps, tok.pad_id, self.device)
             logits = response_logits(self.lm, batch, 1.0)
             loss = torch.nn.functional.cross_entropy(logits, batch.tokens)
@@ -163,7 +168,8 @@ class _Run:
             loss.backward()
             opt.step()
         self.cb.on_log(
-            f"format warm-up: {t.warmup_steps} steps, final loss {float(loss):.3f}, "
+            f"{t.warmup_target} warm-up: {t.warmup_steps} steps, "
+            f"final loss {float(loss.detach()):.3f}, "
             f"{time.perf_counter() - t0:.1f}s"
         )
 
@@ -299,6 +305,9 @@ def train(
         _truncate_metrics(metrics_path, run.step)
         cb.on_log(f"resumed from {ckpt} at step {run.step}")
     else:
+        # a fresh run owns its output dir: stale checkpoints would poison a later resume
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(out_dir / "final", ignore_errors=True)
         metrics_path.write_text("")
         run.warmup()
     last_saved = run.step if ckpt is not None else -1

@@ -48,7 +48,10 @@ def train(spec_path: str, out_dir: str | None, resume: bool, quiet: bool) -> Non
             self.bar.update(0)
 
         def on_log(self, message: str) -> None:
-            self.bar.write(message)
+            if quiet:
+                click.echo(message)
+            else:
+                self.bar.write(message)
 
     progress = Progress()
     try:

@@ -34,7 +34,7 @@ DEMO_SPEC_NAMES = ("demo.yaml", "smoke.yaml")
 
 
 class _Stop(Exception):
-    """Raised from the SIGTERM handler so that SIGTERM unwinds exactly like Ctrl-C."""
+    """Raised from the signal handlers so that SIGTERM unwinds exactly like Ctrl-C."""
 
 
 @dataclass
@@ -239,15 +239,21 @@ def _api_ready(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def _sigterm_as_stop() -> Iterator[None]:
+def _signals_stop() -> Iterator[None]:
+    """SIGINT and SIGTERM both unwind into the ordered shutdown.
+
+    SIGINT is set explicitly: a shell starts background jobs with SIGINT ignored, and Python
+    then leaves it ignored, so a script that runs `pdppo dev &` could never Ctrl-C it."""
+
     def handler(signum: int, frame: FrameType | None) -> None:
         raise _Stop
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @dataclass
@@ -403,7 +409,7 @@ def dev(
         port = free_port(host)
     stack = Stack(data_dir, host, port, free_port(), _dev_key(data_dir), queues)
     exit_code = 0
-    with _sigterm_as_stop():
+    with _signals_stop():
         try:
             click.echo("starting redis, api and worker ...", err=True)
             t0 = time.monotonic()
@@ -420,6 +426,8 @@ def dev(
             click.echo("\nstopping ...", err=True)
             exit_code = 130 if exit_code == 0 else exit_code
         finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut it short
+                signal.signal(sig, signal.SIG_IGN)
             stack.stop()
             click.echo("stopped: redis, api and worker are down.", err=True)
             lock.close()

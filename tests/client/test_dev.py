@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 class DevProcess:
     """`pdppo dev` in its own session (as a shell runs it), its output collected line by line."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, sigint_ignored: bool = False) -> None:
+        # A shell starts background jobs with SIGINT ignored; Ctrl-C must still work then.
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
         self.proc = subprocess.Popen(
             [*pdppo_command(), "dev", *args],
             cwd=cwd,
@@ -31,6 +33,7 @@ class DevProcess:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=ignore,
             env={**os.environ, "OMP_NUM_THREADS": "1", "PDPPO_WORKER_TORCH_THREADS": "1"},
         )
         self.lines: list[str] = []
@@ -111,7 +114,7 @@ def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> N
     data = tmp_path / "data"
     common = ["--port", "0", "--data-dir", str(data)]
 
-    dev = DevProcess(["--demo", "--spec", str(spec), *common], cwd=tmp_path)
+    dev = DevProcess(["--demo", "--spec", str(spec), *common], cwd=tmp_path, sigint_ignored=True)
     try:
         url, key = dev.url_and_key()
         job_id = dev.wait_for(r"demo job (\w+) succeeded").group(1)

@@ -97,12 +97,6 @@ class Job(BaseModel):
     def done(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
-    def field(self, name: str, default: Any = None) -> Any:
-        """Reads a field, including one that a newer server sends and this client lacks."""
-        if name in type(self).model_fields:
-            return getattr(self, name)
-        return (self.model_extra or {}).get(name, default)
-
 
 class JobPage(BaseModel):
     """One page of `GET /v1/jobs`; pass `next_cursor` back to get the next page."""

@@ -163,10 +163,13 @@ return 'already-' .. st
 """
 
 # KEYS: job, events, lease, running, tenant active; ARGV: id, now, queued data, log data,
-# cancelled data, done data. A running job whose lease expired lost its worker: back to queued
-# (the caller re-sends the task), or straight to cancelled if a cancel was pending.
+# cancelled data, done data, lease token of the caller ('' for none). A running job whose lease
+# expired lost its worker (or the holder hands it back): back to queued (the caller re-sends the
+# task), or straight to cancelled if a cancel was pending.
 _REQUEUE = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return 'leased' end
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[7] then return 'leased' end
+if holder then redis.call('DEL', KEYS[3]) end
 local st = redis.call('HGET', KEYS[1], 'status')
 redis.call('SREM', KEYS[4], ARGV[1])
 if st ~= 'running' then return 'not-running' end
@@ -456,9 +459,11 @@ class JobStore:
         self,
         job: JobRecord,
         reason: str = "worker lost; queued again to resume from its last checkpoint",
+        lease_token: str = "",
     ) -> str:
         """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
-        'leased' (its worker is alive) or 'not-running'."""
+        'leased' (its worker is alive) or 'not-running'. The lease holder passes its token to
+        hand the job back without a window where a reaper could take it first."""
         keys = [
             job_key(job.id),
             events_key(job.id),
@@ -473,5 +478,6 @@ class JobStore:
             _log_data(reason),
             _status_data("cancelled"),
             json.dumps({"status": "cancelled"}),
+            lease_token,
         ]
         return str(self._requeue(keys=keys, args=args))

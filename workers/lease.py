@@ -52,10 +52,13 @@ class Lease:
     def renew(self) -> bool:
         return bool(self._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
 
-    def release(self) -> None:
+    def stop_heartbeat(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def release(self) -> None:
+        self.stop_heartbeat()
         try:
             self._release(keys=[self.key], args=[self.token])
         except redis.RedisError:

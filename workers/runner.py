@@ -94,16 +94,17 @@ def run_job(job_id: str) -> str:
         handoff = outcome.startswith("stopped")
         return outcome
     finally:
+        lease.stop_heartbeat()
+        if handoff:
+            _hand_off(store, job, lease)
         lease.release()
         _release_memory()
-        if handoff:
-            _hand_off(store, job)
 
 
-def _hand_off(store: JobStore, job: JobRecord) -> None:
-    """After a shutdown stop: back to the queue (lease released first, so the script accepts)."""
+def _hand_off(store: JobStore, job: JobRecord, lease: Lease) -> None:
+    """After a shutdown stop: back to the queue, in one step with giving up the lease."""
     reason = "worker shutting down; queued again to resume from its last checkpoint"
-    if store.requeue_if_orphaned(job, reason) == "requeued":
+    if store.requeue_if_orphaned(job, reason, lease_token=lease.token) == "requeued":
         enqueue(job.id, job.queue)
 
 

@@ -105,7 +105,10 @@ def test_orphaned_job_is_requeued_once(client: redis.Redis) -> None:
     lease = Lease(client, job.id, seconds=5, owner="w1")
     assert lease.acquire()
     assert store.requeue_if_orphaned(job) == "leased"
-    lease.release()
+    assert store.requeue_if_orphaned(job, lease_token="not-the-holder") == "leased"
+    assert store.requeue_if_orphaned(job, "handed back", lease_token=lease.token) == "requeued"
+    assert client.exists("pdppo:job:j1:lease") == 0
+    assert store.claim(job.id, "w2")  # running again, and nobody holds its lease: orphaned
     assert store.requeue_if_orphaned(job) == "requeued"
     assert store.requeue_if_orphaned(job) == "not-running"
     record = store.get(job.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import tarfile
+import time
 
 import httpx
 
@@ -107,3 +108,23 @@ def test_a_training_error_fails_the_job_with_code_and_message(alice: httpx.Clien
     assert "/nonexistent/data.jsonl" in failed["error"]["message"]
     assert "Traceback" in failed["error"]["traceback"]
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
+
+
+def test_idle_stream_gets_pings_and_proxy_headers(alice: httpx.Client) -> None:
+    spec = smoke_spec()
+    spec["resources"] = {"device": "gpu"}  # no GPU worker here: the job waits, the stream idles
+    job = alice.post("/v1/jobs", json=spec).json()
+    try:
+        lines: list[str] = []
+        started = time.monotonic()
+        with alice.stream("GET", f"/v1/jobs/{job['id']}/events") as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["x-accel-buffering"] == "no"
+            for line in response.iter_lines():
+                lines.append(line)
+                if sum(line.startswith(": ping") for line in lines) >= 2:
+                    break
+        assert time.monotonic() - started < 10  # PDPPO_SSE_PING_SECONDS=1 in the test service
+        assert "event: status" in lines and 'data: {"status": "queued"' in "\n".join(lines)
+    finally:
+        alice.post(f"/v1/jobs/{job['id']}/cancel")

@@ -163,3 +163,29 @@ def test_low_precision_stale_rollouts_make_the_mask_work(tmp_path: Path) -> None
     rows = read_metrics(tmp_path)
     assert all(r["offpolicy_logratio_abs"] > 0 for r in rows)  # mu != pi from the first update
     assert max(r["masked_fraction"] for r in rows) > 0
+
+
+def test_cli_train_writes_metrics_checkpoints_and_resumes(tmp_path: Path) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from pdppo.cli import main
+
+    cfg = small_config(steps=3, checkpoint_every=2)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "train": cfg.model_dump(mode="json")}))
+    out = tmp_path / "out"
+    runner = CliRunner()
+    result = runner.invoke(main, ["train", str(spec), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert {"step", "reward_mean", "masked_fraction", "loss"} <= set(rows[0])
+    assert [p.name for p in list_checkpoints(out)] == ["step-000002", "step-000003"]
+    assert (out / "final" / "model.safetensors").is_file()
+    again = runner.invoke(main, ["train", str(spec), "--out", str(out), "--resume", "--quiet"])
+    assert again.exit_code == 0 and "resumed from" in again.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {steps: -1}")
+    failed = runner.invoke(main, ["train", str(bad)])
+    assert failed.exit_code != 0 and "train.steps" in failed.output

@@ -336,6 +336,8 @@ class AsyncJobStore:
         self, tenant: str, *, limit: int, cursor: str | None, status: str | None
     ) -> tuple[list[JobRecord], str | None]:
         """Newest first from the tenant's index, filtered; the cursor is the last id returned."""
+        if status in ("queued", "running"):
+            return await self._list_active(tenant, limit=limit, cursor=cursor, status=status)
         key = tenant_jobs_key(tenant)
         out: list[JobRecord] = []
         upper = f"({cursor}" if cursor else "+"
@@ -357,6 +359,21 @@ class AsyncJobStore:
                     return out, (job_id if more else None)
             if len(ids) < batch:
                 return out, None
+
+    async def _list_active(
+        self, tenant: str, *, limit: int, cursor: str | None, status: str
+    ) -> tuple[list[JobRecord], str | None]:
+        """Queued or running jobs come from the small active set (bounded by the quota), not
+        from a scan of the tenant's whole history."""
+        members = cast(set[str], await self.redis.smembers(tenant_active_key(tenant)))
+        ids = sorted((i for i in members if cursor is None or i < cursor), reverse=True)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(job_key(job_id))
+        records = [_record_or_none(raw) for raw in await pipe.execute()]
+        matching = [r for r in records if r is not None and r.status == status]
+        page = matching[:limit]
+        return page, (page[-1].id if len(matching) > limit else None)
 
     async def cancel(self, job_id: str) -> str:
         """'cancelled-while-queued', 'requested' (running), 'already-<status>' or 'missing'."""

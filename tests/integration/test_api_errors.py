@@ -194,6 +194,13 @@ def test_listing_is_own_jobs_newest_first_with_cursor_and_status(service: Servic
         assert page2["items"][0]["id"] == made[0]
         queued = carol.get("/v1/jobs", params={"status": "queued", "limit": 100}).json()
         assert [j["id"] for j in queued["items"]] == [made[2], made[0]]
+        assert queued["next_cursor"] is None
+        first = carol.get("/v1/jobs", params={"status": "queued", "limit": 1}).json()
+        assert [j["id"] for j in first["items"]] == [made[2]]
+        params = {"status": "queued", "limit": 1, "cursor": first["next_cursor"]}
+        second = carol.get("/v1/jobs", params=params).json()
+        assert [j["id"] for j in second["items"]] == [made[0]]
+        assert second["next_cursor"] is None
         cancelled = carol.get("/v1/jobs", params={"status": "cancelled", "limit": 1}).json()
         assert cancelled["items"][0]["id"] == made[1]
         for job_id in (made[0], made[2]):

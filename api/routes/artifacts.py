@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import tarfile
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
 import anyio
 from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import FileResponse, Response
-from starlette.background import BackgroundTask
+from fastapi.responses import Response, StreamingResponse
 
 from api.deps import JobDep, SettingsDep, StoreDep
 from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
+from api.tarstream import tar_stream
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
 _CHECKPOINT = re.compile(r"^step-(\d{1,12})$")
@@ -91,10 +88,10 @@ async def list_checkpoints(job: JobDep, settings: SettingsDep) -> CheckpointList
 
 @router.get(
     "/{job_id}/checkpoints/{name}",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"application/x-tar": {}}}},
 )
-async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> FileResponse:
+async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> StreamingResponse:
     """The checkpoint folder as a .tar (`name` from the list, e.g. step-000010)."""
     if not _CHECKPOINT.match(name):
         raise HTTPException(404, detail=f"checkpoint {name!r} not found")
@@ -104,33 +101,22 @@ async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> 
 
 @router.get(
     "/{job_id}/model",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"application/x-tar": {}}}},
 )
-async def download_model(job: JobDep, settings: SettingsDep) -> FileResponse:
+async def download_model(job: JobDep, settings: SettingsDep) -> StreamingResponse:
     """The final model folder as a .tar, once the job has succeeded."""
     folder = _job_dir(settings.artifact_dir, job.id) / "final"
     return await _tar_response(folder, f"{job.id}-model.tar", "the job has no final model yet")
 
 
-async def _tar_response(folder: Path, filename: str, missing: str) -> FileResponse:
-    def build() -> str:
-        if not folder.is_dir():
-            raise FileNotFoundError(folder)
-        handle, path = tempfile.mkstemp(prefix="pdppo-", suffix=".tar")
-        with os.fdopen(handle, "wb") as raw, tarfile.open(fileobj=raw, mode="w") as tar:
-            tar.add(folder, arcname=folder.name)
-        return path
-
-    try:
-        path = await anyio.to_thread.run_sync(build)
-    except FileNotFoundError as exc:
-        raise HTTPException(404, detail=missing) from exc
-    return FileResponse(
-        path,
+async def _tar_response(folder: Path, filename: str, missing: str) -> StreamingResponse:
+    if not await anyio.to_thread.run_sync(folder.is_dir):
+        raise HTTPException(404, detail=missing)
+    return StreamingResponse(
+        tar_stream(folder),
         media_type="application/x-tar",
-        filename=filename,
-        background=BackgroundTask(os.unlink, path),
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
 
 

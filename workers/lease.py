@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 
 import redis
 
@@ -41,16 +42,22 @@ class Lease:
         self.ttl_ms = int(seconds * 1000)
         self.token = f"{owner}:{secrets.token_hex(8)}"
         self.lost = threading.Event()
+        self._renewed_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
     def acquire(self) -> bool:
+        self._renewed_at = time.monotonic()
         return bool(self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms))
 
     def renew(self) -> bool:
-        return bool(self._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
+        started = time.monotonic()
+        ok = bool(self._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
+        if ok:
+            self._renewed_at = started
+        return ok
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
@@ -69,6 +76,10 @@ class Lease:
         self._thread.start()
 
     def check(self) -> None:
+        """Raise if the lease is gone, or may be: not renewed for a whole lifetime (Redis was
+        unreachable), in which case it expired and a reaper may have handed the job on."""
+        if time.monotonic() - self._renewed_at >= self.ttl_ms / 1000:
+            self.lost.set()
         if self.lost.is_set():
             raise LeaseLost(f"lease {self.key} was lost; another worker may run the job")
 

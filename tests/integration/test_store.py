@@ -113,3 +113,12 @@ def test_orphaned_job_is_requeued_once(client: redis.Redis) -> None:
     assert store.requeue_if_orphaned(job) == "not-running"
     record = store.get(job.id)
     assert record is not None and record.status == "queued"
+
+
+def test_lease_unrenewed_for_its_lifetime_counts_as_lost(client: redis.Redis) -> None:
+    lease = Lease(client, "j3", seconds=1, owner="w1")
+    assert lease.acquire()  # no heartbeat: as if Redis were unreachable since
+    lease.check()
+    time.sleep(1.05)
+    with pytest.raises(LeaseLost):
+        lease.check()

@@ -1,7 +1,9 @@
-"""A TCP proxy in front of the real API that can cut every open connection on demand.
+"""A TCP proxy in front of the real API that cuts connections in the middle of a response.
 
 This is how a test drops an SSE stream for real: the client sees the same abrupt end of a
 chunked body that a proxy timeout or a network blip produces, and must reconnect on its own.
+Cuts are counted in bytes sent to the client, not in time, so a test does not depend on how
+fast the job runs or how much the client has buffered.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import threading
 
 
 class DroppingProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    """Connection i (from 0) is cut after `cut_after[i]` response bytes; later ones live."""
+
+    def __init__(self, target_host: str, target_port: int, cut_after: list[int]) -> None:
         self.target = (target_host, target_port)
+        self.cut_after = cut_after
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._server.getsockname()[1]
         self.accepted = 0
+        self.cuts = 0
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         self._closed = False
@@ -38,16 +44,28 @@ class DroppingProxy:
                 downstream.close()
                 continue
             with self._lock:
+                index = self.accepted
                 self.accepted += 1
                 self._open += [downstream, upstream]
-            for src, dst in ((downstream, upstream), (upstream, downstream)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            limit = self.cut_after[index] if index < len(self.cut_after) else None
+            threading.Thread(
+                target=self._pump, args=(downstream, upstream, None), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump, args=(upstream, downstream, limit), daemon=True
+            ).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        sent = 0
         try:
             while chunk := src.recv(65536):
+                if limit is not None and sent + len(chunk) >= limit:
+                    dst.sendall(chunk[: limit - sent])
+                    with self._lock:
+                        self.cuts += 1
+                    break
                 dst.sendall(chunk)
+                sent += len(chunk)
         except OSError:
             pass
         finally:
@@ -55,17 +73,12 @@ class DroppingProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
-    def drop_all(self) -> int:
-        """Cuts every connection open now (both sides); returns how many pairs were cut."""
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
         with self._lock:
             victims, self._open = self._open, []
         for sock in victims:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        return len(victims) // 2
-
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()
-        self.drop_all()

@@ -2,13 +2,15 @@
 
 Starts its own redis-server, `pdppo serve` and one `pdppo worker` (the stack of the integration
 tests), then
+  0. the same two measurements with a single client / subscriber, as the baseline;
   1. submit: `--clients` concurrent clients each POST `--submits` jobs (gpu jobs: no GPU worker
      runs here, so they stay queued and only the gateway, Redis and the broker are measured);
      prints p50/p99 of the request latency and the throughput;
   2. sse: `--subscribers` concurrent subscribers follow one running CPU job; each metrics event's
      delivery latency is (time received) - (time the worker added it: its stream id is the Redis
      clock in ms); only events added after every subscriber was connected count.
-Client, API, worker and Redis share this machine's cores, so the figures are pessimistic.
+Client, API, worker and Redis share this machine's cores, so the figures are pessimistic; the
+last lines give the loaded figures as ratios of the single-client baseline measured in the run.
 
     python bench/api_load.py [--clients 50 --submits 20 --subscribers 500 --sse-seconds 15]
 """
@@ -120,7 +122,7 @@ class RawClient:
             self.writer.close()
 
 
-async def bench_submit(base_url: str, clients: int, submits: int) -> None:
+async def bench_submit(base_url: str, clients: int, submits: int) -> tuple[float, float]:
     spec = smoke_spec()
     spec["resources"] = {"device": "gpu"}
     body = json.dumps(spec).encode()
@@ -158,9 +160,10 @@ async def bench_submit(base_url: str, clients: int, submits: int) -> None:
         f"({len(ms) / wall:.0f}/s): p50 {pct(ms, 0.5):.1f} ms, p99 {pct(ms, 0.99):.1f} ms, "
         f"max {max(ms):.1f} ms, non-201: {errors or 'none'}"
     )
+    return pct(ms, 0.5), pct(ms, 0.99)
 
 
-async def bench_sse(base_url: str, subscribers: int, seconds: float) -> None:
+async def bench_sse(base_url: str, subscribers: int, seconds: float) -> tuple[float, float]:
     host, port = base_url.removeprefix("http://").split(":")
     async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60) as c:
         spec = smoke_spec(steps=100_000, checkpoint_every=0)
@@ -214,6 +217,7 @@ async def bench_sse(base_url: str, subscribers: int, seconds: float) -> None:
         f"{pct(samples, 0.5):.1f} ms, p99 {pct(samples, 0.99):.1f} ms, max {max(samples):.1f} ms; "
         f"every subscriber got every event: {min(received) == max(received)}"
     )
+    return pct(samples, 0.5), pct(samples, 0.99)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -236,13 +240,16 @@ def main(argv: list[str] | None = None) -> None:
         service.start_worker("cpu")
         assert service.api is not None
         pids = {"api": service.api.pid, "worker": service.workers[0].pid}
+        figures: dict[str, tuple[float, float]] = {}
         for name, bench in (
+            ("submit x1", lambda: bench_submit(base_url, 1, 200)),
             ("submit", lambda: bench_submit(base_url, args.clients, args.submits)),
+            ("sse x1", lambda: bench_sse(base_url, 1, 5)),
             ("sse", lambda: bench_sse(base_url, args.subscribers, args.sse_seconds)),
         ):
             before = {k: cpu_seconds(pid) for k, pid in pids.items()}
             client_before, wall_before = own_cpu_seconds(), time.perf_counter()
-            asyncio.run(bench())
+            figures[name] = asyncio.run(bench())
             wall = time.perf_counter() - wall_before
             used = {k: cpu_seconds(pid) - before[k] for k, pid in pids.items()}
             used["bench client"] = own_cpu_seconds() - client_before
@@ -250,6 +257,14 @@ def main(argv: list[str] | None = None) -> None:
                 f"  {name} CPU seconds over {wall:.1f}s wall: "
                 + ", ".join(f"{k} {v:.1f}" for k, v in used.items())
                 + f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+            )
+        loads = {"submit": f"{args.clients} clients", "sse": f"{args.subscribers} subscribers"}
+        for name, load in loads.items():
+            (p50_1, p99_1), (p50_n, p99_n) = figures[f"{name} x1"], figures[name]
+            print(
+                f"{name}: {load} vs 1, same run: p50 x{p50_n / p50_1:.1f} "
+                f"({p50_1:.1f} -> {p50_n:.1f} ms), p99 x{p99_n / p99_1:.1f} "
+                f"({p99_1:.1f} -> {p99_n:.1f} ms)"
             )
     finally:
         service.stop()

@@ -163,9 +163,11 @@ return 'already-' .. st
 """
 
 # KEYS: job, events, lease, running, tenant active; ARGV: id, now, queued data, log data,
-# cancelled data, done data, lease token of the caller ('' for none). A running job whose lease
-# expired lost its worker (or the holder hands it back): back to queued (the caller re-sends the
-# task), or straight to cancelled if a cancel was pending.
+# cancelled data, done data, lease token of the caller ('' for none), most worker losses, failed
+# data, failed done data, failure message. A running job whose lease expired lost its worker (or
+# the holder hands it back): back to queued (the caller re-sends the task), straight to cancelled
+# if a cancel was pending, or failed once it has lost more workers than allowed (a job that kills
+# its worker, e.g. out of memory, must not take down every worker in turn forever).
 _REQUEUE = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[7] then return 'leased' end
@@ -179,6 +181,17 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[5])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[6])
   return 'cancelled'
+end
+if ARGV[7] == '' then
+  local lost = redis.call('HINCRBY', KEYS[1], 'worker_losses', 1)
+  if tonumber(ARGV[8]) > 0 and lost > tonumber(ARGV[8]) then
+    redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[2], 'updated_at', ARGV[2],
+               'error_code', 'worker_lost', 'error_message', ARGV[11])
+    redis.call('SREM', KEYS[5], ARGV[1])
+    redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[9])
+    redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[10])
+    return 'failed'
+  end
 end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
@@ -477,10 +490,12 @@ class JobStore:
         job: JobRecord,
         reason: str = "worker lost; queued again to resume from its last checkpoint",
         lease_token: str = "",
+        max_worker_losses: int = 0,
     ) -> str:
         """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
-        'leased' (its worker is alive) or 'not-running'. The lease holder passes its token to
-        hand the job back without a window where a reaper could take it first."""
+        'failed' (more than `max_worker_losses` workers died on it; 0: no limit), 'leased' (its
+        worker is alive) or 'not-running'. The lease holder passes its token to hand the job
+        back without a window where a reaper could take it first (that is no worker loss)."""
         keys = [
             job_key(job.id),
             events_key(job.id),
@@ -488,7 +503,7 @@ class JobStore:
             RUNNING_SET,
             tenant_active_key(job.tenant),
         ]
-        args = [
+        args: list[str | int] = [
             job.id,
             now_iso(),
             _status_data("queued"),
@@ -496,5 +511,10 @@ class JobStore:
             _status_data("cancelled"),
             json.dumps({"status": "cancelled"}),
             lease_token,
+            max_worker_losses,
+            _status_data("failed"),
+            json.dumps({"status": "failed"}),
+            f"the job's worker died {max_worker_losses + 1} times while running it "
+            "(killed, out of memory, or lost its machine); not retried again",
         ]
         return str(self._requeue(keys=keys, args=args))

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: int = Field(
         default=3600, ge=10, description="Celery redelivers an unacknowledged task after this"
     )
+    max_worker_losses: int = Field(
+        default=3,
+        ge=0,
+        description="a job whose worker died more often than this fails (0: retry forever)",
+    )
     idempotency_ttl_seconds: int = Field(
         default=86_400, ge=60, description="Idempotency-Key lifetime"
     )

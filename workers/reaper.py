@@ -19,7 +19,7 @@ from workers.celery_app import enqueue
 log = logging.getLogger(__name__)
 
 
-def reap_once(store: JobStore) -> list[str]:
+def reap_once(store: JobStore, max_worker_losses: int = 0) -> list[str]:
     """Requeue every orphaned running job; returns the ids sent again."""
     sent: list[str] = []
     for job_id in store.running_job_ids():
@@ -27,7 +27,9 @@ def reap_once(store: JobStore) -> list[str]:
         if job is None:
             store.redis.srem("pdppo:running", job_id)
             continue
-        outcome = store.requeue_if_orphaned(job)
+        outcome = store.requeue_if_orphaned(job, max_worker_losses=max_worker_losses)
+        if outcome == "failed":
+            log.error("job %s lost its worker too often; marked failed", job.id)
         if outcome == "requeued":
             enqueue(job.id, job.queue)
             log.warning("job %s lost its worker; queued again on %s", job.id, job.queue)
@@ -35,14 +37,14 @@ def reap_once(store: JobStore) -> list[str]:
     return sent
 
 
-def start_reaper(store: JobStore, interval: float) -> threading.Event:
+def start_reaper(store: JobStore, interval: float, max_worker_losses: int = 0) -> threading.Event:
     """Runs `reap_once` every `interval` seconds in a daemon thread; set the event to stop."""
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.wait(interval):
             try:
-                reap_once(store)
+                reap_once(store, max_worker_losses)
             except redis.RedisError:
                 log.warning("reaper could not reach Redis; retrying", exc_info=True)
             except Exception:

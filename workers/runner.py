@@ -114,13 +114,18 @@ def _train(store: JobStore, job: JobRecord, lease: Lease) -> str:
     except ValueError as exc:
         store.finish(job, "failed", _error("invalid_spec", exc))
         return "failed: invalid spec"
-    out_dir = job_dir(job.id)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    resume = latest_checkpoint(out_dir) is not None
-    if resume:
-        store.publish_log(job.id, f"resuming from {latest_checkpoint(out_dir)}")
     try:
-        result = train(spec.train, out_dir, callback=JobCallback(store, job, lease), resume=resume)
+        out_dir = job_dir(job.id)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = latest_checkpoint(out_dir)
+        if checkpoint is not None:
+            store.publish_log(job.id, f"resuming from {checkpoint}")
+        result = train(
+            spec.train,
+            out_dir,
+            callback=JobCallback(store, job, lease),
+            resume=checkpoint is not None,
+        )
     except LeaseLost:
         log.warning("job %s: lease lost; leaving the job to its new holder", job.id)
         return "abandoned: lease lost"

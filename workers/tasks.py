@@ -33,7 +33,11 @@ def _on_worker_ready(**_: Any) -> None:
         import torch
 
         torch.set_num_threads(settings.worker_torch_threads)
-    start_reaper(JobStore(redis_client()), interval=max(1.0, settings.lease_seconds / 2))
+    start_reaper(
+        JobStore(redis_client()),
+        interval=max(1.0, settings.lease_seconds / 2),
+        max_worker_losses=settings.max_worker_losses,
+    )
 
 
 @worker_shutting_down.connect

@@ -122,3 +122,22 @@ def test_lease_unrenewed_for_its_lifetime_counts_as_lost(client: redis.Redis) ->
     time.sleep(1.05)
     with pytest.raises(LeaseLost):
         lease.check()
+
+
+def test_a_job_that_keeps_killing_its_worker_fails(client: redis.Redis) -> None:
+    store = JobStore(client)
+    job = running_job(client)
+    outcomes = []
+    for _ in range(3):
+        outcomes.append(store.requeue_if_orphaned(job, max_worker_losses=2))
+        store.claim(job.id, "next worker")
+    assert outcomes == ["requeued", "requeued", "failed"]
+    record = store.get(job.id)
+    assert record is not None and record.status == "failed"
+    assert record.error_code == "worker_lost"
+    assert record.error_message is not None and "died 3 times" in record.error_message
+    # Handing a job back on shutdown is no loss.
+    other = running_job(client, "j9")
+    for _ in range(4):
+        assert store.requeue_if_orphaned(other, lease_token="t", max_worker_losses=1) == "requeued"
+        store.claim(other.id, "next worker")

@@ -144,7 +144,7 @@ def plot(runs: dict[str, dict[int, list[dict[str, float]]]], path: Path) -> None
     ax.set_xlabel("step")
     ax.set_ylabel("reward (median over seeds, min-max band)")
     ax.set_title("Trust-region masks under stale bf16 rollouts")
-    ax.legend()
+    ax.legend(loc="lower right", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from click.testing import CliRunner
 
 from pdppo.cli import main
 from tests.client.conftest import FinishedJob, parked_spec, write_spec
+from tests.client.proxy import DroppingProxy
 from tests.integration.stack import pdppo_command, smoke_spec
 
 
@@ -95,3 +97,19 @@ def test_the_installed_command_follows_a_job(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == f"{finished_job.id} succeeded"
+
+
+def test_logs_resumes_through_a_dropped_connection(
+    finished_job: FinishedJob, cli_env: dict[str, str]
+) -> None:
+    target = urlsplit(cli_env["PDPPO_URL"])
+    proxy = DroppingProxy(target.hostname or "127.0.0.1", target.port or 80, cut_after=[700])
+    try:
+        code, out, _ = _run(["logs", finished_job.id, "--raw", "--url", proxy.url], cli_env)
+    finally:
+        proxy.close()
+    assert (proxy.cuts, proxy.accepted) == (1, 2)
+    assert code == 0
+    assert [line.split()[0] for line in out.strip().splitlines()] == [
+        e.id for e in finished_job.events
+    ]

@@ -156,3 +156,17 @@ def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> N
     while any(running(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in children if running(p)], "pdppo dev left processes behind"
+
+
+def test_dev_once_exits_nonzero_when_the_demo_fails(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "bad.yaml", smoke_spec(steps=0))  # the API refuses it: 422
+    dev = DevProcess(
+        ["--demo", "--once", "--spec", str(spec), "--port", "0", "--data-dir", str(tmp_path)],
+        cwd=tmp_path,
+    )
+    try:
+        assert dev.proc.wait(180) == 1
+    finally:
+        dev.kill()
+    dev.wait_for("stopped: redis, api and worker are down.", timeout=5)
+    assert re.search(r"demo failed: HTTP 422 .*train\.steps", dev.output), dev.output

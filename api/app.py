@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 
 from api.events import EventHub
 from api.limits import BodySizeLimit
@@ -27,7 +28,7 @@ from pdppo.jobstore import AsyncJobStore
 from pdppo.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-REDIS_MAX_CONNECTIONS = 256
+REDIS_MAX_CONNECTIONS = 1024
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -46,6 +47,15 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     ]
     detail = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in errors)
     return JSONResponse({"detail": detail, "errors": jsonable_encoder(errors)}, status_code=422)
+
+
+async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis error on %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        {"detail": "the job store is unavailable; try again shortly"},
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -94,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RedisError, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(PrometheusMiddleware)

@@ -124,11 +124,19 @@ def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> N
         with Client(url, key) as client:
             job = client.get(job_id)
             assert (job.status, job.name, job.progress.step) == ("succeeded", "dev-demo", 3)
-        assert (data / "dev.env").read_text() == (
-            f"export PDPPO_URL={url}\nexport PDPPO_API_KEY={key}\n"
-        )
+            assert (data / "dev.env").read_text() == (
+                f"export PDPPO_URL={url}\nexport PDPPO_API_KEY={key}\n"
+            )
+            # Ctrl-C in the middle of a job: the worker checkpoints and hands it back.
+            busy = client.submit(smoke_spec(steps=40, checkpoint_every=2) | {"name": "busy"})
+            deadline = time.monotonic() + 120
+            while client.get(busy.id).progress.step < 3:
+                assert time.monotonic() < deadline, client.get(busy.id)
+                time.sleep(0.1)
 
+        asked = time.monotonic()
         assert dev.stop(signal.SIGINT) == 130  # Ctrl-C
+        assert time.monotonic() - asked < 30
     finally:
         dev.kill()
     assert "stopped: redis, api and worker are down." in dev.output
@@ -149,6 +157,10 @@ def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> N
         with Client(url2, key2) as client:
             assert client.get(job_id).status == "succeeded"
             assert [r.step for r in client.metrics(job_id)] == [1, 2, 3]
+            # The interrupted job resumes from its checkpoint and finishes, no step twice.
+            assert list(client.follow(busy.id))[-1].json() == {"status": "succeeded"}
+            assert [r.step for r in client.metrics(busy.id)] == list(range(1, 41))
+            assert client.get(busy.id).attempts == 2
         assert again.stop(signal.SIGTERM) == 130
     finally:
         again.kill()

@@ -52,7 +52,10 @@ def _client(url: str, api_key: str | None) -> Client:
     from pdppo.client import Client
 
     if not api_key:
-        raise click.UsageError("no API key: pass --api-key or set PDPPO_API_KEY")
+        raise click.UsageError(
+            "no API key: pass --api-key or set PDPPO_API_KEY "
+            "(for pdppo dev: source .pdppo/dev.env)"
+        )
     return Client(url, api_key)
 
 
@@ -68,9 +71,7 @@ def _handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
         try:
             return fn(*args, **kwargs)
-        except ApiError as exc:
-            raise click.ClickException(str(exc)) from exc
-        except FollowError as exc:
+        except (ApiError, FollowError) as exc:
             raise click.ClickException(str(exc)) from exc
         except httpx.TransportError as exc:
             raise click.ClickException(f"cannot reach the server: {exc}") from exc

@@ -53,8 +53,7 @@ def _client(url: str, api_key: str | None) -> Client:
 
     if not api_key:
         raise click.UsageError(
-            "no API key: pass --api-key or set PDPPO_API_KEY "
-            "(for pdppo dev: source .pdppo/dev.env)"
+            "no API key: pass --api-key or set PDPPO_API_KEY (for pdppo dev: source .pdppo/dev.env)"
         )
     return Client(url, api_key)
 

@@ -116,3 +116,22 @@ def test_every_pdppo_variable_in_the_readme_is_a_setting() -> None:
 def test_examples_are_valid_job_specs(path: Path) -> None:
     spec: Any = load_spec(path)
     assert spec.train.steps >= 1
+
+
+def test_every_metric_the_readme_explains_is_one_the_trainer_reports(tmp_path: Path) -> None:
+    import json
+
+    from core.trainer import train
+
+    spec = load_spec(ROOT / "examples" / "smoke.yaml")
+    spec.train.steps = 1
+    train(spec.train, tmp_path)
+    reported = set(json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0]))
+    table = _section("Reading the metrics")
+    explained = {
+        name
+        for row in re.findall(r"^\| (.+?) \|", table, re.MULTILINE)
+        for name in re.findall(r"`(\w+)`", row)
+    }
+    assert {"reward_mean", "masked_fraction", "direction_disagreement"} <= explained
+    assert sorted(explained - reported) == []

@@ -171,6 +171,7 @@ class Client:
         timeout: float = 30.0,
         stream_read_timeout: float = 60.0,
         reconnect_delay: float = 0.5,
+        max_reconnect_delay: float = 5.0,
         max_reconnects: int = 20,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -179,7 +180,10 @@ class Client:
         # The server pings idle streams every few seconds; a read that waits much longer than
         # that means the connection is dead even if TCP has not noticed yet.
         self.stream_read_timeout = stream_read_timeout
+        # Doubling from reconnect_delay up to max_reconnect_delay: 20 tries ride out about a
+        # minute of downtime (an API restart) without hammering a server that is coming up.
         self.reconnect_delay = reconnect_delay
+        self.max_reconnect_delay = max_reconnect_delay
         self.max_reconnects = max_reconnects
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._http = httpx.Client(
@@ -339,7 +343,7 @@ class Client:
                     f"gave up following job {job_id} after {failures - 1} reconnects "
                     f"(last event id {last!r}; {reason})"
                 )
-            time.sleep(delay)
+            time.sleep(min(delay * 2 ** (failures - 1), self.max_reconnect_delay))
 
 
 class _ServerError(Exception):

@@ -142,6 +142,29 @@ def test_follow_gives_up_when_the_server_stays_away() -> None:
     assert len(seen) == 4  # the first try and three reconnects
 
 
+def test_reconnects_back_off_exponentially_up_to_a_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("pdppo.client.time.sleep", slept.append)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    transport, _ = _scripted([refuse])
+    client = Client(
+        "http://pdppo.test",
+        "key",
+        transport=transport,
+        reconnect_delay=0.5,
+        max_reconnect_delay=3.0,
+        max_reconnects=6,
+    )
+    with client, pytest.raises(FollowError, match="after 6 reconnects"):
+        list(client.follow("j"))
+    assert slept == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+
+
 def test_spec_to_dict_reads_yaml(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("name: t\ntrain:\n  steps: 3\n")

@@ -114,7 +114,7 @@ def generate(
     pos = position_ids(mask)
     finished = torch.zeros(b, dtype=torch.bool, device=device)
     out_tokens, out_alive, tok_lp, top_ids, top_lp, full = [], [], [], [], [], []
-    logits, cache = lm.forward(ids, mask, pos)
+    logits, cache = lm.forward(ids, mask, pos, keep_last=1)
     next_pos = pos[:, -1] + 1
     for _ in range(max_new_tokens):
         logp = sampling_logprobs(logits[:, -1], temperature, top_p)  # (B, V) fp32
@@ -133,7 +133,7 @@ def generate(
         mask = torch.cat([mask, alive[:, None]], dim=1)
         if bool(finished.all()):
             break
-        logits, cache = lm.forward(a[:, None], mask, next_pos[:, None], cache)
+        logits, cache = lm.forward(a[:, None], mask, next_pos[:, None], cache, keep_last=1)
         next_pos = next_pos + 1
     resp = torch.stack(out_tokens, 1)  # (B, T)
     rmask = torch.stack(out_alive, 1)  # (B, T)
@@ -159,8 +159,9 @@ def generate(
 
 def response_logits(lm: CausalLM, batch: RolloutBatch, temperature: float) -> Tensor:
     """The trained policy's fp32 logits (N, V) at the response tokens, scaled like sampling."""
-    logits, _ = lm.forward(batch.input_ids, batch.attention_mask, batch.position_ids())
-    p = batch.prompt_len
     t = batch.response_mask.shape[1]
-    at = logits[:, p - 1 : p - 1 + t]  # (B, T, V): column p - 1 + t predicts response token t
+    logits, _ = lm.forward(
+        batch.input_ids, batch.attention_mask, batch.position_ids(), keep_last=t + 1
+    )  # (B, T + 1, V): columns P - 1 .. P + T - 1
+    at = logits[:, :t]  # column P - 1 + t predicts response token t
     return at[batch.response_mask].float() / temperature

@@ -272,6 +272,8 @@ class _Run:
         update_time = time.perf_counter() - t1
         self.step += 1
         n_tokens = int(batch.response_mask.sum())
+        if self.device.type == "cuda":
+            metrics["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return {
             "step": float(self.step),
             "reward_mean": float(rewards.mean()),

@@ -48,8 +48,13 @@ class CausalLM(abc.ABC):
         attention_mask: Tensor,  # (B, T_past + T) bool/int, 1 = real token
         position_ids: Tensor,  # (B, T) int64
         cache: Any = None,
+        keep_last: int | None = None,
     ) -> tuple[Tensor, Any]:
-        """Logits (B, T, V) in the module's dtype and the updated cache."""
+        """Logits (B, T, V) in the module's dtype and the updated cache.
+
+        `keep_last=n` computes logits for the last n positions only: with a large vocabulary the
+        (B, T, V) logits of the prompt would dominate memory for nothing.
+        """
 
     @abc.abstractmethod
     def save_final(self, path: Path) -> None:

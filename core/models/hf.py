@@ -16,6 +16,13 @@ from core.config import ModelConfig
 from core.models.base import CausalLM
 
 
+def _transformers_at_least(version: str) -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) >= Version(version)
+
+
 class HFTokenizer:
     """Adapts a transformers tokenizer to the trainer's needs (EOS and pad always defined)."""
 
@@ -43,7 +50,9 @@ class HFLM(CausalLM):
 
         source = cfg.name.removeprefix("hf:")
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-        module: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        # transformers renamed `torch_dtype` to `dtype` (4.56); older releases ignore `dtype`
+        dtype_arg = "dtype" if _transformers_at_least("4.56") else "torch_dtype"
+        module: Any = AutoModelForCausalLM.from_pretrained(source, **{dtype_arg: dtype})
         self.hf_tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(source))
         self.tokenizer = self.hf_tokenizer
         self.max_seq_len = getattr(module.config, "max_position_embeddings", None)
@@ -65,11 +74,9 @@ class HFLM(CausalLM):
         self.module = module
         # transformers 5 renamed `past_key_values` to `cache`; older releases only know the former.
         base = module.get_base_model() if cfg.lora is not None else module
-        self._cache_arg = (
-            "cache"
-            if "cache" in inspect.signature(type(base).forward).parameters
-            else "past_key_values"
-        )
+        params = inspect.signature(type(base).forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def forward(
         self,
@@ -77,15 +84,22 @@ class HFLM(CausalLM):
         attention_mask: Tensor,
         position_ids: Tensor,
         cache: Any = None,
+        keep_last: int | None = None,
     ) -> tuple[Tensor, Any]:
+        extra: dict[str, Any] = {self._cache_arg: cache}
+        if keep_last is not None and self._logits_to_keep:
+            extra["logits_to_keep"] = keep_last
         out = self.module(
             input_ids=input_ids,
             attention_mask=attention_mask.long(),
             position_ids=position_ids,
             use_cache=True,
-            **{self._cache_arg: cache},
+            **extra,
         )
-        return out.logits, getattr(out, self._cache_arg)
+        logits = out.logits
+        if keep_last is not None and logits.shape[1] > keep_last:
+            logits = logits[:, -keep_last:]
+        return logits, getattr(out, self._cache_arg)
 
     def save_final(self, path: Path) -> None:
         """Safetensors via save_pretrained; LoRA adapters are merged so the result loads alone."""

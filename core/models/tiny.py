@@ -95,6 +95,7 @@ class TinyTransformer(nn.Module):
         attention_mask: Tensor,  # (B, Tk) with Tk = T_past + T
         position_ids: Tensor,  # (B, T)
         cache: KVCache | None = None,
+        keep_last: int | None = None,
     ) -> tuple[Tensor, KVCache]:
         t = input_ids.shape[1]
         tk = attention_mask.shape[1]
@@ -115,6 +116,8 @@ class TinyTransformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x, kv = block(x, mask, None if cache is None else cache[i])
             new_cache.append(kv)
+        if keep_last is not None:
+            x = x[:, -keep_last:]
         return self.head(self.ln_f(x)), new_cache
 
 
@@ -131,8 +134,9 @@ class TinyLM(CausalLM):
         attention_mask: Tensor,
         position_ids: Tensor,
         cache: Any = None,
+        keep_last: int | None = None,
     ) -> tuple[Tensor, Any]:
-        logits, new_cache = self.module(input_ids, attention_mask, position_ids, cache)
+        logits, new_cache = self.module(input_ids, attention_mask, position_ids, cache, keep_last)
         return logits, new_cache
 
     def save_final(self, path: Path) -> None:

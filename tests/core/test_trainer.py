@@ -189,3 +189,26 @@ def test_cli_train_writes_metrics_checkpoints_and_resumes(tmp_path: Path) -> Non
     bad.write_text("train: {steps: -1}")
     failed = runner.invoke(main, ["train", str(bad)])
     assert failed.exit_code != 0 and "train.steps" in failed.output
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "rollout"),
+    [
+        ({"mask": "ppo_clip", "estimator": "binary"}, {"top_p": 0.9}),
+        ({"mask": "dppo", "estimator": "binary", "kind": "kl", "delta_low": 0.05}, {}),
+        ({"mask": "predictive", "estimator": "exact", "epochs": 2}, {"top_p": 0.8}),
+        ({"mask": "predictive", "estimator": "topk_tail", "kind": "kl_reverse"}, {}),
+        ({"mask": "none", "normalize_std": True}, {"temperature": 0.7, "dtype": "float16"}),
+    ],
+    ids=["ppo_clip-top_p", "dppo-kl", "exact-top_p-epochs", "topk_tail-kl_reverse", "none-fp16"],
+)
+def test_algorithm_and_sampling_variants_train_with_finite_metrics(
+    tmp_path: Path, algorithm: dict[str, Any], rollout: dict[str, Any]
+) -> None:
+    cfg = small_config(
+        steps=2, checkpoint_every=0, task={"warmup_steps": 5}, algorithm=algorithm, rollout=rollout
+    )
+    result = train(cfg, tmp_path)
+    assert result.step == 2
+    rows = read_metrics(tmp_path)
+    assert all(math.isfinite(v) for r in rows for v in r.values())

@@ -72,7 +72,9 @@ def _median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def _child(config: str, tokens: int, vocab: int, k: int, repeats: int, threads: int | None) -> None:
+def _child(
+    config: str, measure: str, tokens: int, vocab: int, k: int, repeats: int, threads: int | None
+) -> None:
     import torch
 
     if threads:
@@ -106,23 +108,32 @@ def _child(config: str, tokens: int, vocab: int, k: int, repeats: int, threads: 
             estimator=estimator,  # type: ignore[arg-type]
         )
 
-    run(), floor()  # warm-up
-    mem_floor, mem_run = _peak_extra(floor), _peak_extra(run)
+    if measure == "memory":
+        run(), floor()  # warm-up: lazy initialisations are not the op's memory
+        print(json.dumps({"floor": _peak_extra(floor), "run": _peak_extra(run)}))
+        return
+    run(), floor()
     t_floor, t_run = [], []
     for _ in range(repeats):  # interleaved so both see the same machine load
         t_floor.append(_median_time(floor, 1))
         t_run.append(_median_time(run, 1))
-    print(
-        json.dumps(
-            {
-                "config": config,
-                "t_floor": statistics.median(t_floor),
-                "t_run": statistics.median(t_run),
-                "mem_floor": mem_floor,
-                "mem_run": mem_run,
-            }
-        )
-    )
+    print(json.dumps({"floor": statistics.median(t_floor), "run": statistics.median(t_run)}))
+
+
+def _measure(config: str, measure: str, args: argparse.Namespace) -> dict[str, float]:
+    """One configuration in a fresh process. Memory runs force every allocation over 64 KiB
+    onto its own mapping, so freed scratch leaves the resident set and the next peak is seen;
+    timing runs keep the allocator's defaults, as in training."""
+    cmd = [sys.executable, __file__, "--child", config, "--measure", measure]
+    cmd += ["--tokens", str(args.tokens), "--vocab", str(args.vocab), "--k", str(args.k)]
+    cmd += ["--repeats", str(args.repeats)]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    if measure == "memory":
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    row: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return row
 
 
 def main() -> None:
@@ -133,9 +144,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--measure", choices=["time", "memory"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.tokens, args.vocab, args.k, args.repeats, args.threads)
+        _child(
+            args.child, args.measure, args.tokens, args.vocab, args.k, args.repeats, args.threads
+        )
         return
 
     import torch
@@ -151,26 +165,17 @@ def main() -> None:
         f"{'mask':<11} {'kind':<11} {'estimator':<10} {'time':>8} {'x floor':>8} "
         f"{'extra MiB':>10} {'buffers':>8}"
     )
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed scratch leaves the RSS
-    root = Path(__file__).resolve().parent.parent
-    floor_rows = []
+    floors_t, floors_m = [], []
     for mask, kind, estimator in CONFIGS:
-        cmd = [sys.executable, __file__, "--child", f"{mask}:{kind}:{estimator}"]
-        cmd += ["--tokens", str(args.tokens), "--vocab", str(args.vocab), "--k", str(args.k)]
-        cmd += ["--repeats", str(args.repeats)]
-        cmd += ["--threads", str(args.threads)] if args.threads else []
-        out = subprocess.run(
-            cmd, env={**env, "PYTHONPATH": str(root)}, check=True, capture_output=True, text=True
-        ).stdout
-        row = json.loads(out.strip().splitlines()[-1])
-        floor_rows.append(row)
+        config = f"{mask}:{kind}:{estimator}"
+        t, m = _measure(config, "time", args), _measure(config, "memory", args)
+        floors_t.append(t["floor"])
+        floors_m.append(m["floor"])
         print(
-            f"{mask:<11} {kind:<11} {estimator:<10} {row['t_run'] * 1e3:7.0f}ms "
-            f"{row['t_run'] / row['t_floor']:7.2f}x {row['mem_run'] / 2**20:10.0f} "
-            f"{row['mem_run'] / buffer:8.2f}"
+            f"{mask:<11} {kind:<11} {estimator:<10} {t['run'] * 1e3:7.0f}ms "
+            f"{t['run'] / t['floor']:7.2f}x {m['run'] / 2**20:10.0f} {m['run'] / buffer:8.2f}"
         )
-    t = statistics.median(r["t_floor"] for r in floor_rows)
-    m = statistics.median(r["mem_floor"] for r in floor_rows)
+    t, m = statistics.median(floors_t), statistics.median(floors_m)
     print(
         f"{'floor: torch.log_softmax':<33} {t * 1e3:7.0f}ms {1:7.2f}x {m / 2**20:10.0f} "
         f"{m / buffer:8.2f}"

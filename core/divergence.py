@@ -69,24 +69,23 @@ def _row_chunks(n: int, v: int) -> Iterator[slice]:
         yield slice(start, min(start + rows, n))
 
 
-def _rowdot(x: Tensor, y: Tensor) -> Tensor:
-    """sum_j x_ij y_ij per row, as a batched matmul: faster on CPU than vecdot or mul-sum."""
-    return torch.bmm(x.unsqueeze(1), y.unsqueeze(2)).view(-1)
-
-
 @torch.no_grad()
 def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
     """One chunked pass over the logits: log-partition, sum of squared probabilities, entropy.
 
     Cheaper than `log_softmax`: nothing of size (N, V) is written back, and every chunk's
     exponentials go to one reused scratch buffer, so no fresh pages are faulted in per chunk.
+    (Row sums stay `sum`s: a batched-matmul dot product was faster but accumulated 3e-5
+    relative error over 32k entries.)
     """
     n, v = logits.shape
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
     sum_sq = torch.empty_like(lse)
     ent = torch.empty_like(lse) if entropy else None
     chunks = list(_row_chunks(n, v))
-    scratch = torch.empty(chunks[0].stop if chunks else 0, v, device=logits.device)
+    rows_max = chunks[0].stop if chunks else 0
+    scratch = torch.empty(rows_max, v, device=logits.device)
+    scratch_z = torch.empty(rows_max, v, device=logits.device) if entropy else None
     for rows in chunks:
         z = logits[rows].float()
         e = scratch[: z.shape[0]]
@@ -95,14 +94,11 @@ def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
         torch.sub(z, zmax, out=e).exp_()  # (C, V), each row's largest entry is 1
         s1 = e.sum(dim=-1)
         lse[rows] = zmax.squeeze(-1) + s1.log()
-        sum_sq[rows] = _rowdot(e, e) / (s1 * s1)
-        if ent is not None:
+        if ent is not None and scratch_z is not None:
             # H = lse - sum_i pi_i z_i; entries with z = -inf have e = 0 and contribute nothing.
-            ez = _rowdot(e, z)
-            bad = ~torch.isfinite(ez)
-            if bad.any():
-                ez[bad] = torch.where(e[bad] > 0, e[bad] * z[bad], 0.0).sum(-1)
-            ent[rows] = lse[rows] - ez / s1
+            ez = torch.mul(e, z, out=scratch_z[: z.shape[0]]).nan_to_num_(nan=0.0)
+            ent[rows] = lse[rows] - ez.sum(dim=-1) / s1
+        sum_sq[rows] = e.square_().sum(dim=-1) / (s1 * s1)
     return SoftmaxStats(lse=lse, sum_sq=sum_sq, entropy=ent)
 
 
@@ -264,7 +260,7 @@ def _full_vocab(
         if advantages is not None:
             adv = advantages[rows].float().unsqueeze(-1)
             p = logp.exp()
-            c = p.gather(-1, a) - _rowdot(p, p).unsqueeze(-1)
+            c = p.gather(-1, a) - torch.linalg.vecdot(p, p).unsqueeze(-1)
             dlogp = p.add_(c).mul_(-adv)  # reuses p's buffer: -A (pi_i + c)
             dlogp.scatter_add_(-1, a, adv)
         d, g = _category_terms(logp, logm, dlogp, None, kind)

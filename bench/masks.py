@@ -153,7 +153,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--steps", type=int, default=80)
-    p.add_argument("--warmup", type=int, default=65, help="answer warm-up steps before RL")
+    p.add_argument(
+        "--warmup", type=int, default=50, help="answer warm-up steps (start reward ~0.1-0.5)"
+    )
     p.add_argument("--staleness", type=int, default=2)
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16"])
@@ -178,7 +180,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs.json").write_text(json.dumps(runs))
     print(
-        f"\n{args.seeds} seeds x {len(args.masks)} masks, {args.steps} steps each, reverse-3 task,"
+        f"\n{args.seeds} seeds x {len(args.masks)} masks, {args.steps} steps each, reverse-3 task"
+        f" after {args.warmup} answer warm-up steps,"
         f" staleness {args.staleness}, {args.rollout_dtype} rollouts, {args.minibatches}"
         f" minibatches, lr {args.lr}; total {time.perf_counter() - t0:.0f}s\n"
     )

@@ -38,6 +38,10 @@ def parse_api_keys(raw: str) -> dict[str, str]:
     return by_key
 
 
+def _split_roots(raw: str) -> list[Path]:
+    return [Path(part.strip()) for part in raw.split(",") if part.strip()]
+
+
 class Settings(BaseSettings):
     """Service settings; every field is the env var `PDPPO_<FIELD NAME IN CAPITALS>`."""
 
@@ -90,6 +94,13 @@ class Settings(BaseSettings):
         description="torch.set_num_threads in workers; unset keeps torch's default",
     )
     log_level: str = Field(default="INFO", description="log level of the API and workers")
+    data_roots: str = Field(
+        default="",
+        description=(
+            "comma-separated absolute directories on the workers that job specs may read local "
+            "models (hf:/path) and datasets (task.path) from; empty: hub model ids only"
+        ),
+    )
 
     @field_validator("api_keys")
     @classmethod
@@ -110,6 +121,18 @@ class Settings(BaseSettings):
                     "characters; refused in production"
                 )
         return self
+
+    @field_validator("data_roots")
+    @classmethod
+    def _check_data_roots(cls, value: str) -> str:
+        for root in _split_roots(value):
+            if not root.is_absolute():
+                raise ValueError(f"data_roots entry {str(root)!r} must be an absolute path")
+        return value
+
+    @property
+    def allowed_data_roots(self) -> list[Path]:
+        return _split_roots(self.data_roots)
 
     @cached_property
     def tenants_by_key(self) -> dict[str, str]:

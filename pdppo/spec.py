@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.config import TrainConfig
 
@@ -31,6 +31,17 @@ class JobSpec(BaseModel):
     name: str | None = Field(default=None, max_length=200, description="Human label for the job.")
     resources: Resources = Field(default_factory=lambda: Resources(), description="Where to run.")
     train: TrainConfig = Field(description="The trainer's configuration.")
+
+    @model_validator(mode="after")
+    def _device_fits_queue(self) -> JobSpec:
+        """A job routed to a CPU worker cannot train on CUDA: caught at submission, rather than
+        as a failed job minutes later. (A GPU job may still pin itself to the CPU.)"""
+        if self.resources.device == "cpu" and self.train.device == "cuda":
+            raise ValueError(
+                "train.device='cuda' cannot run on a resources.device='cpu' worker; "
+                "use resources.device='gpu' or train.device='auto'"
+            )
+        return self
 
 
 class SpecError(ValueError):

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response
 from api.convert import to_job
 from api.deps import JobDep, SettingsDep, StoreDep, TenantDep
 from api.observability import JOBS_SUBMITTED
+from api.paths import forbidden_paths
 from api.schemas import Job, JobList, JobStatus
 from pdppo.jobstore import spec_digest
 from pdppo.spec import JobSpec
@@ -47,7 +48,11 @@ async def create_job(
         ),
     ] = None,
 ) -> Job:
-    """201 with the new job, queued. 429 past the tenant's limit of queued plus running jobs."""
+    """201 with the new job, queued. 429 past the tenant's limit of queued plus running jobs;
+    422 for a spec naming local files outside the server's data roots."""
+    problems = forbidden_paths(spec, [str(r) for r in settings.allowed_data_roots])
+    if problems:
+        raise HTTPException(422, detail="; ".join(problems))
     spec_json = spec.model_dump_json()
     queue = spec.resources.device
     result = await store.create(

@@ -280,6 +280,8 @@ class Stack:
 
     def service_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        # a local stack may read local models and datasets below where it was started
+        env.setdefault("PDPPO_DATA_ROOTS", str(Path.cwd().resolve()))
         env.update(
             {
                 "PDPPO_ENVIRONMENT": "development",

@@ -109,12 +109,15 @@ class Service:
         self.root.mkdir(parents=True, exist_ok=True)
         self.redis_url = redis.url(db)
         self.artifact_dir = root / "artifacts"
+        self.data_dir = root / "data"  # the only place job specs may read local files from
+        self.data_dir.mkdir(exist_ok=True)
         self.env = {
             **os.environ,
             "PDPPO_ENVIRONMENT": "test",
             "PDPPO_REDIS_URL": self.redis_url,
             "PDPPO_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items()),
             "PDPPO_ARTIFACT_DIR": str(self.artifact_dir),
+            "PDPPO_DATA_ROOTS": str(self.data_dir),
             "PDPPO_LEASE_SECONDS": "2",
             "PDPPO_SSE_PING_SECONDS": "1",
             "PDPPO_MAX_ACTIVE_JOBS_PER_TENANT": "4",

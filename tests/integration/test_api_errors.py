@@ -100,6 +100,52 @@ def test_invalid_spec_is_422_naming_the_field(
     assert body["errors"][0]["loc"][0] == "body"
 
 
+def _jsonl_spec(path: str) -> dict[str, object]:
+    spec = gpu_spec("local data")
+    train = spec["train"]
+    assert isinstance(train, dict)
+    train["task"] = {"name": "jsonl", "path": path}
+    return spec
+
+
+def test_specs_may_read_local_files_only_under_the_data_roots(
+    alice: httpx.Client, service: Service
+) -> None:
+    """Another tenant's artifacts, or any file on the worker, are not a dataset or a model."""
+    victim = service.artifact_dir / "some-job" / "final"
+    inside = service.data_dir / "qa.jsonl"
+    inside.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    escape = f"{service.data_dir}/../artifacts/x.jsonl"
+    cases = [
+        (_jsonl_spec(str(victim / "data.jsonl")), "train.task.path", "not under any"),
+        (_jsonl_spec(escape), "train.task.path", "not under any"),
+        (_jsonl_spec("qa.jsonl"), "train.task.path", "must be an absolute path"),
+    ]
+    for model in (f"hf:{victim}", "hf:../artifacts/some-job/final", "hf:~/models/x"):
+        spec = gpu_spec("local model")
+        spec["train"]["model"] = {"name": model}  # type: ignore[index]
+        cases.append((spec, "train.model.name", ""))
+    for spec, field, problem in cases:
+        response = alice.post("/v1/jobs", json=spec)
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith(f"{field}: "), response.json()
+        assert problem in response.json()["detail"]
+    allowed = alice.post("/v1/jobs", json=_jsonl_spec(str(inside)))
+    assert allowed.status_code == 201, allowed.text
+    alice.post(f"/v1/jobs/{allowed.json()['id']}/cancel")
+
+
+def test_train_device_must_fit_the_queue(alice: httpx.Client) -> None:
+    spec = smoke_spec()
+    spec["train"]["device"] = "cuda"  # type: ignore[index]
+    response = alice.post("/v1/jobs", json=spec)
+    assert response.status_code == 422
+    assert (
+        "train.device='cuda' cannot run on a resources.device='cpu' worker"
+        in (response.json()["detail"])
+    )
+
+
 def test_malformed_requests_get_4xx_not_500(alice: httpx.Client) -> None:
     not_json = alice.post(
         "/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}

@@ -47,7 +47,7 @@ def _named_volumes(service: dict[str, Any]) -> dict[str, str]:
     mounts = {}
     for entry in service.get("volumes", []):
         source, _, target = str(entry).partition(":")
-        if not source.startswith((".", "/", "~")):
+        if not source.startswith((".", "/", "~", "$")):  # bind mounts are not volumes
             mounts[source] = target.split(":")[0]
     return mounts
 
@@ -113,6 +113,17 @@ def test_artifacts_volume_is_shared_at_the_configured_dir(
     used = {v for s in services.values() for v in _named_volumes(s)}
     assert used <= declared
     assert {"redis-data", "artifacts"} <= declared
+
+
+def test_workers_see_the_data_roots_read_only(services: dict[str, Any]) -> None:
+    for name in ("worker-gpu", "worker-cpu"):
+        service = services[name]
+        roots = _env(service)["PDPPO_DATA_ROOTS"].split(",")
+        # source:target[:mode], where the source may be `${VAR:-default}` (a colon of its own)
+        parsed = [re.fullmatch(r"(.+):(/[^:]*)(?::(ro|rw))?", str(v)) for v in service["volumes"]]
+        modes = {m.group(2): m.group(3) for m in parsed if m}
+        for root in roots:
+            assert modes[root] == "ro", (name, root)
 
 
 def test_flower_sits_behind_a_profile(services: dict[str, Any]) -> None:

@@ -291,6 +291,9 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        # One user, one machine: specs may read local models and datasets under the folder
+        # `pdppo dev` runs in, unless PDPPO_DATA_ROOTS says otherwise.
+        env.setdefault("PDPPO_DATA_ROOTS", str(Path.cwd().resolve()))
         return env
 
     def start(self) -> None:

@@ -10,7 +10,7 @@ import time
 import httpx
 
 from tests.integration.conftest import metric_steps, read_events, wait_status
-from tests.integration.stack import smoke_spec
+from tests.integration.stack import Service, smoke_spec
 
 
 def test_submit_runs_to_success_with_a_metrics_event_per_step(alice: httpx.Client) -> None:
@@ -95,9 +95,12 @@ def test_reconnect_after_done_ends_at_once(alice: httpx.Client) -> None:
     assert tail == events[-2:]
 
 
-def test_a_training_error_fails_the_job_with_code_and_message(alice: httpx.Client) -> None:
+def test_a_training_error_fails_the_job_with_code_and_message(
+    alice: httpx.Client, service: Service
+) -> None:
+    missing = f"{service.data_dir}/nonexistent/data.jsonl"  # allowed, but not there
     spec = smoke_spec()
-    spec["train"]["task"] = {"name": "jsonl", "path": "/nonexistent/data.jsonl"}
+    spec["train"]["task"] = {"name": "jsonl", "path": missing}
     job = alice.post("/v1/jobs", json=spec).json()
     events = read_events(alice, job["id"])
     assert events[-1]["data"] == {"status": "failed"}
@@ -105,7 +108,7 @@ def test_a_training_error_fails_the_job_with_code_and_message(alice: httpx.Clien
     assert failed["status"] == "failed"
     assert failed["error"]["code"] == "training_error"
     assert failed["error"]["message"].startswith("FileNotFoundError")
-    assert "/nonexistent/data.jsonl" in failed["error"]["message"]
+    assert missing in failed["error"]["message"]
     assert "Traceback" in failed["error"]["traceback"]
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
 

@@ -178,6 +178,24 @@ def _view_categories(
     return ids, logm.float(), weight.float()
 
 
+@dataclass(frozen=True)
+class _Bucketed:
+    """Probabilities of the explicit categories S (weighted, duplicates zeroed) and of R."""
+
+    p_s: Tensor  # (N, S)
+    m_s: Tensor  # (N, S)
+    p_r: Tensor  # (N,)
+    m_r: Tensor  # (N,)
+
+
+def _bucket(logp_s: Tensor, logm_s: Tensor, w: Tensor) -> _Bucketed:
+    p_s = logp_s.clamp_min(LOG_FLOOR).exp() * w
+    m_s = logm_s.clamp_min(LOG_FLOOR).exp() * w
+    p_r = (1.0 - p_s.sum(-1)).clamp_min(BUCKET_FLOOR)
+    m_r = (1.0 - m_s.sum(-1)).clamp_min(BUCKET_FLOOR)
+    return _Bucketed(p_s, m_s, p_r, m_r)
+
+
 def _lumped(
     logits: Tensor,
     behavior: BehaviorView,
@@ -190,11 +208,8 @@ def _lumped(
     """`binary` and `topk`: categories S (explicit) plus one bucket R for the rest."""
     ids, logm_s, w = _view_categories(behavior, tokens, estimator)
     logp_s = logits.gather(-1, ids).float() - stats.lse.unsqueeze(-1)  # (N, S)
-    p_s = logp_s.clamp_min(LOG_FLOOR).exp() * w
-    m_s = logm_s.clamp_min(LOG_FLOOR).exp() * w
-    big_p, big_m = p_s.sum(-1), m_s.sum(-1)
-    p_r = (1.0 - big_p).clamp_min(BUCKET_FLOOR)
-    m_r = (1.0 - big_m).clamp_min(BUCKET_FLOOR)
+    b = _bucket(logp_s, logm_s, w)
+    p_s, p_r, m_r = b.p_s, b.p_r, b.m_r
     log_ratio_r = p_r.log() - m_r.log()
 
     dlogp_s = None
@@ -214,7 +229,7 @@ def _lumped(
     d_s, g_s = _category_terms(logp_s, logm_s, dlogp_s, w, kind)
     # R's terms written so that no 1 - x cancellation enters TV: pi_R - mu_R = M - P exactly.
     if kind == "tv":
-        diff_r = big_m - big_p
+        diff_r = b.m_s.sum(-1) - p_s.sum(-1)
         d_r = 0.5 * diff_r.abs()
         g_r = None if dp_r is None else 0.5 * torch.sign(diff_r) * dp_r
     elif kind == "kl":
@@ -250,11 +265,8 @@ def _full_vocab(
             logm = behavior.full_logprobs[rows].float()
         else:
             ids_c = ids[rows]
-            p_s = logp.gather(-1, ids_c).clamp_min(LOG_FLOOR).exp() * w[rows]
-            m_s = logm_s[rows].clamp_min(LOG_FLOOR).exp() * w[rows]
-            p_r = (1.0 - p_s.sum(-1)).clamp_min(BUCKET_FLOOR)
-            m_r = (1.0 - m_s.sum(-1)).clamp_min(BUCKET_FLOOR)
-            logm = logp + (m_r.log() - p_r.log()).unsqueeze(-1)
+            b = _bucket(logp.gather(-1, ids_c), logm_s[rows], w[rows])
+            logm = logp + (b.m_r.log() - b.p_r.log()).unsqueeze(-1)
             logm.scatter_(-1, ids_c, logm_s[rows])
         dlogp = None
         if advantages is not None:

@@ -143,17 +143,23 @@ class _Run:
 
     # -- warm-up ------------------------------------------------------------------------
 
-    def warmup(self) -> None:
-        """Supervised steps on right-shaped, random-content completions: format, not task."""
+    def warmup(self) -> bool:
+        """Supervised steps on right-shaped, random-content completions: format, not task.
+
+        False when the callback asked to stop midway: nothing is checkpointed then, so a
+        resumed run finds no checkpoint and starts over, warm-up included."""
         t = self.cfg.task
         if not t.warmup_steps:
-            return
+            return True
         rng = random.Random(self.cfg.seed + 3)
         opt = torch.optim.AdamW([p for _, p in self.lm.trainable()], lr=t.warmup_lr)
         tok = self.lm.tokenizer
         t0 = time.perf_counter()
         loss = torch.tensor(0.0)
         for _ in range(t.warmup_steps):
+            if self.cb.should_stop():
+                self.cb.on_log("stopped during the warm-up")
+                return False
             exs = [self.task.sample(rng) for _ in range(t.warmup_batch_size)]
             prompts = [tok.encode_prompt(e.prompt) for e in exs]
             texts = [
@@ -172,6 +178,7 @@ class _Run:
             f"final loss {float(loss.detach()):.3f}, "
             f"{time.perf_counter() - t0:.1f}s"
         )
+        return True
 
     # -- one RL step --------------------------------------------------------------------
 
@@ -311,7 +318,8 @@ def train(
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(out_dir / "final", ignore_errors=True)
         metrics_path.write_text("")
-        run.warmup()
+        if not run.warmup():
+            return TrainResult(step=0, stopped=True, final_model=None)
     last_saved = run.step if ckpt is not None else -1
     with metrics_path.open("a", encoding="utf-8") as mf:
         while run.step < config.steps:

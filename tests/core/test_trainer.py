@@ -132,6 +132,35 @@ def test_stop_and_resume_reproduces_uninterrupted_run(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_stop_during_warmup_leaves_no_checkpoint_and_resume_starts_over(tmp_path: Path) -> None:
+    """A cancel or worker shutdown mid warm-up must not save a half-warmed model as step 0."""
+
+    class StopInWarmup(TrainerCallback):
+        def __init__(self) -> None:
+            self.asked = 0
+            self.logs: list[str] = []
+
+        def should_stop(self) -> bool:
+            self.asked += 1
+            return self.asked > 3  # three warm-up steps, then stop
+
+        def on_log(self, message: str) -> None:
+            self.logs.append(message)
+
+    cfg = small_config(steps=3, checkpoint_every=1, task={"warmup_steps": 10})
+    cb = StopInWarmup()
+    stopped = train(cfg, tmp_path / "part", callback=cb)
+    assert stopped.stopped and stopped.step == 0 and stopped.final_model is None
+    assert cb.asked == 4 and "stopped during the warm-up" in cb.logs
+    assert latest_checkpoint(tmp_path / "part") is None
+    resumed = train(cfg, tmp_path / "part", resume=True)
+    train(cfg, tmp_path / "full")
+    assert resumed.step == 3
+    assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
+        read_metrics(tmp_path / "full")
+    )
+
+
 def test_resume_without_checkpoint_starts_fresh_and_keeps_last_n(tmp_path: Path) -> None:
     cfg = small_config(steps=5, checkpoint_every=1, keep_checkpoints=2)
     result = train(cfg, tmp_path, resume=True)

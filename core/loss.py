@@ -24,6 +24,7 @@ from core.masks import Mask, ratio_moves_away, trust_region
 class PolicyLossOutput:
     loss: Tensor  # scalar, differentiable
     keep: Tensor  # (N,) bool: the trust-region mask
+    log_ratio: Tensor  # (N,) log pi(a) - log mu(a), detached
     stats: dict[str, float]
 
 
@@ -101,4 +102,4 @@ def policy_loss(
         "ratio_mean": _mean(region.log_ratio.exp(), rmask),
         "entropy": _mean(stats.entropy, rmask),
     }
-    return PolicyLossOutput(loss=loss, keep=region.keep, stats=out)
+    return PolicyLossOutput(loss=loss, keep=region.keep, log_ratio=region.log_ratio, stats=out)

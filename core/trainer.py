@@ -245,10 +245,7 @@ class _Run:
                 )
                 if math.isnan(offpolicy):
                     # how far the sampler was from the trained policy before any update on it
-                    with torch.no_grad():
-                        lp = torch.log_softmax(logits.detach(), -1)
-                        lp_a = lp.gather(-1, mb.tokens[:, None])[:, 0]
-                        offpolicy = float((lp_a - mb.behavior.token_logprobs).abs().mean())
+                    offpolicy = float(out.log_ratio.abs().mean())
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)

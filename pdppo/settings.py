@@ -93,6 +93,35 @@ class Settings(BaseSettings):
         ge=1,
         description="torch.set_num_threads in workers; unset keeps torch's default",
     )
+    cancel_grace_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description=(
+            "a job asked to stop (cancel, timeout, worker shutdown) that has not stopped by itself "
+            "after this long is killed; it then resumes from its last checkpoint"
+        ),
+    )
+    job_timeout_minutes: float = Field(
+        default=24 * 60,
+        gt=0,
+        description="wall-clock limit of a job that sets no resources.timeout_minutes",
+    )
+    max_job_timeout_minutes: float = Field(
+        default=7 * 24 * 60,
+        gt=0,
+        description="the largest resources.timeout_minutes a spec may ask for (422 above)",
+    )
+    job_memory_limit_mb: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "address-space limit of a CPU job's process (RLIMIT_AS), so a job that runs out of "
+            "memory fails as out_of_memory instead of drawing the kernel's OOM killer onto the "
+            "worker; unset: 80% of the machine's memory, 0: no limit. Not applied to CUDA jobs, "
+            "whose driver reserves far more address space than it uses"
+        ),
+    )
     log_level: str = Field(default="INFO", description="log level of the API and workers")
     data_roots: str = Field(
         default="",

@@ -23,6 +23,16 @@ class Resources(BaseModel):
     device: Literal["cpu", "gpu"] = Field(
         default="cpu", description="Worker queue the job runs on."
     )
+    timeout_minutes: float | None = Field(
+        default=None,
+        gt=0,
+        le=10_000_000,
+        description=(
+            "Wall-clock limit of one run of the job; past it the job stops, keeps its "
+            "checkpoint and fails with error code `timeout`. Unset: the server's default "
+            "(PDPPO_JOB_TIMEOUT_MINUTES); at most the server's PDPPO_MAX_JOB_TIMEOUT_MINUTES."
+        ),
+    )
 
 
 class JobSpec(BaseModel):

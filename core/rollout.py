@@ -13,6 +13,7 @@ token t of every row sits at column P + t and is predicted by the logits at colu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,11 @@ from torch import Tensor
 
 from core.behavior import BehaviorView
 from core.models.base import CausalLM
+
+
+class StopRequested(Exception):
+    """Raised from inside a long step when the caller asked to stop: a rollout of thousands of
+    rows or tokens can take minutes, and a cancel must not wait for it to finish."""
 
 
 @dataclass
@@ -105,8 +111,11 @@ def generate(
     top_k: int = 20,
     keep_full: bool = False,
     generator: torch.Generator | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RolloutBatch:
-    """Sample one completion per prompt, stopping each row at EOS."""
+    """Sample one completion per prompt, stopping each row at EOS.
+
+    `should_stop` is asked before every token; True raises `StopRequested` (nothing is kept)."""
     device = lm.device
     tok = lm.tokenizer
     ids, mask = left_pad(prompts, tok.pad_id, device)  # (B, P)
@@ -117,6 +126,8 @@ def generate(
     logits, cache = lm.forward(ids, mask, pos, keep_last=1)
     next_pos = pos[:, -1] + 1
     for _ in range(max_new_tokens):
+        if should_stop is not None and should_stop():
+            raise StopRequested("stopped during generation")
         logp = sampling_logprobs(logits[:, -1], temperature, top_p)  # (B, V) fp32
         a = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]  # (B,)
         a = torch.where(finished, torch.full_like(a, tok.pad_id), a)

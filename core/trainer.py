@@ -32,7 +32,7 @@ from core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from core.config import TrainConfig
 from core.loss import policy_loss
 from core.models import CausalLM, load_model
-from core.rollout import RolloutBatch, generate, left_pad, response_logits
+from core.rollout import RolloutBatch, StopRequested, generate, left_pad, response_logits
 from core.tasks import Example, Task, make_task
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,10 @@ class TrainerCallback:
         """A human-readable line about the run (warm-up, resume, final model)."""
 
     def should_stop(self) -> bool:
-        """Checked between steps; True saves a checkpoint and ends the run cleanly."""
+        """True ends the run cleanly. Asked between steps, before every generated token and
+        before every minibatch update, so it must be cheap (no network round trip). A stop
+        between steps or during a rollout checkpoints the last completed step; a stop in the
+        middle of a step's updates discards that step and keeps the latest checkpoint."""
         return False
 
 
@@ -106,6 +109,7 @@ class _Run:
         # snapshots[0] is the policy the next rollout samples from (staleness steps old)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.rollout.staleness + 1)
         self.step = 0
+        self.dirty = False  # the weights hold part of an unfinished step's update
 
     # -- state --------------------------------------------------------------------------
 
@@ -117,6 +121,26 @@ class _Run:
             "torch_rng": torch.get_rng_state(),
             "snapshots": [{k: v.cpu() for k, v in s.items()} for s in self.snapshots],
         }
+
+    def _mark(self) -> tuple[Any, ...]:
+        """What a step consumes before its first update (RNG draws, a rollout snapshot): enough
+        to rewind a step stopped during its rollout, so its checkpoint equals the last step's."""
+        return (
+            self.prompt_rng.getstate(),
+            self.sample_gen.get_state(),
+            self.shuffle_gen.get_state(),
+            torch.get_rng_state(),
+            list(self.snapshots),
+        )
+
+    def _rewind(self, mark: tuple[Any, ...]) -> None:
+        prompt, sample, shuffle, torch_rng, snapshots = mark
+        self.prompt_rng.setstate(prompt)
+        self.sample_gen.set_state(sample)
+        self.shuffle_gen.set_state(shuffle)
+        torch.set_rng_state(torch_rng)
+        self.snapshots.clear()
+        self.snapshots.extend(snapshots)
 
     def restore(self, state: dict[str, Any]) -> None:
         self.prompt_rng.setstate(_as_random_state(state["prompt_rng"]))
@@ -200,6 +224,7 @@ class _Run:
             top_k=self.cfg.algorithm.top_k,
             keep_full=self.cfg.algorithm.estimator == "exact",
             generator=self.sample_gen,
+            should_stop=self.cb.should_stop,
         )
         _sync(self.device)
         elapsed = time.perf_counter() - t0
@@ -227,6 +252,8 @@ class _Run:
         for _epoch in range(a.epochs):
             order = torch.randperm(b, generator=self.shuffle_gen).to(self.device)
             for i in range(a.minibatches):
+                if self.cb.should_stop():
+                    raise StopRequested("stopped between minibatch updates")
                 rows = order[i * per_mb : (i + 1) * per_mb].sort().values
                 mb = batch.select(rows)
                 adv_tok = adv_seq[rows][:, None].expand_as(mb.response_mask)[mb.response_mask]
@@ -249,6 +276,7 @@ class _Run:
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+                self.dirty = True
                 self.optimizer.step()
                 grad_norms.append(float(gn))
                 w = float(len(mb.tokens))
@@ -265,16 +293,29 @@ class _Run:
         return metrics
 
     def run_step(self) -> dict[str, float]:
+        """One step; a `StopRequested` from inside leaves the run as after the last step, or
+        `dirty` when an update had already begun."""
         t0 = time.perf_counter()
-        batch, _group, rewards, rollout_time = self.rollout()
+        mark = self._mark()
+        try:
+            batch, _group, rewards, rollout_time = self.rollout()
+        except StopRequested:
+            self._rewind(mark)
+            raise
         adv = group_advantages(
             rewards, self.cfg.rollout.group_size, self.cfg.algorithm.normalize_std
         )
         t1 = time.perf_counter()
-        metrics = self.update(batch, adv)
+        try:
+            metrics = self.update(batch, adv)
+        except StopRequested:
+            if not self.dirty:
+                self._rewind(mark)
+            raise
         _sync(self.device)
         update_time = time.perf_counter() - t1
         self.step += 1
+        self.dirty = False
         n_tokens = int(batch.response_mask.sum())
         if self.device.type == "cuda":
             metrics["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -325,7 +366,23 @@ def train(
                     run.checkpoint()
                 cb.on_log(f"stopped at step {run.step}")
                 return TrainResult(step=run.step, stopped=True, final_model=None)
-            metrics = run.run_step()
+            try:
+                metrics = run.run_step()
+            except StopRequested as stop:
+                if run.dirty:
+                    kept = (
+                        f"the latest checkpoint (step {last_saved}) is kept"
+                        if last_saved >= 0
+                        else "there is no checkpoint yet"
+                    )
+                    cb.on_log(
+                        f"{stop} of step {run.step + 1}; its partial update is discarded; {kept}"
+                    )
+                    return TrainResult(step=run.step, stopped=True, final_model=None)
+                if last_saved != run.step:
+                    run.checkpoint()
+                cb.on_log(f"{stop} of step {run.step + 1}; stopped at step {run.step}")
+                return TrainResult(step=run.step, stopped=True, final_model=None)
             _check_finite(metrics)
             mf.write(json.dumps(metrics) + "\n")
             mf.flush()

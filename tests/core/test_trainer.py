@@ -241,3 +241,70 @@ def test_algorithm_and_sampling_variants_train_with_finite_metrics(
     assert result.step == 2
     rows = read_metrics(tmp_path)
     assert all(math.isfinite(v) for r in rows for v in r.values())
+
+
+class StopInside(Recorder):
+    """Asks to stop from inside step `step` once the trainer is in `where` (the function that
+    asked: `generate` for the rollout, `update` for the minibatch loop)."""
+
+    def __init__(self, step: int, where: str) -> None:
+        super().__init__()
+        self.step, self.where = step, where
+        self.logs: list[str] = []
+
+    def should_stop(self) -> bool:
+        import inspect
+
+        callers = [frame.function for frame in inspect.stack()[1:4]]
+        return len(self.steps) == self.step - 1 and self.where in callers
+
+    def on_log(self, message: str) -> None:
+        self.logs.append(message)
+
+
+@pytest.mark.parametrize("extra", [{}, {"rollout": {"staleness": 2}}], ids=["plain", "stale"])
+def test_stop_during_a_rollout_checkpoints_the_last_step_and_resumes_exactly(
+    tmp_path: Path, extra: dict[str, Any]
+) -> None:
+    """A cancel in the middle of a long generation takes effect at once; the checkpoint it
+    writes is the previous step's, as if the stop had come between steps."""
+    cfg = small_config(steps=5, checkpoint_every=0, **extra)
+    train(cfg, tmp_path / "full")
+    cb = StopInside(step=3, where="generate")
+    stopped = train(cfg, tmp_path / "part", callback=cb)
+    assert stopped.stopped and stopped.step == 2 and cb.steps == [1, 2]
+    assert cb.checkpoints == [2]
+    assert "stopped during generation of step 3; stopped at step 2" in cb.logs
+    resumed = train(cfg, tmp_path / "part", resume=True)
+    assert resumed.step == 5
+    assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
+        read_metrics(tmp_path / "full")
+    )
+
+
+def test_stop_between_minibatches_discards_the_partial_update(tmp_path: Path) -> None:
+    """Once a step's first minibatch has updated the weights, its state is no step's: nothing is
+    saved, and a resume redoes the step from the latest checkpoint."""
+    cfg = small_config(steps=4, checkpoint_every=1, algorithm={"minibatches": 4})
+    train(cfg, tmp_path / "full")
+
+    class SecondMinibatch(StopInside):
+        calls = 0
+
+        def should_stop(self) -> bool:
+            if super().should_stop():
+                self.calls += 1
+            return self.calls >= 2  # the first minibatch has run, the second is next
+
+    cb = SecondMinibatch(step=3, where="update")
+    stopped = train(cfg, tmp_path / "part", callback=cb)
+    assert stopped.stopped and stopped.step == 2 and cb.checkpoints == [1, 2]
+    assert cb.logs[-1] == (
+        "stopped between minibatch updates of step 3; its partial update is discarded; "
+        "the latest checkpoint (step 2) is kept"
+    )
+    assert latest_checkpoint(tmp_path / "part") == tmp_path / "part" / "checkpoints" / "step-000002"
+    train(cfg, tmp_path / "part", resume=True)
+    assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
+        read_metrics(tmp_path / "full")
+    )

@@ -1,4 +1,4 @@
-"""The Celery task (`pdppo.train`) and the worker-start hooks (torch threads, the reaper)."""
+"""The Celery task (`pdppo.train`) and the worker-start hooks (the job fork server, the reaper)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from pdppo.jobstore import JobStore
 from pdppo.settings import get_settings
 from workers.celery_app import TRAIN_TASK, celery_app
+from workers.job_process import job_context
 from workers.reaper import start_reaper
 from workers.runner import SHUTTING_DOWN, redis_client, run_job
 
@@ -29,10 +30,7 @@ def train_job(job_id: str) -> str:
 @worker_ready.connect
 def _on_worker_ready(**_: Any) -> None:
     settings = get_settings()
-    if settings.worker_torch_threads:
-        import torch
-
-        torch.set_num_threads(settings.worker_torch_threads)
+    job_context()  # the fork server imports torch and the trainer now, not at the first job
     start_reaper(
         JobStore(redis_client()),
         interval=max(1.0, settings.lease_seconds / 2),

@@ -1,0 +1,202 @@
+"""A job cannot take its worker down or ignore a stop: it trains in a process of its own, which
+the worker asks to stop (cancel, timeout), kills when it does not, and outlives when it dies."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import read_events, wait_for, wait_status
+from tests.integration.stack import Service, smoke_spec
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+LONG = {"steps": 5000, "checkpoint_every": 0}
+
+
+def job_pid(service: Service, job_id: str, worker: int = 0, timeout: float = 30) -> int:
+    """The job process's pid, as the worker logs it when it starts the job."""
+    pattern = re.compile(rf"job {job_id}: training in process (\d+)")
+    deadline = time.monotonic() + timeout
+    while not (found := pattern.findall(service.worker_log(worker))):
+        assert time.monotonic() < deadline, service.worker_log(worker)[-3000:]
+        time.sleep(0.1)
+    return int(found[-1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status").read_text()  # a zombie is dead, only not yet reaped
+    return "\nState:\tZ" not in status
+
+
+def wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} is still alive"
+        time.sleep(0.05)
+
+
+def logs(client: httpx.Client, job_id: str) -> list[str]:
+    return [e["data"]["message"] for e in read_events(client, job_id) if e["event"] == "log"]
+
+
+def smoke_succeeds(client: httpx.Client) -> None:
+    """The worker that just lost a job takes the next one and finishes it."""
+    job = client.post("/v1/jobs", json=smoke_spec()).json()
+    done = wait_status(client, job["id"], TERMINAL, timeout=90)
+    assert done["status"] == "succeeded", done
+
+
+def big_rollout() -> dict[str, Any]:
+    """A step whose token loop runs for seconds of CPU: 1024 rows of a wider model, 24 tokens
+    each (some row is still alive at the last token, so no early end)."""
+    spec = smoke_spec(**LONG)
+    spec["train"]["model"]["tiny"] = {
+        "d_model": 256,
+        "n_layers": 4,
+        "n_heads": 4,
+        "max_seq_len": 64,
+    }
+    spec["train"]["rollout"].update(prompts_per_step=32, group_size=32, max_new_tokens=24)
+    return spec
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_cancel_lands_inside_a_long_rollout(alice: httpx.Client, service: Service) -> None:
+    """Model set-up and the prompts' prefill take about 3.5 s of CPU here, each token about
+    0.25 s more: at 5 s the job is in the middle of sampling step 1."""
+    job = alice.post("/v1/jobs", json=big_rollout()).json()
+    pid = job_pid(service, job["id"], timeout=60)
+    deadline = time.monotonic() + 60
+    while cpu_seconds(pid) < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    asked = time.monotonic()
+    assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
+    done = wait_status(alice, job["id"], TERMINAL, timeout=30)
+    took = time.monotonic() - asked
+
+    assert done["status"] == "cancelled", done
+    assert took < 3, f"cancel took {took:.1f}s"
+    assert done["progress"]["step"] == 0
+    messages = logs(alice, job["id"])
+    assert "stopped during generation of step 1; stopped at step 0" in messages
+    assert "cancelled (at step 0)" in messages
+
+
+def test_a_job_that_ignores_the_stop_is_killed_and_the_worker_goes_on(
+    alice: httpx.Client, service: Service
+) -> None:
+    """SIGSTOP freezes the job process mid-step, as a hung kernel call or a FIFO read would:
+    it can no longer stop by itself, so the worker kills it after the grace period (5 s)."""
+    job = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
+    wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 2)
+    pid = job_pid(service, job["id"])
+    os.kill(pid, signal.SIGSTOP)
+    worker = service.workers[0].pid
+
+    asked = time.monotonic()
+    assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
+    done = wait_status(alice, job["id"], TERMINAL, timeout=30)
+    took = time.monotonic() - asked
+
+    assert done["status"] == "cancelled", done
+    assert 4.5 < took < 10, f"cancel took {took:.1f}s"
+    assert "cancelled (killed after the grace period)" in logs(alice, job["id"])
+    wait_gone(pid, 5)
+    assert alive(worker)
+    smoke_succeeds(alice)
+
+
+def test_a_job_killed_by_a_signal_fails_as_killed_and_the_worker_survives(
+    alice: httpx.Client, service: Service
+) -> None:
+    job = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
+    wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 2)
+    os.kill(job_pid(service, job["id"]), signal.SIGKILL)  # what the kernel's OOM killer does
+
+    done = wait_status(alice, job["id"], TERMINAL, timeout=30)
+    assert done["status"] == "failed", done
+    assert done["error"]["code"] == "killed"
+    assert done["error"]["message"].startswith("the job's process was killed by SIGKILL")
+    events = read_events(alice, job["id"])
+    assert events[-1]["data"] == {"status": "failed"}
+    assert any(
+        e["event"] == "log" and e["data"]["message"].startswith("failed (killed): ") for e in events
+    )
+    assert service.workers[0].poll() is None
+    smoke_succeeds(alice)
+
+
+def test_timeout_fails_the_job_and_keeps_its_checkpoint(alice: httpx.Client) -> None:
+    spec = smoke_spec(steps=100_000, checkpoint_every=5, keep_checkpoints=2)
+    spec["resources"]["timeout_minutes"] = 0.1  # 6 s
+    job = alice.post("/v1/jobs", json=spec).json()
+    started = wait_status(alice, job["id"], "running")
+    assert started["spec"]["resources"]["timeout_minutes"] == 0.1
+
+    done = wait_status(alice, job["id"], TERMINAL, timeout=60)
+    assert done["status"] == "failed", done
+    assert done["error"]["code"] == "timeout"
+    step = done["progress"]["step"]
+    assert 5 <= step < 100_000
+    assert done["error"]["message"] == (
+        f"the job ran past its timeout of 0.1 minutes and was stopped at step {step}; "
+        "its checkpoints are kept"
+    )
+    points = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
+    assert points and points[-1]["step"] == step  # the stop itself saved the last step
+
+
+def test_a_killed_worker_takes_its_job_process_with_it(
+    make_service: Callable[..., Service],
+) -> None:
+    """kill -9 of the worker: its job process exits at once instead of writing on behind the
+    job's next holder."""
+    svc = make_service()
+    svc.start_api()
+    worker = svc.start_worker()
+    with svc.client("alice") as alice:
+        job = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
+        wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 2)
+        pid = job_pid(svc, job["id"])
+        svc.kill_worker(worker)
+        wait_gone(pid, 3)
+        alice.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_to_the_workers_group_do_not_reach_the_job(
+    make_service: Callable[..., Service], sig: signal.Signals
+) -> None:
+    """`pdppo dev` stops a worker by signalling its process group: the job still checkpoints
+    and is handed back, because only its worker decides when it stops."""
+    svc = make_service()
+    svc.start_api()
+    worker = svc.start_worker()
+    with svc.client("alice") as alice:
+        job = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
+        wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 2)
+        os.killpg(worker.pid, sig)
+        assert worker.wait(30) == 0, svc.worker_log()[-3000:]
+        handed = alice.get(f"/v1/jobs/{job['id']}").json()
+        assert handed["status"] == "queued", handed
+        points = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [handed["progress"]["step"]]
+        alice.post(f"/v1/jobs/{job['id']}/cancel")

@@ -405,7 +405,9 @@ class AsyncJobStore:
                 now_iso(),
                 _status_data("cancelled"),
                 json.dumps({"status": "cancelled"}),
-                _log_data("cancel requested; the job stops after its current step"),
+                _log_data(
+                    "cancel requested; the job stops within seconds, keeping its last checkpoint"
+                ),
             ],
         )
         return str(outcome)

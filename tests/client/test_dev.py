@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -15,98 +12,10 @@ import pytest
 
 from pdppo.client import Client
 from tests.client.conftest import write_spec
-from tests.integration.stack import pdppo_command, smoke_spec
+from tests.client.dev_process import DevProcess, descendants, running
+from tests.integration.stack import smoke_spec
 
 pytestmark = pytest.mark.integration
-
-
-class DevProcess:
-    """`pdppo dev` in its own session (as a shell runs it), its output collected line by line."""
-
-    def __init__(self, args: list[str], cwd: Path, sigint_ignored: bool = False) -> None:
-        # A shell starts background jobs with SIGINT ignored; Ctrl-C must still work then.
-        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-        self.proc = subprocess.Popen(
-            [*pdppo_command(), "dev", *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            preexec_fn=ignore,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "PDPPO_WORKER_TORCH_THREADS": "1"},
-        )
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float = 180) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.output)
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                time.sleep(0.2)  # let the reader drain the pipe
-                found = re.search(pattern, self.output)
-                if found:
-                    return found
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no {pattern!r} in pdppo dev output:\n{self.output[-4000:]}")
-
-    def url_and_key(self) -> tuple[str, str]:
-        url = self.wait_for(r"API\s+(http://\S+)").group(1)
-        key = self.wait_for(r"API key\s+(\S+)").group(1)
-        return url, key
-
-    def stop(self, sig: int) -> int:
-        os.kill(self.proc.pid, sig)
-        return self.proc.wait(60)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid`, from /proc (children of children included)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has exited; only its exit status is left to collect)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> None:

@@ -4,17 +4,98 @@ Plain pydantic (no torch import) so that the API can validate a job spec without
 trainer. Groups mirror the parts of a run: which model, which task, how rollouts are sampled (and
 how far the behavior policy drifts from the trained one), which trust-region mask, the optimizer,
 and run-level knobs. Validation messages name the field and the offending value.
+
+One spec must not be able to take a shared worker down, so validation is strict:
+
+- no coercion: `"3"` is not an int, `true` is not a number, `"true"` is not a bool (an int is
+  still a valid float);
+- no NaN or infinity in any number (`FiniteFloat`: "must be finite"), wherever it comes from
+  (JSON `NaN`/`Infinity`, `1e400`, YAML `.inf`);
+- every number has finite bounds: the limits below are generous (far past any sensible run) and
+  only keep out values that are nonsense or crash the trainer (a temperature of 1e-300 turns the
+  sampler's log-probs into NaN, a 24-digit seed overflows torch's seeding). Whether a job fits a
+  worker's memory is a separate check;
+- no control characters (`CleanStr`) in names and paths, which end up in logs and file systems.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+import unicodedata
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+SEED_OFFSETS = 3
+"""The trainer seeds its generators with seed, seed + 1, seed + 2 and seed + 3."""
+
+MAX_SEED = 2**63 - 1 - SEED_OFFSETS
+"""Largest seed: seed + SEED_OFFSETS must still fit torch's signed 64-bit seed."""
+
+MAX_PATH_CHARS = 4096
+"""Longest model name or dataset path (Linux PATH_MAX)."""
+
+
+def _finite(value: Any, handler: ValidatorFunctionWrapHandler) -> float:
+    """NaN and infinity pass `gt`/`le` checks in surprising ways (NaN fails `le` with a misleading
+    message, inf passes `ge=0` and serializes as null); refuse them first, with a clear message.
+    An int too large for a double is refused the same way."""
+    if isinstance(value, float) and not math.isfinite(value):
+        shown = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        raise PydanticCustomError("finite_number", "must be finite (got {value})", {"value": shown})
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise PydanticCustomError(
+                "finite_number", "must be finite (got an integer too large for a float)"
+            ) from None
+    result: float = handler(value)
+    return result
+
+
+FINITE = WrapValidator(_finite)
+"""The finiteness check alone, for bounds inside an Optional: `Annotated[float, Field(gt=0),
+FINITE] | None` (bounds first, so that the JSON schema shows them as minimum/maximum)."""
+
+FiniteFloat = Annotated[float, FINITE]
+"""A float that is never NaN or infinite (an int is accepted and becomes a float)."""
+
+
+def _no_control_chars(value: str, what: str = "") -> str:
+    """Control characters (C0 incl. NUL, tab and newlines, DEL, C1) have no business in a name or
+    a path: they forge log lines, truncate C strings and make file names unreadable."""
+    for i, char in enumerate(value):
+        if unicodedata.category(char) == "Cc":
+            raise PydanticCustomError(
+                "control_character",
+                "{what}must not contain control characters (found {char} at position {pos})",
+                {"what": what, "char": f"U+{ord(char):04X}", "pos": i},
+            )
+    return value
+
+
+NO_CONTROL_CHARS = AfterValidator(_no_control_chars)
+"""The control-character check alone, for a length limit inside an Optional: `Annotated[str,
+Field(max_length=9), NO_CONTROL_CHARS] | None` (limit first, or its message speaks of "items")."""
+
+CleanStr = Annotated[str, NO_CONTROL_CHARS]
+"""A string without control characters."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # allow_inf_nan=False also guards float fields that are not declared FiniteFloat
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True, allow_inf_nan=False)
 
 
 class TinyModelConfig(_Strict):
@@ -47,23 +128,42 @@ class LoraConfig(_Strict):
     """Low-rank adapters through peft; only the adapters train, the base stays frozen."""
 
     r: int = Field(default=8, ge=1, le=1024, description="Adapter rank.")
-    alpha: float = Field(
-        default=16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r)."
+    alpha: FiniteFloat = Field(
+        default=16.0, gt=0, le=65536, description="LoRA scaling numerator (scale = alpha / r)."
     )
-    dropout: float = Field(
+    dropout: FiniteFloat = Field(
         default=0.0,
         ge=0.0,
         lt=1.0,
         description="Adapter dropout. Non-zero makes pi differ from mu by noise alone.",
     )
     target_modules: list[str] | Literal["all-linear"] = Field(
-        default="all-linear", description="Module names to adapt, or 'all-linear'."
+        default="all-linear",
+        max_length=1024,
+        description="Module names to adapt (at most 1024, each 1-200 characters), or 'all-linear'.",
     )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, value: list[str] | str) -> list[str] | str:
+        """Checked here rather than by an annotated item type, whose errors inside the union
+        would be located by a long type repr instead of the field."""
+        if isinstance(value, list):
+            for i, name in enumerate(value):
+                if not 1 <= len(name) <= 200:
+                    raise PydanticCustomError(
+                        "string_length",
+                        "entry {i} must have 1 to 200 characters, not {n}",
+                        {"i": i, "n": len(name)},
+                    )
+                _no_control_chars(name, f"entry {i} ")
+        return value
 
 
 class ModelConfig(_Strict):
-    name: str = Field(
+    name: CleanStr = Field(
         default="builtin:tiny",
+        max_length=MAX_PATH_CHARS,
         description="'builtin:tiny' (made locally, no download) or 'hf:<local path or hub id>'.",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
@@ -108,7 +208,7 @@ class TaskConfig(_Strict):
         le=32,
         description="Longest digit string (sort/copy/reverse) or operand digits.",
     )
-    path: str | None = Field(
+    path: Annotated[str, Field(max_length=MAX_PATH_CHARS), NO_CONTROL_CHARS] | None = Field(
         default=None, description="JSONL file with one {prompt, answer} per line."
     )
     match: Literal["exact", "numeric", "regex"] = Field(
@@ -118,8 +218,8 @@ class TaskConfig(_Strict):
             "answer is a regex that must fully match the stripped completion."
         ),
     )
-    numeric_tolerance: float = Field(
-        default=1e-6, ge=0, description="Absolute tolerance for 'numeric'."
+    numeric_tolerance: FiniteFloat = Field(
+        default=1e-6, ge=0, le=1e12, description="Absolute tolerance for 'numeric'."
     )
     warmup_steps: int = Field(
         default=0,
@@ -137,8 +237,12 @@ class TaskConfig(_Strict):
             "whole task), 'answer' = the true answers (a partial head start that RL improves)."
         ),
     )
-    warmup_lr: float = Field(default=3e-3, gt=0, description="Learning rate of the format warm-up.")
-    warmup_batch_size: int = Field(default=32, ge=1, description="Examples per warm-up step.")
+    warmup_lr: FiniteFloat = Field(
+        default=3e-3, gt=0, le=1, description="Learning rate of the format warm-up."
+    )
+    warmup_batch_size: int = Field(
+        default=32, ge=1, le=65536, description="Examples per warm-up step."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -157,25 +261,32 @@ class TaskConfig(_Strict):
 
 class RolloutConfig(_Strict):
     prompts_per_step: int = Field(
-        default=16, ge=1, description="Distinct prompts per rollout batch."
+        default=16, ge=1, le=65536, description="Distinct prompts per rollout batch."
     )
     group_size: int = Field(
         default=8,
         ge=2,
+        le=4096,
         description="Completions per prompt (GRPO group); advantages are within group.",
     )
     max_new_tokens: int = Field(default=8, ge=1, le=4096, description="Cap on generated tokens.")
-    temperature: float = Field(
+    temperature: FiniteFloat = Field(
         default=1.0,
-        gt=0,
+        ge=0.01,
         le=10,
-        description="Sampling temperature; the trainer scores pi at it too.",
+        description=(
+            "Sampling temperature; the trainer scores pi at it too. At least 0.01: logits / "
+            "temperature must stay finite in fp32 (near 0 use a small value, not greedy)."
+        ),
     )
-    top_p: float = Field(
+    top_p: FiniteFloat = Field(
         default=1.0,
-        gt=0,
+        ge=1e-6,
         le=1,
-        description="Nucleus sampling; mu is the truncated, renormalized policy.",
+        description=(
+            "Nucleus sampling; mu is the truncated, renormalized policy. At least 1e-6 (below "
+            "fp32's resolution every token would be cut and the log-probs become NaN)."
+        ),
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32",
@@ -200,32 +311,45 @@ class AlgorithmConfig(_Strict):
         default="topk",
         description="How D is estimated from the rollout's view; 'exact' stores full log-probs.",
     )
-    delta_low: float = Field(
-        default=0.15, gt=0, description="Threshold for A < 0 (eps_low for ppo_clip)."
+    delta_low: FiniteFloat = Field(
+        default=0.15, gt=0, le=100, description="Threshold for A < 0 (eps_low for ppo_clip)."
     )
-    delta_high: float = Field(
-        default=0.15, gt=0, description="Threshold for A > 0 (eps_high for ppo_clip)."
+    delta_high: FiniteFloat = Field(
+        default=0.15, gt=0, le=100, description="Threshold for A > 0 (eps_high for ppo_clip)."
     )
     top_k: int = Field(default=20, ge=1, le=1000, description="Top-K log-probs kept per token.")
-    is_cap: float = Field(default=1e4, gt=0, description="Truncated-IS cap c on sg(pi/mu).")
+    is_cap: FiniteFloat = Field(
+        default=1e4, gt=0, le=1e12, description="Truncated-IS cap c on sg(pi/mu)."
+    )
     normalize_std: bool = Field(
         default=False, description="Divide group advantages by the group's reward std."
     )
     minibatches: int = Field(
         default=1,
         ge=1,
+        le=65536,
         description="Optimizer steps per rollout batch per epoch (off-policy after 1).",
     )
     epochs: int = Field(default=1, ge=1, le=100, description="Passes over each rollout batch.")
 
 
 class OptimConfig(_Strict):
-    lr: float = Field(default=1e-3, gt=0, le=1, description="AdamW learning rate.")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
-    beta2: float = Field(default=0.999, ge=0, lt=1, description="AdamW beta2.")
-    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
-    max_grad_norm: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    lr: FiniteFloat = Field(default=1e-3, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: FiniteFloat = Field(default=0.0, ge=0, le=10, description="AdamW weight decay.")
+    beta1: FiniteFloat = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: FiniteFloat = Field(default=0.999, ge=0, lt=1, description="AdamW beta2.")
+    eps: FiniteFloat = Field(
+        default=1e-8,
+        ge=1e-16,
+        le=1,
+        description=(
+            "AdamW epsilon. At least 1e-16: a smaller one rounds to 0 in fp32, and a parameter "
+            "without gradient then divides 0 by 0 (NaN weights)."
+        ),
+    )
+    max_grad_norm: FiniteFloat = Field(
+        default=1.0, gt=0, le=1e9, description="Global gradient-norm clip."
+    )
 
 
 class TrainConfig(_Strict):
@@ -242,12 +366,18 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(
         default=50,
         ge=0,
+        le=10_000_000,
         description="Write a checkpoint every N steps (0: only at the end or on stop).",
     )
     keep_checkpoints: int = Field(
-        default=3, ge=1, description="How many most recent checkpoints to keep on disk."
+        default=3, ge=1, le=1000, description="How many most recent checkpoints to keep on disk."
     )
-    seed: int = Field(default=0, ge=0, description="Seeds model init, prompts and sampling.")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_SEED,
+        description="Seeds model init, prompts and sampling (at most 2**63 - 4).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="'auto' picks CUDA when available."
     )

@@ -13,8 +13,10 @@ a flaky proxy or a restarted API costs a pause, not a gap or a duplicate.
 from __future__ import annotations
 
 import builtins
+import functools
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -125,6 +127,32 @@ class CheckpointList(BaseModel):
     final_model_url: str | None = None
 
 
+class ValidationProblem(BaseModel):
+    """One reason the server would refuse a spec: the field, what it is, estimate and limit."""
+
+    model_config = ConfigDict(extra="allow")
+
+    field: str
+    kind: str = ""
+    message: str = ""
+    estimate: int | None = None
+    limit: int | None = None
+
+
+class Validation(BaseModel):
+    """`POST /v1/jobs:validate`: what a job would cost and whether `submit` would take it.
+
+    `estimate` and `limits` are kept as plain JSON (the server owns their schema);
+    `core.budget.render` and `render_limits` print them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: bool
+    estimate: dict[str, Any] = Field(default_factory=dict)
+    limits: dict[str, Any] = Field(default_factory=dict)
+    problems: builtins.list[ValidationProblem] = Field(default_factory=builtins.list)
+
+
 @dataclass(frozen=True)
 class Event:
     """One server-sent event of a job's stream."""
@@ -141,15 +169,83 @@ class Event:
 SpecLike = Mapping[str, Any] | BaseModel | Path
 
 
-def spec_to_dict(spec: SpecLike) -> dict[str, Any]:
-    """Turns a spec given as a mapping, a pydantic model or a YAML/JSON file into JSON data."""
-    if isinstance(spec, Path):
-        import yaml
+# YAML 1.2 floats with an exponent that YAML 1.1 (PyYAML) reads as strings: 1e-5, 2E3, .5e-3
+_YAML12_EXPONENT_FLOAT = re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+)
 
-        loaded = yaml.safe_load(spec.read_text())
+
+@functools.cache
+def _spec_loader() -> type:
+    import yaml
+
+    class SpecLoader(yaml.SafeLoader):
+        """SafeLoader (its resolvers are copied, not shared) that also reads 1e-5 as a float."""
+
+    SpecLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", _YAML12_EXPONENT_FLOAT, list("-+0123456789.")
+    )
+    return SpecLoader
+
+
+def spec_yaml_load(text: str) -> Any:
+    """YAML as a spec file means it: `lr: 1e-5` is a number (YAML 1.2), not the string that
+    PyYAML's YAML 1.1 rules make of it (they want a dot and a signed exponent: `1.0e-5`). Specs
+    are validated strictly (no string-to-number coercion), so the file must yield numbers."""
+    import yaml
+
+    return yaml.load(text, Loader=_spec_loader())
+
+
+def _looks_like_path(value: str, base_dir: Path) -> bool:
+    if value.startswith((".", "/", "~")):
+        return True
+    try:
+        return (base_dir / value).exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
+def _absolute(value: str, base_dir: Path) -> str:
+    """Absolute values are left as written (after `~` expansion); relative ones join the folder."""
+    expanded = os.path.expanduser(value)
+    if os.path.isabs(expanded):
+        return expanded
+    return os.path.normpath(os.path.join(base_dir, expanded))
+
+
+def resolve_spec_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """`data` with its relative local paths made absolute against `base_dir`, the folder of the
+    spec file, so that `pdppo train` and `pdppo submit` read the same files whatever the
+    current directory. `train.task.path` is always a path; `hf:X` in `train.model.name` is a path
+    when X starts with `.`, `/` or `~` or exists next to the spec file, and a hub id (left as is)
+    otherwise. Values of the wrong type are left for validation to refuse."""
+    train = data.get("train")
+    if not isinstance(train, dict):
+        return data
+    train = dict(train)
+    task = train.get("task")
+    if isinstance(task, dict) and isinstance(task.get("path"), str) and task["path"]:
+        train["task"] = {**task, "path": _absolute(task["path"], base_dir)}
+    model = train.get("model")
+    if isinstance(model, dict) and isinstance(model.get("name"), str):
+        name: str = model["name"]
+        source = name.removeprefix("hf:")
+        if name.startswith("hf:") and source and _looks_like_path(source, base_dir):
+            train["model"] = {**model, "name": "hf:" + _absolute(source, base_dir)}
+    return {**data, "train": train}
+
+
+def spec_to_dict(spec: SpecLike) -> dict[str, Any]:
+    """Turns a spec given as a mapping, a pydantic model or a YAML/JSON file into JSON data.
+
+    A file's relative dataset and model paths are resolved against the file's folder
+    (`resolve_spec_paths`), as `pdppo train` does (`pdppo.spec.load_spec`)."""
+    if isinstance(spec, Path):
+        loaded = spec_yaml_load(spec.read_text())
         if not isinstance(loaded, dict):
             raise ValueError(f"{spec}: a job spec must be a mapping, got {type(loaded).__name__}")
-        return loaded
+        return resolve_spec_paths(loaded, spec.absolute().parent)
     if isinstance(spec, BaseModel):
         dumped: dict[str, Any] = spec.model_dump(mode="json")
         return dumped
@@ -218,6 +314,14 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._request("POST", "/v1/jobs", json=spec_to_dict(spec), headers=headers)
         return Job.model_validate(response.json())
+
+    def validate(self, spec: SpecLike) -> Validation:
+        """What the job would cost on its queue and every reason `submit` would refuse it
+        (local paths, memory, parameters, tokens), without creating anything. A spec over
+        budget is an answer (`ok` false, `problems`), not an error; a spec that is not a valid
+        job spec at all raises `ApiError` (422)."""
+        response = self._request("POST", "/v1/jobs:validate", json=spec_to_dict(spec))
+        return Validation.model_validate(response.json())
 
     def get(self, job_id: str) -> Job:
         return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())

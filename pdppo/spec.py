@@ -2,31 +2,34 @@
 
 `train` is the core trainer's own config; the spec adds what only the service cares about (a name,
 the resources to schedule on). No torch import here: the API validates specs without the trainer.
+Validation is as strict as the trainer's (`core.config`): no type coercion, finite numbers only,
+no control characters in names.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from core.config import TrainConfig
+from core.config import FINITE, NO_CONTROL_CHARS, TrainConfig
 
 __all__ = ["JobSpec", "Resources", "SpecError", "load_spec"]
 
 
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     device: Literal["cpu", "gpu"] = Field(
         default="cpu", description="Worker queue the job runs on."
     )
-    timeout_minutes: float | None = Field(
+    timeout_minutes: Annotated[float, Field(gt=0, le=10_000_000), FINITE] | None = Field(
         default=None,
-        gt=0,
-        le=10_000_000,
         description=(
             "Wall-clock limit of one run of the job; past it the job stops, keeps its "
             "checkpoint and fails with error code `timeout`. Unset: the server's default "
@@ -36,9 +39,11 @@ class Resources(BaseModel):
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    name: str | None = Field(default=None, max_length=200, description="Human label for the job.")
+    name: Annotated[str, Field(max_length=200), NO_CONTROL_CHARS] | None = Field(
+        default=None, description="Human label for the job."
+    )
     resources: Resources = Field(default_factory=lambda: Resources(), description="Where to run.")
     train: TrainConfig = Field(description="The trainer's configuration.")
 
@@ -64,7 +69,7 @@ def format_validation_error(exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) or "(got " in msg else f" (got {value!r})"
         lines.append(f"{loc}: {msg}{shown}")
     return "\n".join(lines)
 
@@ -79,21 +84,24 @@ def parse_spec(data: Any, source: str = "spec") -> JobSpec:
 
 
 def load_spec(path: Path) -> JobSpec:
-    """A JobSpec from a YAML or JSON file (JSON is YAML, but `.json` gets JSON's error messages)."""
+    """A JobSpec from a YAML or JSON file (JSON is YAML, but `.json` gets JSON's error messages).
+
+    Relative dataset and model paths are resolved against the file's folder, exactly as
+    `pdppo submit` does (`pdppo.client.resolve_spec_paths`), so the same file means the same data
+    under `pdppo train` and `pdppo submit`, whatever the current directory."""
+    from pdppo.client import resolve_spec_paths, spec_yaml_load
+
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from exc
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else spec_yaml_load(text)
     except (ValueError, ImportError) as exc:
         raise SpecError(f"{path}: not valid YAML/JSON ({exc})") from exc
     except Exception as exc:  # yaml.YAMLError has no common base we can import lazily
         raise SpecError(f"{path}: not valid YAML/JSON ({exc})") from exc
+    if isinstance(data, dict):
+        data = resolve_spec_paths(data, path.absolute().parent)
     return parse_spec(data, str(path))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from core.config import ModelConfig
@@ -10,8 +12,11 @@ from core.models.base import CausalLM, Tokenizer
 __all__ = ["CausalLM", "Tokenizer", "load_model"]
 
 
-def load_model(cfg: ModelConfig, device: torch.device) -> CausalLM:
-    """Build the policy on `device`. The caller seeds torch first (tiny init draws from it)."""
+def load_model(
+    cfg: ModelConfig, device: torch.device, data_roots: Sequence[str] | None = None
+) -> CausalLM:
+    """Build the policy on `device`. The caller seeds torch first (tiny init draws from it).
+    `data_roots`: where a local `hf:` model may lie (None: anywhere, as for `pdppo train`)."""
     lm: CausalLM
     if cfg.name == "builtin:tiny":
         from core.models.tiny import TinyLM
@@ -22,6 +27,6 @@ def load_model(cfg: ModelConfig, device: torch.device) -> CausalLM:
     else:
         from core.models.hf import HFLM
 
-        lm = HFLM(cfg)
+        lm = HFLM(cfg, data_roots=data_roots)
     lm.module.to(device)
     return lm

@@ -6,6 +6,8 @@ Hub ids work where the machine can reach the hub; tests and offline runs pass a 
 from __future__ import annotations
 
 import inspect
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from torch import Tensor
 
 from core.config import ModelConfig
 from core.models.base import CausalLM
+from core.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 
 
 def _transformers_at_least(version: str) -> bool:
@@ -44,11 +47,43 @@ class HFTokenizer:
         return str(self.tok.decode(ids, skip_special_tokens=True))
 
 
+def resolve_hf_source(name: str, data_roots: Sequence[str] | None = None) -> str:
+    """What `from_pretrained` gets for `model.name='hf:X'`: a hub id as is, or the checked real
+    path of a local model folder.
+
+    `from_pretrained` reads any existing folder named X, relative to the current directory
+    first; so with `data_roots` (the service) a relative X must be a hub id and must not name a
+    file in the worker's working directory, and an absolute X must lie under the roots once
+    symlinks are resolved, with nothing in it but directories and regular files (a FIFO would
+    block the loader forever, a device would never end). Without roots (a local `pdppo train`)
+    a local folder may be anywhere, but is checked all the same. Raises `UnsafeFileError`.
+    """
+    source = name.removeprefix("hf:")
+    what = f"model.name={name!r}"
+    if data_roots is None:
+        local = os.path.expanduser(source)
+        if os.path.isabs(local) or os.path.lexists(local) or not is_hub_id(source):
+            return check_model_dir(local, None, what=what)
+        return source
+    if os.path.isabs(source):
+        return check_model_dir(source, data_roots, what=what)
+    if not is_hub_id(source):
+        raise UnsafeFileError(f"{what} must be an absolute path under one of {list(data_roots)}")
+    if os.path.lexists(source):
+        raise UnsafeFileError(
+            f"{what} names a file relative to the worker's working directory, not a hub id; "
+            f"give a local model as an absolute path under one of {list(data_roots)}"
+        )
+    return source
+
+
 class HFLM(CausalLM):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, data_roots: Sequence[str] | None = None) -> None:
+        """`data_roots`: the folders a local model must lie under (None: anywhere); see
+        `resolve_hf_source`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        source = cfg.name.removeprefix("hf:")
+        source = resolve_hf_source(cfg.name, data_roots)
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         # transformers renamed `torch_dtype` to `dtype` (4.56); older releases ignore `dtype`
         dtype_arg = "dtype" if _transformers_at_least("4.56") else "torch_dtype"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from core.config import TaskConfig
 from core.tasks.base import Example, Task, positional_credit
 from core.tasks.builtin import ArithmeticTask, DigitStringTask
@@ -10,10 +12,13 @@ from core.tasks.jsonl import JsonlTask
 __all__ = ["Example", "Task", "make_task", "positional_credit"]
 
 
-def make_task(cfg: TaskConfig) -> Task:
+def make_task(cfg: TaskConfig, data_roots: Sequence[str] | None = None) -> Task:
+    """The task `cfg` names. `data_roots`: the folders a dataset file (`task.path`) must lie
+    under once symlinks are resolved; the service passes its PDPPO_DATA_ROOTS, a local
+    `pdppo train` passes None (no restriction)."""
     if cfg.name == "jsonl":
         assert cfg.path is not None  # the config validator guarantees it
-        return JsonlTask(cfg.path, cfg.match, cfg.numeric_tolerance)
+        return JsonlTask(cfg.path, cfg.match, cfg.numeric_tolerance, data_roots=data_roots)
     if cfg.name == "arithmetic":
         return ArithmeticTask(cfg.min_len, cfg.max_len)
     return DigitStringTask(cfg.name, cfg.min_len, cfg.max_len)

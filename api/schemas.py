@@ -96,3 +96,71 @@ class Health(BaseModel):
 #   log         {"message": str, "at": iso8601}
 #   done        {"status": "succeeded" | "failed" | "cancelled"}
 # `id:` is the Redis stream entry id ("1700000000000-0"); send it back as Last-Event-ID.
+
+
+class ErrorBody(BaseModel):
+    """Every error: `detail` says what is wrong; a request-validation 422 adds `errors`."""
+
+    detail: str
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="request validation only: one {loc, msg, type} per bad field"
+    )
+
+
+class MemoryItem(BaseModel):
+    name: str = Field(description="e.g. weights, optimizer, kv_cache, activations, logits")
+    phase: Literal["persistent", "rollout", "update", "warmup", "checkpoint", "overhead"]
+    bytes: int
+    field: str = Field(description="the spec field that makes this item large")
+    at_peak: bool = Field(description="counted in peak_memory_bytes")
+
+
+class BudgetEstimate(BaseModel):
+    """What a job will cost (`core.budget.Budget`); memory is on the job's device."""
+
+    queue: Literal["cpu", "gpu"]
+    device: Literal["cpu", "cuda"]
+    model_source: str = Field(description="where the parameter count comes from")
+    params: int | None = Field(description="all parameters; null when the API cannot see the model")
+    trainable_params: int | None
+    vocab_size: int | None
+    prompt_tokens: int = Field(description="upper bound on one prompt's tokens")
+    sequence_tokens: int = Field(description="prompt_tokens + rollout.max_new_tokens")
+    sequences_per_step: int
+    tokens_per_step: int
+    steps: int
+    total_tokens: int = Field(description="tokens_per_step * steps")
+    peak_memory_bytes: int | None = Field(description="upper bound; null when params is null")
+    peak_phases: list[str]
+    memory: list[MemoryItem]
+    model_field: str
+    tokens_field: str
+    total_tokens_field: str
+    notes: list[str]
+
+
+class BudgetLimits(BaseModel):
+    """The server's limits for the spec's queue (`PDPPO_MAX_*`); null: not checked."""
+
+    queue: Literal["cpu", "gpu"]
+    max_memory_bytes: int | None
+    max_params: int | None
+    max_tokens_per_step: int | None
+    max_total_tokens: int | None
+
+
+class SpecProblem(BaseModel):
+    field: str = Field(description="the spec field most responsible, e.g. train.rollout.group_size")
+    kind: Literal["path", "timeout", "memory", "params", "tokens_per_step", "total_tokens"]
+    message: str = Field(description="what POST /v1/jobs would put in its 422 detail")
+    estimate: int | None = None
+    limit: int | None = None
+
+
+class JobValidation(BaseModel):
+    """`POST /v1/jobs:validate`: what the job would cost and whether `POST /v1/jobs` takes it."""
+
+    ok: bool = Field(description="true when problems is empty")
+    estimate: BudgetEstimate
+    limits: BudgetLimits
+    problems: list[SpecProblem]

@@ -1,4 +1,10 @@
-"""Jobs: submit, list, get, cancel."""
+"""Jobs: submit (and validate without submitting), list, get, cancel.
+
+Admission runs the same checks for `POST /v1/jobs` and `POST /v1/jobs:validate`: the spec's
+schema (FastAPI, from `JobSpec`), the local paths it names (`api.paths`), and its budget
+(`core.budget`: memory, parameters and tokens against the queue's `PDPPO_MAX_*` limits), so that
+one spec cannot take a shared worker down and a client can ask first what a spec would cost.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,19 @@ from api.convert import to_job
 from api.deps import JobDep, SettingsDep, StoreDep, TenantDep
 from api.observability import JOBS_SUBMITTED
 from api.paths import forbidden_paths
-from api.schemas import Job, JobList, JobStatus
+from api.schemas import (
+    BudgetEstimate,
+    BudgetLimits,
+    ErrorBody,
+    Job,
+    JobList,
+    JobStatus,
+    JobValidation,
+    SpecProblem,
+)
+from core.budget import Budget, Limits, check, estimate
 from pdppo.jobstore import spec_digest
+from pdppo.settings import Settings
 from pdppo.spec import JobSpec
 from workers.celery_app import enqueue, revoke_queued
 
@@ -32,7 +49,73 @@ def _broker_limiter() -> anyio.CapacityLimiter:
     return _limiter
 
 
-@router.post("", status_code=201, response_model=Job)
+def _admission(spec: JobSpec, settings: Settings) -> tuple[Budget, Limits, list[SpecProblem]]:
+    """The spec's budget on its queue and every reason `POST /v1/jobs` would refuse it.
+
+    A spec whose paths are refused is estimated without reading any file: the API must not
+    open what the tenant may not read, not even a header."""
+    paths = forbidden_paths(spec, [str(r) for r in settings.allowed_data_roots])
+    queue = spec.resources.device
+    budget = estimate(
+        spec.train,
+        queue=queue,
+        read_files=not paths,
+        data_roots=[str(r) for r in settings.allowed_data_roots],
+    )
+    limits = settings.budget_limits(queue)
+    problems = [SpecProblem(field=p.split(":", 1)[0], kind="path", message=p) for p in paths]
+    timeout = spec.resources.timeout_minutes
+    if timeout is not None and timeout > settings.max_job_timeout_minutes:
+        problems.append(
+            SpecProblem(
+                field="resources.timeout_minutes",
+                kind="timeout",
+                message=(
+                    f"resources.timeout_minutes: {timeout:g} is more than this server's "
+                    f"maximum of {settings.max_job_timeout_minutes:g} minutes"
+                ),
+            )
+        )
+    problems += [
+        SpecProblem(field=p.field, kind=p.kind, message=str(p), estimate=p.estimate, limit=p.limit)
+        for p in check(budget, limits)
+    ]
+    return budget, limits, problems
+
+
+async def _admit(spec: JobSpec, settings: Settings) -> tuple[Budget, Limits, list[SpecProblem]]:
+    """`_admission`, in a worker thread when it may read files (a local model's headers, a
+    dataset's prompts), so that a slow disk never stalls the event loop."""
+    if spec.train.model.name.startswith("hf:") or spec.train.task.path is not None:
+        return await anyio.to_thread.run_sync(_admission, spec, settings)
+    return _admission(spec, settings)
+
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorBody, "description": "missing or invalid API key"},
+    413: {"model": ErrorBody, "description": "request body larger than PDPPO_MAX_BODY_BYTES"},
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=Job,
+    responses={
+        **_ERRORS,
+        409: {"model": ErrorBody, "description": "Idempotency-Key reused with another spec"},
+        422: {
+            "model": ErrorBody,
+            "description": (
+                "an invalid spec (`errors` lists each field), a local path outside the data "
+                "roots, or a job over its queue's budget (memory, parameters, tokens); the "
+                "detail names the field, the estimate and the limit"
+            ),
+        },
+        429: {"model": ErrorBody, "description": "the tenant's active-job limit is reached"},
+        503: {"model": ErrorBody, "description": "the job store or the queue is unreachable"},
+    },
+)
 async def create_job(
     spec: JobSpec,
     tenant: TenantDep,
@@ -49,10 +132,12 @@ async def create_job(
     ] = None,
 ) -> Job:
     """201 with the new job, queued. 429 past the tenant's limit of queued plus running jobs;
-    422 for a spec naming local files outside the server's data roots."""
-    problems = forbidden_paths(spec, [str(r) for r in settings.allowed_data_roots])
+    422 for a spec naming local files outside the server's data roots, or one that would need
+    more memory, parameters or tokens than a worker of its queue may give a job
+    (`POST /v1/jobs:validate` tells the same without submitting)."""
+    _, _, problems = await _admit(spec, settings)
     if problems:
-        raise HTTPException(422, detail="; ".join(problems))
+        raise HTTPException(422, detail="; ".join(p.message for p in problems))
     spec_json = spec.model_dump_json()
     queue = spec.resources.device
     result = await store.create(
@@ -95,6 +180,36 @@ async def create_job(
     return to_job(record)
 
 
+@router.post(
+    ":validate",
+    response_model=JobValidation,
+    responses={
+        **_ERRORS,
+        200: {
+            "description": (
+                "the estimate, the queue's limits and every problem `POST /v1/jobs` would "
+                "refuse the spec for (`ok: false`), or none (`ok: true`)"
+            )
+        },
+        422: {
+            "model": ErrorBody,
+            "description": "not a valid job spec (`errors` lists each field); nothing to estimate",
+        },
+    },
+)
+async def validate_job(spec: JobSpec, _tenant: TenantDep, settings: SettingsDep) -> JobValidation:
+    """What the job would cost and whether `POST /v1/jobs` would take it, without creating or
+    queueing anything: the same path and budget checks, answered as data (200) instead of a
+    422, so that a client can size a spec before submitting it (`pdppo submit --dry-run`)."""
+    budget, limits, problems = await _admit(spec, settings)
+    return JobValidation(
+        ok=not problems,
+        estimate=BudgetEstimate.model_validate(budget.to_dict()),
+        limits=BudgetLimits.model_validate(limits, from_attributes=True),
+        problems=problems,
+    )
+
+
 @router.get("", response_model=JobList)
 async def list_jobs(
     tenant: TenantDep,
@@ -118,7 +233,8 @@ async def get_job(job: JobDep) -> Job:
 @router.post("/{job_id}/cancel", status_code=202, response_model=Job)
 async def cancel_job(job: JobDep, store: StoreDep) -> Job:
     """202: a queued job is cancelled at once and never starts; a running one gets
-    `cancel_requested: true` and stops after its current step, keeping a checkpoint.
+    `cancel_requested: true` and stops within seconds, even in the middle of a step (its worker
+    kills it after PDPPO_CANCEL_GRACE_SECONDS if it has not stopped), keeping its checkpoints.
     409 if the job has already finished."""
     outcome = await store.cancel(job.id)
     if outcome == "missing":

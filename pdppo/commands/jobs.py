@@ -175,20 +175,38 @@ def _exit_for(status: str) -> None:
 @click.argument("spec_path", metavar="SPEC.yaml", type=click.Path(exists=True, path_type=Path))
 @click.option("--follow", "-f", is_flag=True, help="Stream progress and metrics until the end.")
 @click.option("--idempotency-key", default=None, help="Same key, same job: safe to retry.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help=(
+        "Submit nothing: ask the server what the job would cost and whether its queue takes it "
+        "(POST /v1/jobs:validate); exit 1 if it would be refused."
+    ),
+)
 @_url_option
 @_key_option
 @_handle_errors
 def submit(
-    spec_path: Path, follow: bool, idempotency_key: str | None, url: str, api_key: str | None
+    spec_path: Path,
+    follow: bool,
+    idempotency_key: str | None,
+    dry_run: bool,
+    url: str,
+    api_key: str | None,
 ) -> None:
     """Submit a job spec; print its id (or follow it with --follow)."""
     from pdppo.client import spec_to_dict
 
+    if dry_run and follow:
+        raise click.UsageError("--dry-run submits nothing to follow; drop --follow")
     try:
         spec = spec_to_dict(spec_path)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     with _client(url, api_key) as client:
+        if dry_run:
+            _exit_for_validation(client, spec)
+            return
         job = client.submit(spec, idempotency_key=idempotency_key)
         if not follow:
             click.echo(job.id)
@@ -197,6 +215,25 @@ def submit(
         status = _follow_or_detach(client, job.id)
         click.echo(f"{job.id} {status}")
         _exit_for(status)
+
+
+def _exit_for_validation(client: Client, spec: dict[str, Any]) -> None:
+    """Prints the server's estimate, limits and problems; exit status 1 unless it fits.
+
+    The printing is `core.budget`'s (the same as `pdppo train --dry-run`), imported only here:
+    the other client commands load no trainer code."""
+    from core.budget import render, render_limits
+
+    result = client.validate(spec)
+    for line in render(result.estimate):
+        click.echo(line)
+    if result.limits:
+        click.echo(render_limits(result.limits))
+    for problem in result.problems:
+        click.echo(f"refused: {problem.message}", err=True)
+    if not result.ok:
+        raise SystemExit(1)
+    click.echo(f"the server would take it ({result.estimate.get('queue', '?')} queue)")
 
 
 @click.command()

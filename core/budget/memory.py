@@ -1,0 +1,253 @@
+"""The memory estimate: the items `core.trainer` allocates, each blamed on a spec field, and the
+peak they make together.
+
+It exists apart because it is the part that mirrors the trainer and is calibrated against it
+(`bench/budget_calibration.py`, against measured peak RSS); when the trainer changes what it
+holds, this is the module to update. The estimate is an upper bound:
+
+- persistent: the weights, their gradients, AdamW's two moments (fp32), the rollout copy of the
+  policy when it differs (a lower-precision `rollout.dtype`, or `staleness > 0`) and the
+  `staleness + 1` stale-policy snapshots;
+- the phases that follow one another: the rollout (KV cache of the whole batch, sampling
+  buffers, the per-token behavior record, the `exact` estimator's full log-probs), the update
+  (activations and fp32 logits of one minibatch, their gradients and the loss's extra [N, V]
+  tensors, with the rollout batch still held), the format warm-up, and the checkpoint (a
+  serialized copy of the weights). On CUDA only the largest counts (the caching allocator
+  reuses what a phase freed); on CPU they add up (glibc does not reliably hand a phase's heap
+  back before the next one grows it: max-of-phases measured 1.0x the real peak, too close);
+- a fixed overhead for what no tensor shows (the first step's kernels and allocator arenas on
+  CPU; the CUDA context).
+
+Measured on CPU (`bench/budget_calibration.py`, tiny models from 47K to 26M parameters, 272 to
+59K tokens per step) the estimate is 1.25-1.85x the real peak. The CUDA figures follow the same
+accounting but are not calibrated on a GPU yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from core.budget.shapes import ModelShape
+from core.budget.tokens import _builtin_answer_chars
+from core.budget.units import GIB, MIB
+from core.config import TrainConfig
+
+Queue = Literal["cpu", "gpu"]
+Device = Literal["cpu", "cuda"]
+Phase = Literal["persistent", "rollout", "update", "warmup", "checkpoint", "overhead"]
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# What no tensor accounts for. On CPU the first step itself adds about 130 MiB of RSS over the
+# imports (code pages of the kernels it runs, allocator arenas, per-thread scratch; measured by
+# bench/budget_calibration.py on its smallest spec); on CUDA the context and cuBLAS workspaces
+# live outside torch's allocator.
+OVERHEAD_BYTES: dict[str, int] = {"cpu": 160 * MIB, "cuda": GIB}
+# Chunk of the full-vocabulary passes in core.divergence (CHUNK_ELEMENTS fp32 entries).
+_CHUNK_BYTES = (1 << 21) * 4
+# Python objects per sequence of a rollout (prompt id lists, completions from `tolist()`, the
+# examples): about 40 bytes per token and a few hundred per sequence, measured on CPython 3.11.
+_HOST_BYTES_PER_TOKEN = 40
+_HOST_BYTES_PER_SEQUENCE = 400
+# Defaults of the fields a batch-sized memory item may blame (ratio to default picks the culprit).
+_BATCH_DEFAULTS = {
+    "train.rollout.prompts_per_step": 16,
+    "train.rollout.group_size": 8,
+    "train.rollout.max_new_tokens": 8,
+    "train.task.max_len": 4,
+}
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """One component of the memory estimate; `field` is the spec field that makes it large."""
+
+    name: str
+    phase: Phase
+    bytes: int
+    field: str
+
+
+def job_device(cfg: TrainConfig, queue: Queue) -> Device:
+    """Where the job's tensors live: a GPU worker trains on CUDA unless the spec pins the CPU."""
+    return "cuda" if queue == "gpu" and cfg.device != "cpu" else "cpu"
+
+
+def _batch_field(cfg: TrainConfig) -> tuple[str, float]:
+    """The batch-shaping field furthest above its default (what makes batch-sized memory and
+    token counts big), and that ratio. Ties go to the group size."""
+    values = {
+        "train.rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+        "train.rollout.group_size": cfg.rollout.group_size,
+        "train.rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+    if cfg.task.name != "jsonl":
+        values["train.task.max_len"] = cfg.task.max_len
+    ratios = {f: v / _BATCH_DEFAULTS[f] for f, v in values.items()}
+    best = max(ratios, key=lambda f: (ratios[f], f == "train.rollout.group_size"))
+    return best, ratios[best]
+
+
+def _width_field(cfg: TrainConfig) -> str:
+    """Blame for items that scale with batch *and* the model's width x depth (KV cache,
+    activations): builtin:tiny's dims when they are further above their defaults (d_model 64,
+    2 layers) than any batch field, else the batch field."""
+    batch, ratio = _batch_field(cfg)
+    t = cfg.model.tiny
+    if cfg.model.name == "builtin:tiny" and (t.d_model * t.n_layers) / (64 * 2) > ratio:
+        return "train.model.tiny"
+    return batch
+
+
+def _model_field(cfg: TrainConfig) -> str:
+    return "train.model.tiny" if cfg.model.name == "builtin:tiny" else "train.model.name"
+
+
+def _forward_bytes(shape: ModelShape, rows: int, seq: int, width: int, *, grad: bool) -> int:
+    """Activations of a forward pass over rows x seq tokens, `width` bytes per element.
+
+    With a gradient, every block keeps what its backward needs: for builtin:tiny about 20*d
+    values per token (LayerNorm inputs and outputs, qkv, the attention output and its copy, the
+    residuals, both MLP activations of 4*d; measured: 77-82 bytes per token, layer and unit of
+    d in fp32), for Llama-style blocks about 20*h + 4*i plus the fp32 RMSNorm upcasts; plus
+    about 20*d for the embeddings and the gradients in flight. Attention runs a fused kernel
+    (flash on CUDA, its CPU counterpart) that keeps no seq x seq scores, but the masks are
+    (B, 1, T, T): three bool ones for builtin:tiny, one in the model's dtype for transformers.
+    Without a gradient only one block's temporaries are alive (the KV cache is counted apart)."""
+    d = shape.hidden or 0
+    layers = shape.layers or 0
+    inter = shape.intermediate or 4 * d
+    tokens = rows * seq
+    mask = rows * seq * seq * (3 if shape.tiny else width + 2)
+    if not grad:
+        return tokens * (16 * d + 2 * inter) * width + mask
+    per_layer = 20 * d if shape.tiny else 20 * d + 4 * inter
+    extra_fp32 = 0 if shape.tiny else 16 * d  # RMSNorm's fp32 copies, bytes per token and layer
+    return tokens * (layers * (per_layer * width + extra_fp32) + 20 * d * width) + mask
+
+
+def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) -> list[MemoryItem]:
+    assert shape.params is not None and shape.trainable is not None
+    r, a, task = cfg.rollout, cfg.algorithm, cfg.task
+    width = _DTYPE_BYTES[cfg.model.dtype]
+    rwidth = _DTYPE_BYTES[r.dtype]
+    lora = cfg.model.lora is not None
+    twidth = 4 if lora else width  # peft keeps adapters in fp32
+    params, trainable = shape.params, shape.trainable
+    vocab = shape.vocab or 0
+    layers = shape.layers or 0
+    kv_dim = shape.kv_dim or 0
+    k = a.top_k
+    sequences = r.prompts_per_step * r.group_size
+    mb = sequences // a.minibatches
+    new = r.max_new_tokens
+    seq = prompt + new
+    model_f = "train.model.lora" if lora else _model_field(cfg)
+    batch_f, _ = _batch_field(cfg)
+    width_f = _width_field(cfg)
+    separate = r.staleness > 0 or rwidth != width
+    exact = a.estimator == "exact"
+    items: list[MemoryItem] = []
+
+    def add(name: str, phase: Phase, n: int, blame: str) -> None:
+        if n > 0:
+            items.append(MemoryItem(name, phase, int(n), blame))
+
+    # persistent: alive from the first step to the end
+    add("weights", "persistent", (params - (trainable if lora else 0)) * width, _model_field(cfg))
+    if lora:
+        add("adapters", "persistent", trainable * twidth, model_f)
+    add("gradients", "persistent", trainable * twidth, model_f)
+    add("optimizer", "persistent", 2 * trainable * 4, model_f)  # AdamW exp_avg, exp_avg_sq
+    if separate:
+        blame = "train.rollout.dtype" if rwidth != width else "train.rollout.staleness"
+        add("rollout_copy", "persistent", params * rwidth, blame)
+        snaps = min(r.staleness + 1, cfg.steps)
+        add("snapshots", "persistent", snaps * trainable * twidth, "train.rollout.staleness")
+
+    # the rollout: generation of the whole batch, step by step with a KV cache
+    # builtin:tiny concatenates each block's cache, so old and new caches coexist for a step
+    kv_copies = 2 if shape.tiny else 1
+    add("kv_cache", "rollout", kv_copies * 2 * layers * sequences * seq * kv_dim * rwidth, width_f)
+    add(
+        "prefill",
+        "rollout",
+        _forward_bytes(shape, sequences, prompt, rwidth, grad=False),
+        width_f,
+    )
+    sampling = sequences * vocab * (rwidth + 4 * 4)  # logits, log mu, mu, top-k scratch (fp32)
+    if r.top_p < 1.0:
+        sampling += sequences * vocab * (4 * 3 + 8 + 1)  # sorted, cumsum, scatter, order, drop
+    add("sampling", "rollout", sampling, batch_f)
+    per_token = 8 + 1 + 4 + k * 12  # token, alive, log mu(a), top-K ids (int64) and log-probs
+    add("behavior_record", "rollout", 2 * sequences * new * per_token, batch_f)  # lists + stack
+    if exact:
+        # one (B, V) fp32 row per step, stacked, then masked: three copies at the end
+        add(
+            "exact_logprobs",
+            "rollout",
+            3 * sequences * new * vocab * 4,
+            "train.algorithm.estimator",
+        )
+    if device == "cpu":
+        host = sequences * (seq * _HOST_BYTES_PER_TOKEN + _HOST_BYTES_PER_SEQUENCE)
+        add("python_objects", "rollout", host, batch_f)
+
+    # the update: one minibatch at a time, with the rollout batch still held
+    held = sequences * (seq * 9 + new) + sequences * new * (4 + k * 12)
+    add("rollout_batch", "update", 2 * held, batch_f)  # the batch and its minibatch selection
+    if exact:
+        add(
+            "exact_logprobs", "update", 2 * sequences * new * vocab * 4, "train.algorithm.estimator"
+        )
+    add("activations", "update", _forward_bytes(shape, mb, seq, width, grad=True), width_f)
+    n_mb = mb * new  # response tokens of a minibatch (upper bound)
+    rows_mb = mb * (new + 1)
+    # fp32 [N, V]: the logits, their log-softmax (kept by cross-entropy), its gradient, the
+    # gradient through the temperature and the mask's index; plus the (B, T+1, V) logits and
+    # their gradient in the model's dtype, and the chunked scratch of the full-vocab passes
+    chunks = 8 if a.estimator in ("exact", "topk_tail") else 2
+    logits = 5 * n_mb * vocab * 4 + 2 * rows_mb * vocab * width
+    logits += min(n_mb * vocab * 4, _CHUNK_BYTES) * chunks
+    add("logits", "update", logits, batch_f)
+    if device == "cuda" and not lora:
+        add("optimizer_step", "update", trainable * 4, model_f)  # foreach AdamW temporaries
+
+    # the format warm-up: its own AdamW and batches of warmup_batch_size
+    if task.warmup_steps and task.name != "jsonl":
+        wb = task.warmup_batch_size
+        wnew = _builtin_answer_chars(task) + 1
+        wf = "train.task.warmup_batch_size"
+        add("warmup_optimizer", "warmup", 2 * trainable * 4, model_f)
+        add(
+            "warmup_activations",
+            "warmup",
+            _forward_bytes(shape, wb, prompt + wnew, width, grad=True),
+            wf,
+        )
+        add("warmup_logits", "warmup", 4 * wb * wnew * vocab * 4, wf)
+
+    # checkpoints and the final model: safetensors serializes into one buffer
+    add("serialized_weights", "checkpoint", params * width, _model_field(cfg))
+    add("overhead", "overhead", OVERHEAD_BYTES[device], "train")
+    return items
+
+
+def _peak(items: list[MemoryItem], device: Device) -> tuple[int, tuple[Phase, ...]]:
+    """The peak and the phases that make it.
+
+    On CUDA the phases follow one another and the caching allocator reuses what the previous
+    one freed: persistent + the largest phase. On CPU a phase's freed memory is not reliably
+    back with the OS when the next one allocates (glibc keeps the heap that the rollout's many
+    per-step tensors grew; measured: max-of-phases came out at 1.0x of the real peak), so there
+    the phases add up."""
+    phases: dict[Phase, int] = {}
+    for m in items:
+        phases[m.phase] = phases.get(m.phase, 0) + m.bytes
+    fixed: list[Phase] = [p for p in ("persistent", "overhead") if p in phases]
+    transient = {p: b for p, b in phases.items() if p not in fixed}
+    if device == "cpu" or not transient:
+        chosen = tuple(phases)
+    else:
+        chosen = (*fixed, max(transient, key=lambda p: transient[p]))
+    return sum(phases[p] for p in chosen), chosen

@@ -22,6 +22,7 @@ import random
 import shutil
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,14 +88,20 @@ def group_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool
 class _Run:
     """Everything a run holds between steps; checkpointed and restored as a whole."""
 
-    def __init__(self, cfg: TrainConfig, out_dir: Path, callback: TrainerCallback) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        out_dir: Path,
+        callback: TrainerCallback,
+        data_roots: Sequence[str] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
         self.cb = callback
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        self.lm: CausalLM = load_model(cfg.model, self.device)
-        self.task: Task = make_task(cfg.task)
+        self.lm: CausalLM = load_model(cfg.model, self.device, data_roots=data_roots)
+        self.task: Task = make_task(cfg.task, data_roots=data_roots)
         params = [p for _, p in self.lm.trainable()]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -338,12 +345,16 @@ def train(
     *,
     callback: TrainerCallback | None = None,
     resume: bool = False,
+    data_roots: Sequence[str] | None = None,
 ) -> TrainResult:
-    """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run."""
+    """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
+
+    `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
+    (a service passes its operator's roots; None, for a local run, allows any path)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cb = callback or TrainerCallback()
-    run = _Run(config, out_dir, cb)
+    run = _Run(config, out_dir, cb, data_roots)
     metrics_path = out_dir / "metrics.jsonl"
     ckpt = latest_checkpoint(out_dir) if resume else None
     if ckpt is not None:

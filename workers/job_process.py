@@ -33,14 +33,16 @@ from typing import Any
 
 import redis
 
+from core.budget import Limits
 from core.trainer import TrainerCallback
 from pdppo.jobstore import JobRecord, JobStore
+from pdppo.spec import JobSpec
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000
 EXIT_ORPHANED = 70  # the worker died; nothing was written after it did
 # Imported once by the fork server, so every job process starts with them in memory.
-PRELOAD = ["workers.job_process", "core.trainer", "core.models", "core.tasks"]
+PRELOAD = ["workers.job_process", "core.trainer", "core.models", "core.tasks", "pdppo.spec"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class JobOptions:
     memory_limit_bytes: int  # RLIMIT_AS for CPU jobs; 0: none
     torch_threads: int | None
     log_level: str
+    data_roots: tuple[str, ...]  # local models and datasets only from here (empty: none)
+    limits: Limits  # the job's queue's budget, checked again here: the API may not see files
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +131,6 @@ def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
 
 def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
     from core.trainer import resolve_device, train
-    from pdppo.spec import JobSpec
 
     store = JobStore(redis.Redis.from_url(options.redis_url, decode_responses=True))
     job = store.get(options.job_id)
@@ -138,6 +141,9 @@ def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
     except ValueError as exc:
         return _failure("invalid_spec", exc)
     try:
+        problems = _over_budget(spec, job, options)
+        if problems:
+            return {"outcome": "failed", "code": "over_budget", "message": problems}
         if options.torch_threads:
             import torch
 
@@ -151,15 +157,38 @@ def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
             Path(options.out_dir),
             callback=JobCallback(store, job, stop, conn),
             resume=options.resume,
+            data_roots=list(options.data_roots),
         )
     except Exception as exc:
-        code = "out_of_memory" if is_out_of_memory(exc) else "training_error"
+        code = error_code(exc)
         log.exception("failed (%s)", code)
         return _failure(code, exc)
     if result.stopped:
         return {"outcome": "stopped", "step": result.step}
     final = str(result.final_model) if result.final_model else None
     return {"outcome": "succeeded", "step": result.step, "final_model": final}
+
+
+def _over_budget(spec: JobSpec, job: JobRecord, options: JobOptions) -> str | None:
+    """Why the job exceeds its queue's budget, as the API would have said; None if it fits.
+
+    Checked here again because only the worker sees a local model's real size (the API may not
+    share its disks) and an operator may have lowered the limits since the job was queued."""
+    from core.budget import check, estimate
+
+    budget = estimate(spec.train, queue=options.limits.queue, data_roots=list(options.data_roots))
+    problems = check(budget, options.limits)
+    return "; ".join(str(p) for p in problems) or None
+
+
+def error_code(exc: BaseException) -> str:
+    """`invalid_input` for data or a model the job may not or cannot read (the user's to fix),
+    `out_of_memory`, else `training_error`."""
+    from core.safe_files import UnsafeFileError
+
+    if isinstance(exc, UnsafeFileError):
+        return "invalid_input"
+    return "out_of_memory" if is_out_of_memory(exc) else "training_error"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

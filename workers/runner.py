@@ -131,6 +131,8 @@ def _supervise(store: JobStore, job: JobRecord, lease: Lease, settings: Settings
         memory_limit_bytes=memory_limit_bytes(settings),
         torch_threads=settings.worker_torch_threads,
         log_level=settings.log_level,
+        data_roots=tuple(str(root) for root in settings.allowed_data_roots),
+        limits=settings.budget_limits("gpu" if job.queue == "gpu" else "cpu"),
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()

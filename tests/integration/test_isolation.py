@@ -200,3 +200,67 @@ def test_signals_to_the_workers_group_do_not_reach_the_job(
         points = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
         assert [c["step"] for c in points] == [handed["progress"]["step"]]
         alice.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_job_that_takes_down_workers_is_failed_not_retried_forever(
+    make_service: Callable[..., Service],
+) -> None:
+    """Past PDPPO_MAX_WORKER_LOSSES dead workers the reaper fails the job: a poison job must not
+    take down every worker in turn, forever."""
+    svc = make_service(PDPPO_MAX_WORKER_LOSSES="1")
+    svc.start_api()
+    with svc.client("alice") as alice:
+        job = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
+        for attempt in (1, 2):
+            worker = svc.start_worker()
+            wait_for(
+                alice,
+                job["id"],
+                lambda j, n=attempt: j["status"] == "running" and j["attempts"] == n,  # type: ignore[misc]
+            )
+            time.sleep(1)
+            svc.kill_worker(worker)
+        svc.start_worker()  # its reaper finds the job's lease expired for the second time
+        done = wait_status(alice, job["id"], TERMINAL, timeout=60)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "worker_lost"
+        assert done["error"]["message"].startswith("the job's worker died 2 times")
+        assert done["attempts"] == 2
+
+
+def test_timeout_above_the_server_maximum_is_refused(alice: httpx.Client) -> None:
+    spec = smoke_spec()
+    spec["resources"]["timeout_minutes"] = 8 * 24 * 60  # the default maximum is 7 days
+    response = alice.post("/v1/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    assert "resources.timeout_minutes" in response.text and "10080" in response.text
+
+
+def test_out_of_memory_in_the_job_fails_it_and_the_worker_survives(
+    make_service: Callable[..., Service],
+) -> None:
+    """Under the job's address-space limit a too-large model fails to allocate inside the job
+    process, which reports it; the budget check that would refuse it at submit is lifted."""
+    svc = make_service(
+        PDPPO_JOB_MEMORY_LIMIT_MB="3000",
+        PDPPO_MAX_JOB_MEMORY_GB_CPU="100000",
+        PDPPO_MAX_PARAMS_CPU="100000000000",
+    )
+    svc.start_api()
+    svc.start_worker()
+    with svc.client("alice") as alice:
+        spec = smoke_spec()
+        spec["train"]["model"]["tiny"] = {
+            "d_model": 4096,
+            "n_layers": 64,
+            "n_heads": 64,
+            "max_seq_len": 8192,
+        }
+        created = alice.post("/v1/jobs", json=spec)
+        assert created.status_code == 201, created.text
+        done = wait_status(alice, created.json()["id"], TERMINAL, timeout=60)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "out_of_memory", done["error"]
+        assert "can't allocate memory" in done["error"]["message"]
+        assert svc.workers[0].poll() is None
+        smoke_succeeds(alice)

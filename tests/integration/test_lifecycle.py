@@ -95,7 +95,7 @@ def test_reconnect_after_done_ends_at_once(alice: httpx.Client) -> None:
     assert tail == events[-2:]
 
 
-def test_a_training_error_fails_the_job_with_code_and_message(
+def test_a_missing_dataset_fails_the_job_with_code_and_message(
     alice: httpx.Client, service: Service
 ) -> None:
     missing = f"{service.data_dir}/nonexistent/data.jsonl"  # allowed, but not there
@@ -106,9 +106,10 @@ def test_a_training_error_fails_the_job_with_code_and_message(
     assert events[-1]["data"] == {"status": "failed"}
     failed = alice.get(f"/v1/jobs/{job['id']}").json()
     assert failed["status"] == "failed"
-    assert failed["error"]["code"] == "training_error"
-    assert failed["error"]["message"].startswith("FileNotFoundError")
-    assert missing in failed["error"]["message"]
+    assert failed["error"]["code"] == "invalid_input"
+    assert failed["error"]["message"] == (
+        f"UnsafeFileError: task.path={missing!r} cannot be read (No such file or directory)"
+    )
     assert "Traceback" in failed["error"]["traceback"]
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
 

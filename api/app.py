@@ -24,8 +24,8 @@ from api.limits import BodySizeLimit
 from api.observability import PrometheusMiddleware
 from api.routes import artifacts, events, health, jobs
 from pdppo import __version__
-from pdppo.jobstore import AsyncJobStore
 from pdppo.settings import Settings, get_settings
+from pdppo.store import AsyncJobStore
 
 log = logging.getLogger(__name__)
 REDIS_MAX_CONNECTIONS = 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from api.schemas import Job, JobError, Progress
-from pdppo.jobstore import JobRecord
+from pdppo.store import JobRecord
 
 
 def _ts(value: str | None) -> datetime | None:

@@ -9,8 +9,8 @@ from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.events import EventHub
-from pdppo.jobstore import AsyncJobStore, JobRecord
 from pdppo.settings import Settings
+from pdppo.store import AsyncJobStore, JobRecord
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 

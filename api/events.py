@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 from sse_starlette import ServerSentEvent
 
 from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
-from pdppo.jobstore import AsyncJobStore, events_key
+from pdppo.store import AsyncJobStore, events_key
 
 log = logging.getLogger(__name__)
 Entry = tuple[str, dict[str, str]]

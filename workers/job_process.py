@@ -35,8 +35,8 @@ import redis
 
 from core.budget import Limits
 from core.trainer import TrainerCallback
-from pdppo.jobstore import JobRecord, JobStore
 from pdppo.spec import JobSpec
+from pdppo.store import JobRecord, JobStore
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000

@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from pdppo.jobstore import lease_key
+from pdppo.store import lease_key
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import threading
 
 import redis
 
-from pdppo.jobstore import JobStore
+from pdppo.store import JobStore
 from workers.celery_app import enqueue
 
 log = logging.getLogger(__name__)

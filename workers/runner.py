@@ -3,7 +3,7 @@
 The task takes only a job id and looks the record up again, so a redelivered, requeued or
 long-queued task acts on the job as it is now: a finished or cancelled job is skipped, a job whose
 lease another worker holds is left to it, and a job that already has checkpoints resumes from the
-latest one. Step metrics go out only past the last published step (`pdppo.jobstore`), so a resumed
+latest one. Step metrics go out only past the last published step (`pdppo.store`), so a resumed
 run neither repeats nor skips a step.
 
 The trainer runs in its own process (`workers.job_process`); this one keeps the lease alive,
@@ -26,9 +26,9 @@ from typing import Any
 import redis
 
 from core.checkpoint import latest_checkpoint
-from pdppo.jobstore import JobRecord, JobStore
 from pdppo.settings import Settings, get_settings
 from pdppo.spec import JobSpec
+from pdppo.store import JobRecord, JobStore
 from workers.celery_app import enqueue
 from workers.exits import describe_exit, oom_kills
 from workers.job_process import JobOptions, job_context, job_main

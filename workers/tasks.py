@@ -8,8 +8,8 @@ from typing import Any
 from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
-from pdppo.jobstore import JobStore
 from pdppo.settings import get_settings
+from pdppo.store import JobStore
 from workers.celery_app import TRAIN_TASK, celery_app
 from workers.job_process import job_context
 from workers.reaper import start_reaper

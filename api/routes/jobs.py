@@ -29,9 +29,9 @@ from api.schemas import (
     SpecProblem,
 )
 from core.budget import Budget, Limits, check, estimate
-from pdppo.jobstore import spec_digest
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
+from pdppo.store import spec_digest
 from workers.celery_app import enqueue, revoke_queued
 
 log = logging.getLogger(__name__)

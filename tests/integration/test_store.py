@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from pdppo.jobstore import JobRecord, JobStore, events_key, job_key, metrics_key, now_iso
+from pdppo.store import JobRecord, JobStore, events_key, job_key, metrics_key, now_iso
 from tests.integration.stack import RedisServer
 from workers.lease import Lease, LeaseLost
 

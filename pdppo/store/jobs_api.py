@@ -1,0 +1,235 @@
+"""The job operations the API runs: create under the tenant's quota, read, list, cancel, fail.
+
+Creating (quota and idempotency check, record, indexes, first event) and cancelling are each one
+Lua script, defined next to the method that runs it, so a job is never half created or half
+cancelled whoever crashes when; failing a job runs the worker's `_FINISH` script. Enqueueing
+through an outbox, when it comes, starts from `create` here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import redis.asyncio as aredis
+
+from pdppo.store.events import AsyncEventStore, _log_data, _status_data
+from pdppo.store.jobs_worker import _FINISH
+from pdppo.store.keys import (
+    PREFIX,
+    RUNNING_SET,
+    events_key,
+    idempotency_key,
+    job_key,
+    new_job_id,
+    now_iso,
+    spec_digest,
+    tenant_active_key,
+    tenant_jobs_key,
+)
+from pdppo.store.records import CreateResult, JobRecord, _record_or_none
+
+# KEYS: job, events, tenant jobs, tenant active, idempotency; ARGV: id, limit, idem ttl (0: no
+# key), status data, then the hash's field/value pairs.
+_CREATE = """
+if tonumber(ARGV[3]) > 0 then
+  local existing = redis.call('GET', KEYS[5])
+  if existing then return {'existing', existing} end
+end
+local active = redis.call('SCARD', KEYS[4])
+if active >= tonumber(ARGV[2]) then return {'limit', tostring(active)} end
+local fields = {}
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('ZADD', KEYS[3], 0, ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[1])
+if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3]) end
+redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4])
+return {'created', ARGV[1]}
+"""
+
+# KEYS: job, events, tenant active, running; ARGV: id, now, status data, done data, log data.
+# A queued job is cancelled on the spot (the task skips it when it arrives); a running one gets
+# a flag its trainer checks every step.
+_CANCEL = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2],
+             'cancel_requested', '1')
+  redis.call('SREM', KEYS[3], ARGV[1])
+  redis.call('SREM', KEYS[4], ARGV[1])
+  redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
+  redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
+  return 'cancelled-while-queued'
+end
+if st == 'running' then
+  if redis.call('HGET', KEYS[1], 'cancel_requested') ~= '1' then
+    redis.call('HSET', KEYS[1], 'cancel_requested', '1', 'updated_at', ARGV[2])
+    redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[5])
+  end
+  return 'requested'
+end
+return 'already-' .. st
+"""
+
+
+class AsyncJobStore:
+    """What the API does to jobs, over `redis.asyncio` (decode_responses=True).
+
+    It owns the client; the per-resource stores it builds (`events`) share it, and the event
+    and metrics reads below delegate to them.
+    """
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
+        self.events = AsyncEventStore(client)
+        self._create = client.register_script(_CREATE)
+        self._cancel = client.register_script(_CANCEL)
+        self._finish = client.register_script(_FINISH)
+
+    async def create(
+        self,
+        *,
+        tenant: str,
+        queue: str,
+        name: str | None,
+        spec_json: str,
+        total_steps: int,
+        max_active: int,
+        idempotency: str | None,
+        idempotency_ttl: int,
+    ) -> CreateResult:
+        job_id = new_job_id()
+        now = now_iso()
+        fields = {
+            "id": job_id,
+            "tenant": tenant,
+            "status": "queued",
+            "queue": queue,
+            "name": name or "",
+            "spec": spec_json,
+            "spec_digest": spec_digest(spec_json),
+            "created_at": now,
+            "updated_at": now,
+            "total_steps": str(total_steps),
+            "attempts": "0",
+        }
+        flat = [item for pair in fields.items() for item in pair]
+        idem_key = idempotency_key(tenant, idempotency) if idempotency else f"{PREFIX}:idem:-"
+        outcome, value = await self._create(
+            keys=[
+                job_key(job_id),
+                events_key(job_id),
+                tenant_jobs_key(tenant),
+                tenant_active_key(tenant),
+                idem_key,
+            ],
+            args=[
+                job_id,
+                max_active,
+                idempotency_ttl if idempotency else 0,
+                _status_data("queued"),
+                *flat,
+            ],
+        )
+        if outcome == "limit":
+            return CreateResult("limit", None, int(value))
+        if outcome == "created":
+            return CreateResult(outcome, value, record=JobRecord.from_hash(fields))
+        return CreateResult(outcome, value)
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = await self.redis.hgetall(job_key(job_id))
+        return _record_or_none(cast(dict[str, str], raw))
+
+    async def list_jobs(
+        self, tenant: str, *, limit: int, cursor: str | None, status: str | None
+    ) -> tuple[list[JobRecord], str | None]:
+        """Newest first from the tenant's index, filtered; the cursor is the last id returned."""
+        if status in ("queued", "running"):
+            return await self._list_active(tenant, limit=limit, cursor=cursor, status=status)
+        key = tenant_jobs_key(tenant)
+        out: list[JobRecord] = []
+        upper = f"({cursor}" if cursor else "+"
+        batch = max(limit, 50) if status else limit
+        while True:
+            found = await self.redis.zrevrangebylex(key, upper, "-", start=0, num=batch)
+            ids = cast(list[str], found)
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(job_key(job_id))
+            for job_id, raw in zip(ids, await pipe.execute(), strict=True):
+                upper = f"({job_id}"
+                record = _record_or_none(raw)
+                if record is None or (status is not None and record.status != status):
+                    continue
+                out.append(record)
+                if len(out) == limit:
+                    more = await self.redis.zrevrangebylex(key, upper, "-", start=0, num=1)
+                    return out, (job_id if more else None)
+            if len(ids) < batch:
+                return out, None
+
+    async def _list_active(
+        self, tenant: str, *, limit: int, cursor: str | None, status: str
+    ) -> tuple[list[JobRecord], str | None]:
+        """Queued or running jobs come from the small active set (bounded by the quota), not
+        from a scan of the tenant's whole history."""
+        members = cast(set[str], await self.redis.smembers(tenant_active_key(tenant)))
+        ids = sorted((i for i in members if cursor is None or i < cursor), reverse=True)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(job_key(job_id))
+        records = [_record_or_none(raw) for raw in await pipe.execute()]
+        matching = [r for r in records if r is not None and r.status == status]
+        page = matching[:limit]
+        return page, (page[-1].id if len(matching) > limit else None)
+
+    async def cancel(self, job_id: str) -> str:
+        """'cancelled-while-queued', 'requested' (running), 'already-<status>' or 'missing'."""
+        record = await self.get(job_id)
+        if record is None:
+            return "missing"
+        outcome = await self._cancel(
+            keys=[
+                job_key(job_id),
+                events_key(job_id),
+                tenant_active_key(record.tenant),
+                RUNNING_SET,
+            ],
+            args=[
+                job_id,
+                now_iso(),
+                _status_data("cancelled"),
+                json.dumps({"status": "cancelled"}),
+                _log_data(
+                    "cancel requested; the job stops within seconds, keeping its last checkpoint"
+                ),
+            ],
+        )
+        return str(outcome)
+
+    async def fail(self, job: JobRecord, code: str, message: str) -> bool:
+        keys = [job_key(job.id), events_key(job.id), tenant_active_key(job.tenant), RUNNING_SET]
+        args = [
+            job.id,
+            "failed",
+            now_iso(),
+            _status_data("failed"),
+            json.dumps({"status": "failed"}),
+        ]
+        extra = ["error_code", code, "error_message", message]
+        return bool(await self._finish(keys=keys, args=[*args, *extra]))
+
+    async def metrics_history(self, job_id: str) -> list[dict[str, Any]]:
+        return await self.events.metrics_history(job_id)
+
+    async def events_after(
+        self, job_id: str, after: str, count: int = 1000
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Stream entries strictly after `after` ("0" for all), oldest first."""
+        return await self.events.events_after(job_id, after, count)
+
+    async def last_event_id(self, job_id: str) -> str:
+        return await self.events.last_event_id(job_id)

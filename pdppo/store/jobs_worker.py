@@ -1,0 +1,199 @@
+"""The job operations a worker runs while it holds a job: claim, publish, finish, requeue.
+
+Each state change that must not race with the API or another worker (claim, publish a step or a
+checkpoint, finish, requeue an orphan) is one Lua script, defined next to the method that runs
+it, so the record, the indexes and the event stream never disagree, whoever crashes when. The
+API's `AsyncJobStore.fail` runs the same `_FINISH` script.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import cast
+
+import redis
+
+from pdppo.store.events import EventStore, _log_data, _status_data
+from pdppo.store.keys import (
+    RUNNING_SET,
+    events_key,
+    job_key,
+    lease_key,
+    metrics_key,
+    now_iso,
+    tenant_active_key,
+)
+from pdppo.store.records import JobRecord, _record_or_none
+
+# KEYS: job, events, running set; ARGV: id, now, worker, status data. Queued (or running whose
+# worker died, lease since taken over by the caller) becomes running; anything else: 0.
+_CLAIM = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if st ~= 'queued' and st ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[2], 'worker', ARGV[3])
+if not redis.call('HGET', KEYS[1], 'started_at') then
+  redis.call('HSET', KEYS[1], 'started_at', ARGV[2])
+end
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('SADD', KEYS[3], ARGV[1])
+if st ~= 'running' then redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4]) end
+return 1
+"""
+
+# KEYS: job, events, metrics list; ARGV: step, now, metrics json, event data, row json.
+# Publishes only past the last published step: a resumed run redoes steps it already reported.
+_PUBLISH_STEP = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+local last = redis.call('HGET', KEYS[1], 'step')
+if last and tonumber(ARGV[1]) <= tonumber(last) then return 0 end
+redis.call('HSET', KEYS[1], 'step', ARGV[1], 'metrics', ARGV[3], 'updated_at', ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[5])
+redis.call('XADD', KEYS[2], '*', 'type', 'metrics', 'data', ARGV[4])
+return 1
+"""
+
+# KEYS: job, events; ARGV: step, now, event data. Same once-only rule for checkpoint events.
+_PUBLISH_CHECKPOINT = """
+local last = redis.call('HGET', KEYS[1], 'checkpoint_step')
+if last and tonumber(ARGV[1]) <= tonumber(last) then return 0 end
+redis.call('HSET', KEYS[1], 'checkpoint_step', ARGV[1], 'updated_at', ARGV[2])
+redis.call('XADD', KEYS[2], '*', 'type', 'checkpoint', 'data', ARGV[3])
+return 1
+"""
+
+# KEYS: job, events, tenant active, running; ARGV: id, status, now, status data, done data,
+# then field/value pairs (error, final model). A finished job never changes again.
+_FINISH = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if (not st) or st == 'succeeded' or st == 'failed' or st == 'cancelled' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3])
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('SREM', KEYS[4], ARGV[1])
+redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4])
+redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[5])
+return 1
+"""
+
+# KEYS: job, events, lease, running, tenant active; ARGV: id, now, queued data, log data,
+# cancelled data, done data, lease token of the caller ('' for none), most worker losses, failed
+# data, failed done data, failure message. A running job whose lease expired lost its worker (or
+# the holder hands it back): back to queued (the caller re-sends the task), straight to cancelled
+# if a cancel was pending, or failed once it has lost more workers than allowed (a job that kills
+# its worker, e.g. out of memory, must not take down every worker in turn forever).
+_REQUEUE = """
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[7] then return 'leased' end
+if holder then redis.call('DEL', KEYS[3]) end
+local st = redis.call('HGET', KEYS[1], 'status')
+redis.call('SREM', KEYS[4], ARGV[1])
+if st ~= 'running' then return 'not-running' end
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2])
+  redis.call('SREM', KEYS[5], ARGV[1])
+  redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[5])
+  redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[6])
+  return 'cancelled'
+end
+if ARGV[7] == '' then
+  local lost = redis.call('HINCRBY', KEYS[1], 'worker_losses', 1)
+  if tonumber(ARGV[8]) > 0 and lost > tonumber(ARGV[8]) then
+    redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[2], 'updated_at', ARGV[2],
+               'error_code', 'worker_lost', 'error_message', ARGV[11])
+    redis.call('SREM', KEYS[5], ARGV[1])
+    redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[9])
+    redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[10])
+    return 'failed'
+  end
+end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'requeues', 1)
+redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
+redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
+return 'requeued'
+"""
+
+
+class JobStore:
+    """What the workers do to jobs, over the synchronous client (decode_responses=True).
+
+    It owns the client; the per-resource stores it builds (`events`) share it.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self.events = EventStore(client)
+        self._claim = client.register_script(_CLAIM)
+        self._publish_step = client.register_script(_PUBLISH_STEP)
+        self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)
+        self._finish = client.register_script(_FINISH)
+        self._requeue = client.register_script(_REQUEUE)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return _record_or_none(cast(dict[str, str], self.redis.hgetall(job_key(job_id))))
+
+    def claim(self, job_id: str, worker: str) -> bool:
+        keys = [job_key(job_id), events_key(job_id), RUNNING_SET]
+        args = [job_id, now_iso(), worker, _status_data("running")]
+        return bool(self._claim(keys=keys, args=args))
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return self.redis.hget(job_key(job_id), "cancel_requested") == "1"
+
+    def publish_step(self, job_id: str, step: int, total: int, metrics: dict[str, float]) -> bool:
+        metrics_json = json.dumps(metrics)
+        event = json.dumps({"step": step, "total": total, "metrics": metrics})
+        row = json.dumps({"step": step, "metrics": metrics})
+        keys = [job_key(job_id), events_key(job_id), metrics_key(job_id)]
+        return bool(self._publish_step(keys=keys, args=[step, now_iso(), metrics_json, event, row]))
+
+    def publish_checkpoint(self, job_id: str, step: int, name: str) -> bool:
+        data = json.dumps({"step": step, "name": name})
+        keys = [job_key(job_id), events_key(job_id)]
+        return bool(self._publish_checkpoint(keys=keys, args=[step, now_iso(), data]))
+
+    def publish_log(self, job_id: str, message: str) -> None:
+        self.events.publish_log(job_id, message)
+
+    def finish(self, job: JobRecord, status: str, extra: dict[str, str] | None = None) -> bool:
+        pairs = [item for pair in (extra or {}).items() for item in pair]
+        keys = [job_key(job.id), events_key(job.id), tenant_active_key(job.tenant), RUNNING_SET]
+        args = [job.id, status, now_iso(), _status_data(status), json.dumps({"status": status})]
+        return bool(self._finish(keys=keys, args=[*args, *pairs]))
+
+    def running_job_ids(self) -> list[str]:
+        return sorted(cast(set[str], self.redis.smembers(RUNNING_SET)))
+
+    def requeue_if_orphaned(
+        self,
+        job: JobRecord,
+        reason: str = "worker lost; queued again to resume from its last checkpoint",
+        lease_token: str = "",
+        max_worker_losses: int = 0,
+    ) -> str:
+        """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
+        'failed' (more than `max_worker_losses` workers died on it; 0: no limit), 'leased' (its
+        worker is alive) or 'not-running'. The lease holder passes its token to hand the job
+        back without a window where a reaper could take it first (that is no worker loss)."""
+        keys = [
+            job_key(job.id),
+            events_key(job.id),
+            lease_key(job.id),
+            RUNNING_SET,
+            tenant_active_key(job.tenant),
+        ]
+        args: list[str | int] = [
+            job.id,
+            now_iso(),
+            _status_data("queued"),
+            _log_data(reason),
+            _status_data("cancelled"),
+            json.dumps({"status": "cancelled"}),
+            lease_token,
+            max_worker_losses,
+            _status_data("failed"),
+            json.dumps({"status": "failed"}),
+            f"the job's worker died {max_worker_losses + 1} times while running it "
+            "(killed, out of memory, or lost its machine); not retried again",
+        ]
+        return str(self._requeue(keys=keys, args=args))

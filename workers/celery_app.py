@@ -3,12 +3,27 @@
 Imported by the API to enqueue (by task name, so the API never imports torch or the trainer) and
 by `pdppo worker`. Delivery is at-least-once (`acks_late`): a task whose worker died is delivered
 again, and the job lease (`workers.lease`) keeps a redelivered copy from running a job twice.
+
+The outbox dispatcher (`workers.reaper.dispatch_once`) must know whether a queued job still has a
+live task, and Celery has no API for that, so `broker_view` reads kombu's Redis layout directly:
+each queue is a list named after it (plus one per non-zero priority step) that producers `LPUSH`
+to and consumers `BRPOP` from, and a message a consumer took but has not acknowledged sits in the
+`unacked` hash (delivery tag -> message) with its take time in `unacked_index`. kombu restores
+those only after `visibility_timeout`; `restore_taken` does the same for one message, earlier.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
 from celery import Celery
 from kombu import Queue
+from kombu.transport.redis import PRIORITY_STEPS
+from kombu.transport.redis import Channel as RedisChannel
 
 from pdppo.settings import get_settings
 
@@ -50,3 +65,85 @@ def enqueue(job_id: str, queue: str) -> None:
 def revoke_queued(job_id: str) -> None:
     """Best effort: workers drop the queued task; the task also skips a cancelled job itself."""
     celery_app.control.revoke(job_id)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A message a consumer took and has not acknowledged (kombu's `unacked`)."""
+
+    tag: str  # its delivery tag
+    at: float  # when it was taken (Unix seconds, the consumer's clock)
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """Where the tasks of some queues are, by task id (the job id, see `enqueue`)."""
+
+    waiting: frozenset[str]  # in a queue's list, not taken yet
+    taken: dict[str, list[Taken]] = field(default_factory=dict)
+
+    def latest(self, task_id: str) -> Taken | None:
+        """The last time `task_id` was taken, of the takes not acknowledged yet."""
+        return max(self.taken.get(task_id, []), key=lambda taken: taken.at, default=None)
+
+
+def _option(name: str, default: str) -> str:
+    options = celery_app.conf.broker_transport_options or {}
+    return str(options.get(name, default))
+
+
+def _queue_keys(queue: str) -> list[str]:
+    """The lists kombu keeps for `queue`: one per priority step (`Channel._q_for_pri`)."""
+    sep = RedisChannel.sep
+    return [queue if step == 0 else f"{queue}{sep}{step}" for step in PRIORITY_STEPS]
+
+
+def _task_id(raw: str) -> str | None:
+    """The task id of one kombu message (Celery's protocol 2 puts it in the headers)."""
+    try:
+        message = json.loads(raw)
+        if isinstance(message, list):  # an `unacked` entry: [message, exchange, routing key]
+            message = message[0]
+        found = message.get("headers", {}).get("id") or message.get("properties", {}).get(
+            "correlation_id"
+        )
+    except (ValueError, AttributeError, IndexError, TypeError):
+        return None
+    return str(found) if found else None
+
+
+def broker_view(client: redis.Redis, queues: Iterable[str]) -> BrokerView:
+    """Which tasks are waiting in `queues` and which are taken, read in one transaction (so a
+    message moving between the two is not missed by both; a consumer's `BRPOP` and its `unacked`
+    write are two commands, though, so a task can still be seen nowhere for a moment, and the
+    caller must tolerate sending it twice). Reads whole queues: call it once per batch."""
+    prefix = _option("global_keyprefix", "")
+    lists = [prefix + key for queue in sorted(set(queues)) for key in _queue_keys(queue)]
+    pipe = client.pipeline(transaction=True)
+    for key in lists:
+        pipe.lrange(key, 0, -1)
+    pipe.hgetall(prefix + _option("unacked_key", RedisChannel.unacked_key))
+    pipe.zrange(
+        prefix + _option("unacked_index_key", RedisChannel.unacked_index_key),
+        0,
+        -1,
+        withscores=True,
+    )
+    replies: list[Any] = pipe.execute()
+    waiting = {task for raw in replies[:-2] for item in raw if (task := _task_id(item))}
+    unacked = cast(dict[str, str], replies[-2])
+    taken_at = dict(cast(list[tuple[str, float]], replies[-1]))
+    taken: dict[str, list[Taken]] = {}
+    for tag, raw in unacked.items():
+        task = _task_id(raw)
+        if task is not None:
+            taken.setdefault(task, []).append(Taken(tag, taken_at.get(tag, 0.0)))
+    return BrokerView(frozenset(waiting), taken)
+
+
+def restore_taken(tag: str) -> None:
+    """Put a taken, unacknowledged message back at the head of its queue, as kombu itself does
+    after `visibility_timeout` (its own `restore_by_tag`: one transaction, nothing if the message
+    was acknowledged meanwhile). For a task whose consumer died before it claimed the job."""
+    with celery_app.connection_for_write() as conn:
+        conn.default_channel.qos.restore_by_tag(tag, leftmost=False)

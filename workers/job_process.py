@@ -8,14 +8,26 @@ process that forks), watches it, and is the only one to write the job's final st
 
 The job process publishes its own steps, checkpoints and log lines to Redis, checks a stop event
 that the worker sets (cancel, timeout, worker shutdown) before every generated token and every
-minibatch, and sends one result message back over a pipe. It ignores SIGINT and SIGTERM (its
-worker decides when it stops) and exits as soon as that pipe says the worker is gone, so a worker
-killed with -9 never leaves a job writing behind it.
+minibatch, and sends one result message back over a pipe, after its last event is in Redis (so
+the worker's `finish` comes after the last step). It ignores SIGINT and SIGTERM (its worker
+decides when it stops) and exits as soon as that pipe says the worker is gone, so a worker killed
+with -9 never leaves a job writing behind it.
+
+Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
+trainer's callback only appends to an ordered outgoing queue (`EventPublisher`), which one thread
+publishes with retries and backoff through a stall. Steps and checkpoints are idempotent by step
+number, so a retry after a lost reply is safe; a log line goes through a script that adds it only
+if it is not among the stream's latest entries, so it lands exactly once. Only when Redis stays
+away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop, cleanly: it checkpoints and reports
+`stopped` (`why: store_unreachable`), and its worker hands it back. The worker may also kill the
+job on a lost lease with events still queued: a resumed job first publishes, from
+`metrics.jsonl`, the steps up to its checkpoint that never made it to Redis, so no step is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -23,6 +35,8 @@ import resource
 import signal
 import threading
 import traceback
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection
@@ -31,18 +45,32 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from core.budget import Limits
+from core.checkpoint import checkpoint_step, latest_checkpoint
 from core.trainer import TrainerCallback
 from pdppo.spec import JobSpec
-from pdppo.store import JobRecord, JobStore
+from pdppo.store import (
+    JobRecord,
+    JobStore,
+    StoreConfig,
+    StoreRetry,
+    StoreUnavailable,
+    store_client,
+)
+from pdppo.store.retry import add_event_once, log_fields
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000
 EXIT_ORPHANED = 70  # the worker died; nothing was written after it did
 # Imported once by the fork server, so every job process starts with them in memory.
-PRELOAD = ["workers.job_process", "core.trainer", "core.models", "core.tasks", "pdppo.spec"]
+PRELOAD = [
+    "workers.job_process",
+    "core.trainer",
+    "core.models",
+    "core.tasks",
+    "pdppo.spec",
+    "torch._dynamo",  # the first AdamW imports it: 1.6-2 s of every job, paid once here instead
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +86,7 @@ class JobOptions:
     log_level: str
     data_roots: tuple[str, ...]  # local models and datasets only from here (empty: none)
     limits: Limits  # the job's queue's budget, checked again here: the API may not see files
+    store: StoreConfig  # timeouts and outage bound of the job's Redis client
 
 
 @lru_cache(maxsize=1)
@@ -80,30 +109,123 @@ def job_context() -> ForkServerContext:
     return ctx
 
 
-class JobCallback(TrainerCallback):
-    """Publishes the trainer's progress; stops when the worker sets the event."""
+class EventPublisher:
+    """The job's outgoing events, in order, published by one thread so that the trainer never
+    waits on Redis.
 
-    def __init__(self, store: JobStore, job: JobRecord, stop: Event, conn: Connection) -> None:
+    Each event is retried (`StoreRetry`) until Redis takes it; the next one waits behind it, so
+    the stream keeps the trainer's order. When Redis stays away past the outage bound
+    (`unavailable`) or answers with an error that waiting does not cure (`error`), the publisher
+    stops: `failed` tells the callback to stop the job, and the events still queued are dropped
+    (a resumed job publishes its missing steps again, see `backfill`)."""
+
+    def __init__(self, store: JobStore, job: JobRecord, retry: StoreRetry) -> None:
         self.store = store
         self.job = job
+        self.retry = retry
+        self.unavailable: StoreUnavailable | None = None
+        self.error: Exception | None = None
+        self._queue: deque[tuple[str, Callable[[], object]]] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._drain, name="pdppo publisher", daemon=True)
+
+    @property
+    def failed(self) -> bool:
+        return self.unavailable is not None or self.error is not None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        job = self.job
+        self._put(
+            f"publish step {step} of job {job.id}",
+            lambda: self.store.publish_step(job.id, step, job.total_steps, metrics),
+        )
+
+    def checkpoint(self, step: int, name: str) -> None:
+        job = self.job
+        self._put(
+            f"publish checkpoint {step} of job {job.id}",
+            lambda: self.store.publish_checkpoint(job.id, step, name),
+        )
+
+    def log(self, message: str) -> None:
+        fields = log_fields(message)  # stamped now, however late Redis takes it
+        client, retry, job_id = self.store.redis, self.retry, self.job.id
+        self._put(f"log to job {job_id}", lambda: add_event_once(client, retry, job_id, fields))
+
+    def close(self) -> bool:
+        """Wait until every queued event is published; False if the publisher gave up first."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        return not self.failed and not self._queue
+
+    def _put(self, what: str, publish: Callable[[], object]) -> None:
+        with self._cond:
+            if self.failed or self._closed:
+                return
+            self._queue.append((what, publish))
+            self._cond.notify_all()
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                what, publish = self._queue[0]
+            try:
+                # add_event_once retries by itself; steps and checkpoints are idempotent.
+                self.retry.call(what, publish)
+            except StoreUnavailable as exc:
+                self._give_up(exc, None)
+                return
+            except Exception as exc:
+                log.exception("could not %s", what)
+                self._give_up(None, exc)
+                return
+            with self._cond:
+                self._queue.popleft()
+
+    def _give_up(self, unavailable: StoreUnavailable | None, error: Exception | None) -> None:
+        with self._cond:
+            self.unavailable, self.error = unavailable, error
+            dropped = len(self._queue)
+            self._queue.clear()
+        log.error("stopped publishing; %d events not published", dropped)
+
+
+class JobCallback(TrainerCallback):
+    """Hands the trainer's progress to the publisher; stops when the worker sets the event, or
+    when the publisher gave up on Redis."""
+
+    def __init__(self, publisher: EventPublisher, stop: Event, conn: Connection) -> None:
+        self.publisher = publisher
         self.stop = stop
         self.conn = conn
         self._told = False
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        # The step is the event's own field; metrics are the numbers measured at it.
-        clean = {k: float(v) for k, v in metrics.items() if k != "step"}
-        self.store.publish_step(self.job.id, step, self.job.total_steps, clean)
+        self.publisher.step(step, clean_metrics(metrics))
 
     def on_checkpoint(self, step: int, path: Path) -> None:
-        self.store.publish_checkpoint(self.job.id, step, path.name)
+        self.publisher.checkpoint(step, path.name)
 
     def on_log(self, message: str) -> None:
-        self.store.publish_log(self.job.id, message)
+        self.publisher.log(message)
 
     def should_stop(self) -> bool:
-        """Asked before every token: an in-memory flag only. The first True tells the worker
-        that the stop was heard, so it waits for the checkpoint instead of killing the job."""
+        """Asked before every token: in-memory flags only. The first True for the worker's stop
+        tells the worker that the stop was heard, so it waits for the checkpoint instead of
+        killing the job."""
+        if self.publisher.failed:
+            return True
         if not self.stop.is_set():
             return False
         if not self._told:
@@ -111,6 +233,36 @@ class JobCallback(TrainerCallback):
             with contextlib.suppress(OSError):
                 self.conn.send({"kind": "stopping"})
         return True
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The step is the event's own field; metrics are the numbers measured at it."""
+    return {k: float(v) for k, v in metrics.items() if k != "step"}
+
+
+def backfill(publisher: EventPublisher, out_dir: Path, job: JobRecord) -> int:
+    """Queue the steps up to the checkpoint this run resumes from that Redis never got (the last
+    run was stopped with events still queued), from its metrics.jsonl; returns how many.
+
+    Steps past the checkpoint are not: the resumed run trains them again and publishes them."""
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        return 0
+    upto = checkpoint_step(ckpt)
+    queued = 0
+    path = out_dir / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            step = int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line torn by a kill mid-write
+        if job.step < step <= upto:
+            publisher.step(step, clean_metrics(row))
+            queued += 1
+    publisher.checkpoint(upto, ckpt.name)
+    return queued
 
 
 def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
@@ -130,16 +282,41 @@ def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
 
 
 def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
-    from core.trainer import resolve_device, train
-
-    store = JobStore(redis.Redis.from_url(options.redis_url, decode_responses=True))
-    job = store.get(options.job_id)
+    store = JobStore(store_client(options.redis_url, options.store))
+    retry = StoreRetry.from_config(options.store)
+    try:
+        job = retry.call(f"read job {options.job_id}", lambda: store.get(options.job_id))
+    except StoreUnavailable as exc:
+        log.error("%s", exc)
+        return {"outcome": "stopped", "why": "store_unreachable", "step": 0}
     if job is None:
         return {"outcome": "missing"}
     try:
         spec = JobSpec.model_validate_json(job.spec_json)
     except ValueError as exc:
         return _failure("invalid_spec", exc)
+    publisher = EventPublisher(store, job, retry)
+    publisher.start()
+    result = _train(options, conn, stop, spec, job, publisher)
+    flushed = publisher.close()  # the worker's finish must come after the last event
+    if publisher.error is not None and result["outcome"] != "failed":
+        return _failure("store_error", publisher.error)
+    if not flushed and result["outcome"] in ("succeeded", "stopped"):
+        # Checkpointed (a stopped or finished run always is): resumed, its steps published.
+        return {"outcome": "stopped", "why": "store_unreachable", "step": result.get("step", 0)}
+    return result
+
+
+def _train(
+    options: JobOptions,
+    conn: Connection,
+    stop: Event,
+    spec: JobSpec,
+    job: JobRecord,
+    publisher: EventPublisher,
+) -> dict[str, Any]:
+    from core.trainer import resolve_device, train
+
     try:
         problems = _over_budget(spec, job, options)
         if problems:
@@ -151,11 +328,14 @@ def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
         if resolve_device(spec.train.device).type == "cpu" and options.memory_limit_bytes:
             _limit_memory(options.memory_limit_bytes)
         if options.resume:
-            store.publish_log(job.id, "resuming from its latest checkpoint")
+            publisher.log("resuming from its latest checkpoint")
+            missing = backfill(publisher, Path(options.out_dir), job)
+            if missing:
+                log.info("publishing %d steps the last run trained but never published", missing)
         result = train(
             spec.train,
             Path(options.out_dir),
-            callback=JobCallback(store, job, stop, conn),
+            callback=JobCallback(publisher, stop, conn),
             resume=options.resume,
             data_roots=list(options.data_roots),
         )

@@ -1,33 +1,77 @@
-"""Finds running jobs whose worker died (lease expired) and queues them again to resume.
+"""Repairs what a dead process left behind: orphaned running jobs, and queued jobs with no task.
 
+The reaper finds running jobs whose worker died (lease expired) and queues them again to resume.
 Celery alone would redeliver the dead worker's task only after `visibility_timeout` (an hour), and
 a copy it redelivered earlier may already have been dropped by the lease check; so every worker
 runs this loop. The requeue is one Lua script that also flips the job to `queued`, so of several
 reapers exactly one re-sends the task.
+
+The dispatcher drains the enqueue outbox (`pdppo.store.outbox`): a queued job whose task its
+creator (the API, a reaper, a worker handing a job back) died before publishing, or whose task a
+worker took and died with before claiming the job, gets its task back within seconds. It runs in
+every worker rather than in the API because a job can only run where a worker runs: with no
+worker up, nothing is lost by waiting, and the first worker to start repairs everything (it also
+adopts queued jobs that predate the outbox). Each check looks at the broker first, so a job that
+is merely waiting its turn behind others is never re-sent, and a task is sent again only when no
+copy of it is waiting or held by a live worker.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
 
-from pdppo.store import JobStore
-from workers.celery_app import enqueue
+from pdppo.settings import Settings
+from pdppo.store import JobStore, job_key
+from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
+from workers.celery_app import broker_view, enqueue, restore_taken
 
 log = logging.getLogger(__name__)
+# How long a task seen nowhere in the broker is looked for once more before it is sent again.
+CONFIRM_SECONDS = 0.5
 
 
-def reap_once(store: JobStore, max_worker_losses: int = 0) -> list[str]:
-    """Requeue every orphaned running job; returns the ids sent again."""
+@dataclass(frozen=True)
+class DispatchTiming:
+    """When the dispatcher looks at an outbox entry (seconds)."""
+
+    grace: float  # after a job is created, requeued or its task re-sent: time to publish it
+    claim_grace: float  # a task taken longer ago than this without a claim: its taker died
+    recheck: float  # a job waiting in a queue is looked at again after this
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DispatchTiming:
+        """A taker is presumed dead after a lease period, like a running job's worker (and as
+        long as a worker riding out a Redis stall may take to claim); a waiting job is looked
+        at every few graces, which bounds how often a dispatcher reads a whole queue."""
+        grace = settings.outbox_grace_seconds
+        claim_grace = max(grace, settings.lease_seconds)
+        return cls(grace=grace, claim_grace=claim_grace, recheck=max(6 * grace, claim_grace))
+
+    @property
+    def interval(self) -> float:
+        return min(1.0, self.grace / 2)
+
+
+def reap_once(
+    store: JobStore, max_worker_losses: int = 0, dispatch_grace: float = DEFAULT_GRACE_SECONDS
+) -> list[str]:
+    """Requeue every orphaned running job; returns the ids sent again. A requeued job is in the
+    outbox, so if this reaper dies before sending, a dispatcher sends it `dispatch_grace` later."""
     sent: list[str] = []
     for job_id in store.running_job_ids():
         job = store.get(job_id)
         if job is None:
             store.redis.srem("pdppo:running", job_id)
             continue
-        outcome = store.requeue_if_orphaned(job, max_worker_losses=max_worker_losses)
+        outcome = store.requeue_if_orphaned(
+            job, max_worker_losses=max_worker_losses, dispatch_grace=dispatch_grace
+        )
         if outcome == "failed":
             log.error("job %s lost its worker too often; marked failed", job.id)
         if outcome == "requeued":
@@ -37,18 +81,108 @@ def reap_once(store: JobStore, max_worker_losses: int = 0) -> list[str]:
     return sent
 
 
-def start_reaper(store: JobStore, interval: float, max_worker_losses: int = 0) -> threading.Event:
-    """Runs `reap_once` every `interval` seconds in a daemon thread; set the event to stop."""
+def dispatch_once(store: JobStore, timing: DispatchTiming, now: float | None = None) -> list[str]:
+    """Check the outbox entries that are due; returns the ids whose task was sent or put back.
+
+    Per due job: waiting in its queue, nothing (looked at again after `recheck`); taken by a
+    worker less than `claim_grace` ago, looked at again when that runs out; taken longer ago
+    (the worker died before claiming it), the message goes back to the head of its queue; no
+    message anywhere, the task is sent. Taking an entry moves its next check forward, so of
+    several dispatchers exactly one acts on it."""
+    now = time.time() if now is None else now
+    due = store.outbox.take_due(timing.recheck, now=now)
+    if not due:
+        return []
+    view = broker_view(store.redis, {queue for _, queue in due})
+    acted: list[str] = []
+    missing: list[tuple[str, str]] = []
+    for job_id, queue in due:
+        if job_id in view.waiting:
+            continue
+        latest = view.latest(job_id)
+        if latest is None:
+            missing.append((job_id, queue))
+        elif now - latest.at < timing.claim_grace:
+            store.outbox.check_at(job_id, latest.at + timing.claim_grace)
+        else:
+            restore_taken(latest.tag)
+            store.outbox.check_at(job_id, now + timing.grace)
+            acted.append(job_id)
+            log.warning(
+                "job %s: its task was taken %.0fs ago by a worker that never claimed the job; "
+                "put back in queue %s",
+                job_id,
+                now - latest.at,
+                queue,
+            )
+    return acted + _send_missing(store, timing, missing)
+
+
+def _send_missing(
+    store: JobStore, timing: DispatchTiming, missing: list[tuple[str, str]]
+) -> list[str]:
+    """Send the tasks of queued jobs seen nowhere in the broker, after one more look: a consumer
+    takes a message (`BRPOP`) and records it in `unacked` a moment later, so a task seen nowhere
+    may just be in between, and sending it then would deliver the job twice."""
+    if not missing:
+        return []
+    time.sleep(CONFIRM_SECONDS)
+    view = broker_view(store.redis, {queue for _, queue in missing})
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id, _ in missing:
+        pipe.hget(job_key(job_id), "status")
+    sent: list[str] = []
+    for (job_id, queue), status in zip(missing, pipe.execute(), strict=True):
+        if status != "queued" or job_id in view.waiting:
+            continue  # claimed meanwhile (which took it out of the outbox), or waiting after all
+        latest = view.latest(job_id)
+        if latest is not None:
+            store.outbox.check_at(job_id, latest.at + timing.claim_grace)
+            continue
+        enqueue(job_id, queue)
+        store.outbox.check_at(job_id, time.time() + timing.grace)
+        sent.append(job_id)
+        log.warning("job %s was queued with no task (its sender died); sent to %s", job_id, queue)
+    return sent
+
+
+def start_reaper(
+    store: JobStore,
+    interval: float,
+    max_worker_losses: int = 0,
+    timing: DispatchTiming | None = None,
+) -> threading.Event:
+    """Runs `reap_once` every `interval` seconds in a daemon thread, and with `timing`
+    `dispatch_once` every `timing.interval` (after adopting queued jobs that predate the
+    outbox); set the event to stop."""
     stop = threading.Event()
 
+    def guarded(what: str, action: Callable[[], object]) -> bool:
+        try:
+            action()
+            return True
+        except redis.RedisError:
+            log.warning("%s could not reach Redis; retrying", what, exc_info=True)
+        except Exception:
+            log.exception("%s failed; retrying", what)
+        return False
+
+    def adopt() -> None:
+        if added := store.outbox.adopt_queued():
+            log.warning("%d queued jobs had no outbox entry; the dispatcher checks them", added)
+
     def loop() -> None:
-        while not stop.wait(interval):
-            try:
-                reap_once(store, max_worker_losses)
-            except redis.RedisError:
-                log.warning("reaper could not reach Redis; retrying", exc_info=True)
-            except Exception:
-                log.exception("reaper failed; retrying")
+        tick = interval if timing is None else min(interval, timing.interval)
+        grace = DEFAULT_GRACE_SECONDS if timing is None else timing.grace
+        next_reap = time.monotonic() + interval
+        adopted = timing is None or guarded("outbox adoption", adopt)
+        while not stop.wait(tick):
+            if time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + interval
+                guarded("reaper", lambda: reap_once(store, max_worker_losses, grace))
+            if timing is not None:
+                adopted = adopted or guarded("outbox adoption", adopt)
+                guarded("dispatcher", lambda: dispatch_once(store, timing))
 
     threading.Thread(target=loop, name="pdppo reaper", daemon=True).start()
     return stop

@@ -10,6 +10,13 @@ The trainer runs in its own process (`workers.job_process`); this one keeps the 
 watches for a cancel, the job's timeout and a worker shutdown, asks the job to stop, kills it when
 it does not stop within the grace period, and records how it ended, including deaths that the
 job itself cannot report (the kernel's OOM killer, a signal, a crash of the interpreter).
+
+A Redis stall is not the job's fault (DESIGN §3): every store call here goes through `StoreRetry`
+(bounded backoff, `PDPPO_STORE_OUTAGE_SECONDS`), the cancel flag is read from a thread of its own
+so that the watch loop never waits on Redis, and the job process keeps training while its events
+wait in its outgoing queue. Only the lease bounds a stall: when it expired while Redis was
+unreachable, the job process is stopped (another worker may take the job) and, once Redis answers
+again, the job is handed back with that reason, not counted as a lost worker.
 """
 
 from __future__ import annotations
@@ -19,22 +26,26 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from core.checkpoint import latest_checkpoint
 from pdppo.settings import Settings, get_settings
 from pdppo.spec import JobSpec
-from pdppo.store import JobRecord, JobStore
+from pdppo.store import JobRecord, JobStore, StoreConfig, StoreRetry, StoreUnavailable, store_client
+from pdppo.store.retry import publish_log_once
 from workers.celery_app import enqueue
 from workers.exits import describe_exit, oom_kills
 from workers.job_process import JobOptions, job_context, job_main
 from workers.lease import Lease, LeaseLost
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 POLL_SECONDS = 0.2
 CANCEL_POLL_SECONDS = 0.5
 # A job that said it is stopping is writing its checkpoint: give that time before killing it.
@@ -46,7 +57,14 @@ SHUTTING_DOWN = threading.Event()
 
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url, decode_responses=True)
+    """The worker's client (its reaper shares it): deliberate timeouts and no retries behind the
+    caller's back (`pdppo.store.retry`)."""
+    settings = get_settings()
+    return store_client(settings.redis_url, StoreConfig.from_settings(settings))
+
+
+def store_retry(settings: Settings) -> StoreRetry:
+    return StoreRetry.from_config(StoreConfig.from_settings(settings))
 
 
 def worker_name() -> str:
@@ -57,37 +75,104 @@ def job_dir(job_id: str) -> Path:
     return get_settings().artifact_dir / job_id
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What happened (for the worker's log), and why to hand the job back (None: don't)."""
+
+    text: str
+    hand_back: str | None = None
+
+
+SHUTDOWN_REASON = "worker shutting down; queued again to resume from its last checkpoint"
+
+
 def run_job(job_id: str) -> str:
-    """Run or resume `job_id`; returns what happened (for the worker's log)."""
+    """Run or resume `job_id`; returns what happened (for the worker's log).
+
+    Raises `StoreUnavailable` when Redis stays unreachable before the job is claimed (it is
+    still queued then)."""
     settings = get_settings()
+    retry = store_retry(settings)
     store = JobStore(redis_client())
-    job = store.get(job_id)
+    job = retry.call(f"read job {job_id}", lambda: store.get(job_id))
     if job is None:
         return "missing"
     if job.terminal:
         return f"skipped: already {job.status}"
-    lease = Lease(store.redis, job_id, settings.lease_seconds, worker_name())
+    lease = Lease(store.redis, job_id, settings.lease_seconds, worker_name(), retry)
     if not lease.acquire():
         return "skipped: another worker holds the lease"
-    handoff = False
+    outcome = _Outcome("abandoned")
     try:
-        if not store.claim(job_id, worker_name()):
+        claimed = retry.call(
+            f"claim job {job_id}",
+            lambda: store.claim(job_id, worker_name()),
+            recover=lambda: _claimed(store, job),
+            before_retry=lease.check,  # not past the lease: someone else may take the job then
+        )
+        if not claimed:
             return "skipped: no longer queued"
         lease.start_heartbeat()
-        outcome = _supervise(store, store.get(job_id) or job, lease, settings)
-        handoff = outcome.startswith("stopped")
-        return outcome
+        outcome = _supervise(store, retry, job, lease, settings)
+        return outcome.text
+    except LeaseLost as lost:
+        outcome = _after_lease_lost(job, lease, lost)
+        return outcome.text
     finally:
+        # Hand back before waiting for the heartbeat thread, which may sit in a renewal until a
+        # stalled Redis wakes: a request sent now is served as soon as Redis wakes, ahead of a
+        # reaper's that needs several round trips, so the job's log gets the true reason.
+        if outcome.hand_back is not None:
+            _hand_back(store, retry, job, lease, outcome.hand_back)
         lease.stop_heartbeat()
-        if handoff:
-            _hand_off(store, job, lease)
         lease.release()
 
 
-def _hand_off(store: JobStore, job: JobRecord, lease: Lease) -> None:
-    """After a shutdown stop: back to the queue, in one step with giving up the lease."""
-    reason = "worker shutting down; queued again to resume from its last checkpoint"
-    if store.requeue_if_orphaned(job, reason, lease_token=lease.token) == "requeued":
+def _after_lease_lost(job: JobRecord, lease: Lease, lost: LeaseLost) -> _Outcome:
+    log.warning("job %s: %s; leaving the job to its next holder", job.id, lost)
+    if not lost.unreachable:
+        return _Outcome("abandoned: lease lost")
+    # Nobody could take the job while Redis was away: once it answers, hand the job back
+    # saying so, unless a reaper or another worker got to it first.
+    why = (
+        f"lease expired while Redis was unreachable ({lease.lost_reason}); queued again to "
+        "resume from its last checkpoint"
+    )
+    return _Outcome("abandoned: lease expired while Redis was unreachable", why)
+
+
+def _claimed(store: JobStore, before: JobRecord) -> bool | None:
+    """After a claim whose reply was lost: True if it landed (this worker holds the lease, so
+    nobody else can have counted an attempt meanwhile), None to send it again."""
+    now = store.get(before.id)
+    if now is not None and now.status == "running" and now.attempts > before.attempts:
+        return True
+    return None
+
+
+def _hand_back(store: JobStore, retry: StoreRetry, job: JobRecord, lease: Lease, why: str) -> None:
+    """Back to the queue, in one step with giving up the lease (no worker loss is counted).
+
+    Also after a lease that expired while Redis was unreachable: the script requeues only a job
+    that is still running and whose lease nobody holds, exactly what a reaper would do, but with
+    the reason that is true. A requeue whose reply was lost is seen by the job being queued; the
+    task is then sent again (a duplicate task finds the job taken or finished and skips it)."""
+
+    def landed() -> str | None:
+        now = store.get(job.id)
+        return "requeued" if now is not None and now.status == "queued" else None
+
+    try:
+        result = retry.call(
+            f"hand job {job.id} back",
+            lambda: store.requeue_if_orphaned(job, why, lease_token=lease.token),
+            recover=landed,
+        )
+    except StoreUnavailable:
+        log.error("job %s: could not hand it back; a reaper will once Redis answers", job.id)
+        return
+    log.info("job %s: handed back (%s): %s", job.id, result, why)
+    if result == "requeued":
         enqueue(job.id, job.queue)
 
 
@@ -120,7 +205,9 @@ class _Watch:
         self.result: dict[str, Any] | None = None
 
 
-def _supervise(store: JobStore, job: JobRecord, lease: Lease, settings: Settings) -> str:
+def _supervise(
+    store: JobStore, retry: StoreRetry, job: JobRecord, lease: Lease, settings: Settings
+) -> _Outcome:
     out_dir = job_dir(job.id)
     out_dir.mkdir(parents=True, exist_ok=True)
     options = JobOptions(
@@ -133,6 +220,7 @@ def _supervise(store: JobStore, job: JobRecord, lease: Lease, settings: Settings
         log_level=settings.log_level,
         data_roots=tuple(str(root) for root in settings.allowed_data_roots),
         limits=settings.budget_limits("gpu" if job.queue == "gpu" else "cpu"),
+        store=StoreConfig.from_settings(settings),
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()
@@ -140,11 +228,12 @@ def _supervise(store: JobStore, job: JobRecord, lease: Lease, settings: Settings
     proc = ctx.Process(target=job_main, args=(options, theirs, stop), name=f"pdppo-job-{job.id}")
     ooms = oom_kills()
     deadline = time.monotonic() + timeout_seconds(job, settings)
+    cancel = _CancelWatch(store, job.id)
     proc.start()
     theirs.close()
     log.info("job %s: training in process %d", job.id, proc.pid)
     watch = _Watch()
-    next_cancel_poll = 0.0
+    cancel.start()
     try:
         while proc.exitcode is None:
             proc.join(POLL_SECONDS)
@@ -156,10 +245,8 @@ def _supervise(store: JobStore, job: JobRecord, lease: Lease, settings: Settings
                     watch.reason = "shutdown"
                 elif now >= deadline:
                     watch.reason = "timeout"
-                elif now >= next_cancel_poll:
-                    next_cancel_poll = now + CANCEL_POLL_SECONDS
-                    if _cancel_requested(store, job.id):
-                        watch.reason = "cancel"
+                elif cancel.requested.is_set():
+                    watch.reason = "cancel"
                 if watch.reason is not None:
                     log.info("job %s: asking it to stop (%s)", job.id, watch.reason)
                     watch.asked_at = now
@@ -170,15 +257,55 @@ def _supervise(store: JobStore, job: JobRecord, lease: Lease, settings: Settings
                     log.warning("job %s: did not stop within %.0fs; killing it", job.id, grace)
                     proc.kill()
                     watch.killed = True
-    except LeaseLost:
+        _read(ours, watch)
+        return _conclude(
+            store, retry, job, lease, watch, proc.exitcode, oom_kills() > ooms, settings
+        )
+    except LeaseLost as lost:
         proc.kill()  # another worker may hold the job now: not one more write from here
         proc.join()
-        log.warning("job %s: lease lost; leaving the job to its new holder", job.id)
-        return "abandoned: lease lost"
+        return _after_lease_lost(job, lease, lost)
+    except StoreUnavailable as exc:
+        log.error("job %s: %s; leaving it to expire and be resumed", job.id, exc)
+        return _Outcome("abandoned: Redis unreachable")
     finally:
-        _read(ours, watch)
+        cancel.stop()
         ours.close()
-    return _conclude(store, job, watch, proc.exitcode, oom_kills() > ooms, settings)
+
+
+class _CancelWatch:
+    """Reads the job's cancel flag every CANCEL_POLL_SECONDS in a thread of its own, so that a
+    stalled Redis holds up this read only, never the loop that watches the lease, the timeout
+    and the job process. A failed read is just tried again at the next poll."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.requested = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"cancel {job_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()  # not joined: a read stuck on a stalled Redis ends with its timeout
+
+    def _poll(self) -> None:
+        failing = False
+        while not self._stop.wait(CANCEL_POLL_SECONDS):
+            try:
+                if self.store.cancel_requested(self.job_id):
+                    self.requested.set()
+                    return
+            except redis.RedisError as exc:
+                if not failing:
+                    log.warning(
+                        "could not read job %s's cancel flag (%s); retrying", self.job_id, exc
+                    )
+                failing = True
+                continue
+            failing = False
 
 
 def _read(conn: Any, watch: _Watch) -> None:
@@ -193,59 +320,67 @@ def _read(conn: Any, watch: _Watch) -> None:
         pass  # the job process is gone; its exit code says how
 
 
-def _cancel_requested(store: JobStore, job_id: str) -> bool:
-    try:
-        return store.cancel_requested(job_id)
-    except redis.RedisError:
-        log.warning("could not read job %s's cancel flag; retrying", job_id, exc_info=True)
-        return False
-
-
 def _conclude(
     store: JobStore,
+    retry: StoreRetry,
     job: JobRecord,
+    lease: Lease,
     watch: _Watch,
     exitcode: int | None,
     oom_killed: bool,
     settings: Settings,
-) -> str:
+) -> _Outcome:
+    """Record how the job ended. The job process sends its result only after its last event is
+    in Redis, so `finish` always comes after the last step. Every write here is retried through
+    a stall, but never past the lease: `LeaseLost` from `lease.check` ends the retries."""
     result = watch.result or {}
     outcome = result.get("outcome")
-    step = store.get(job.id)
-    at = step.step if step is not None else 0
+
+    def call(what: str, fn: Callable[[], T]) -> T:
+        return retry.call(f"{what} job {job.id}", fn, before_retry=lease.check)
+
+    def say(message: str) -> None:
+        publish_log_once(store.redis, retry, job.id, message, before_retry=lease.check)
+
+    def fail(code: str, message: str, trace: str | None = None) -> _Outcome:
+        say(f"failed ({code}): {message}")
+        extra = {"error_code": code, "error_message": message}
+        if trace:
+            extra["error_traceback"] = trace
+        call("finish", lambda: store.finish(job, "failed", extra))
+        return _Outcome(f"failed: {code}")
+
     if outcome == "succeeded":
         extra = {"final_model": result["final_model"]} if result.get("final_model") else {}
-        store.finish(job, "succeeded", extra)
-        return f"succeeded at step {result['step']}"
+        call("finish", lambda: store.finish(job, "succeeded", extra))
+        return _Outcome(f"succeeded at step {result['step']}")
     if outcome == "failed":
-        return _fail(store, job, result["code"], result["message"], result.get("traceback"))
+        return fail(result["code"], result["message"], result.get("traceback"))
     if outcome == "missing":
-        return "missing"
+        return _Outcome("missing")
+    current = call("read", lambda: store.get(job.id))
+    at = current.step if current is not None else 0
     if watch.reason == "cancel":
         how = "killed after the grace period" if watch.killed else f"at step {at}"
-        store.publish_log(job.id, f"cancelled ({how})")
-        store.finish(job, "cancelled")
-        return f"cancelled {how}"
+        say(f"cancelled ({how})")
+        call("finish", lambda: store.finish(job, "cancelled"))
+        return _Outcome(f"cancelled {how}")
     if watch.reason == "timeout":
         limit = timeout_seconds(job, settings) / 60
         message = (
             f"the job ran past its timeout of {limit:g} minutes and was stopped at step {at}; "
             "its checkpoints are kept"
         )
-        return _fail(store, job, "timeout", message)
+        return fail("timeout", message)
     if watch.reason == "shutdown":
-        return f"stopped at step {at} for a worker shutdown"
+        return _Outcome(f"stopped at step {at} for a worker shutdown", SHUTDOWN_REASON)
+    if outcome == "stopped" and result.get("why") == "store_unreachable":
+        why = (
+            f"Redis was unreachable from the job for over {settings.store_outage_seconds:g}s; "
+            f"stopped at step {result.get('step', at)} and queued again to resume from its last "
+            "checkpoint"
+        )
+        return _Outcome(f"stopped at step {result.get('step', at)}: Redis unreachable", why)
     code, message = describe_exit(exitcode, oom_killed)
     log.error("job %s: %s", job.id, message)
-    return _fail(store, job, code, message)
-
-
-def _fail(
-    store: JobStore, job: JobRecord, code: str, message: str, trace: str | None = None
-) -> str:
-    store.publish_log(job.id, f"failed ({code}): {message}")
-    extra = {"error_code": code, "error_message": message}
-    if trace:
-        extra["error_traceback"] = trace
-    store.finish(job, "failed", extra)
-    return f"failed: {code}"
+    return fail(code, message)

@@ -1,4 +1,5 @@
-"""The Celery task (`pdppo.train`) and the worker-start hooks (the job fork server, the reaper)."""
+"""The Celery task (`pdppo.train`) and the worker-start hooks (the job fork server, the reaper and
+the outbox dispatcher, `workers.reaper`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pdppo.settings import get_settings
 from pdppo.store import JobStore
 from workers.celery_app import TRAIN_TASK, celery_app
 from workers.job_process import job_context
-from workers.reaper import start_reaper
+from workers.reaper import DispatchTiming, start_reaper
 from workers.runner import SHUTTING_DOWN, redis_client, run_job
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def _on_worker_ready(**_: Any) -> None:
         JobStore(redis_client()),
         interval=max(1.0, settings.lease_seconds / 2),
         max_worker_losses=settings.max_worker_losses,
+        timing=DispatchTiming.from_settings(settings),
     )
 
 

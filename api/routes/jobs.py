@@ -134,7 +134,13 @@ async def create_job(
     """201 with the new job, queued. 429 past the tenant's limit of queued plus running jobs;
     422 for a spec naming local files outside the server's data roots, or one that would need
     more memory, parameters or tokens than a worker of its queue may give a job
-    (`POST /v1/jobs:validate` tells the same without submitting)."""
+    (`POST /v1/jobs:validate` tells the same without submitting).
+
+    The job and its outbox entry are one write; the task is published after it. If this process
+    dies in between, or the publish fails, the job is still queued and a worker's dispatcher
+    publishes its task within seconds (`pdppo.store.outbox`), so a job this returns, new or
+    replayed for an Idempotency-Key, always runs: a failed publish is logged, not a 503 and a
+    failed job that every retry with the same key would get back."""
     _, _, problems = await _admit(spec, settings)
     if problems:
         raise HTTPException(422, detail="; ".join(p.message for p in problems))
@@ -149,6 +155,7 @@ async def create_job(
         max_active=settings.max_active_jobs_per_tenant,
         idempotency=idempotency_key,
         idempotency_ttl=settings.idempotency_ttl_seconds,
+        dispatch_grace=settings.outbox_grace_seconds,
     )
     if result.outcome == "limit":
         raise HTTPException(
@@ -172,10 +179,12 @@ async def create_job(
         return to_job(record)
     try:
         await anyio.to_thread.run_sync(enqueue, record.id, queue, limiter=_broker_limiter())
-    except Exception as exc:
-        log.exception("could not enqueue job %s", record.id)
-        await store.fail(record, "enqueue_failed", f"the job queue is unreachable: {exc}")
-        raise HTTPException(503, detail="the job queue is unreachable; try again") from exc
+    except Exception:
+        log.warning(
+            "could not publish the task of job %s; the outbox dispatcher will",
+            record.id,
+            exc_info=True,
+        )
     JOBS_SUBMITTED.labels(queue).inc()
     return to_job(record)
 

@@ -4,6 +4,7 @@
 - `records`: `JobRecord` (the job hash, decoded) and `CreateResult`;
 - `jobs_api`: `AsyncJobStore`, what the API does to jobs (create, get, list, cancel, fail);
 - `jobs_worker`: `JobStore`, what workers do to a job they run (claim, publish, finish, requeue);
+- `outbox`: `Outbox`, the queued jobs whose task no worker has claimed yet (the enqueue outbox);
 - `events`: a job's event stream and metrics rows (`AsyncEventStore`, `EventStore`).
 
 Every state change that must not race is one Lua script next to the method that runs it, so the
@@ -17,6 +18,7 @@ from pdppo.store.events import AsyncEventStore, EventStore
 from pdppo.store.jobs_api import AsyncJobStore
 from pdppo.store.jobs_worker import JobStore
 from pdppo.store.keys import (
+    OUTBOX,
     PREFIX,
     RUNNING_SET,
     events_key,
@@ -30,9 +32,12 @@ from pdppo.store.keys import (
     tenant_active_key,
     tenant_jobs_key,
 )
+from pdppo.store.outbox import Outbox
 from pdppo.store.records import TERMINAL, CreateResult, JobRecord
+from pdppo.store.retry import StoreConfig, StoreRetry, StoreUnavailable, is_transient, store_client
 
 __all__ = [
+    "OUTBOX",
     "PREFIX",
     "RUNNING_SET",
     "TERMINAL",
@@ -42,14 +47,20 @@ __all__ = [
     "EventStore",
     "JobRecord",
     "JobStore",
+    "Outbox",
+    "StoreConfig",
+    "StoreRetry",
+    "StoreUnavailable",
     "events_key",
     "idempotency_key",
+    "is_transient",
     "job_key",
     "lease_key",
     "metrics_key",
     "new_job_id",
     "now_iso",
     "spec_digest",
+    "store_client",
     "tenant_active_key",
     "tenant_jobs_key",
 ]

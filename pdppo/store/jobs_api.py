@@ -2,13 +2,16 @@
 
 Creating (quota and idempotency check, record, indexes, first event) and cancelling are each one
 Lua script, defined next to the method that runs it, so a job is never half created or half
-cancelled whoever crashes when; failing a job runs the worker's `_FINISH` script. Enqueueing
-through an outbox, when it comes, starts from `create` here.
+cancelled whoever crashes when; failing a job runs the worker's `_FINISH` script. The create
+script also puts the job in the enqueue outbox (`pdppo.store.outbox`): the API publishes the task
+right after, and if it dies first, a worker's dispatcher does, so a job that exists always gets a
+task; cancelling a queued job takes it out again.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, cast
 
 import redis.asyncio as aredis
@@ -16,6 +19,7 @@ import redis.asyncio as aredis
 from pdppo.store.events import AsyncEventStore, _log_data, _status_data
 from pdppo.store.jobs_worker import _FINISH
 from pdppo.store.keys import (
+    OUTBOX,
     PREFIX,
     RUNNING_SET,
     events_key,
@@ -27,10 +31,12 @@ from pdppo.store.keys import (
     tenant_active_key,
     tenant_jobs_key,
 )
+from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.records import CreateResult, JobRecord, _record_or_none
 
-# KEYS: job, events, tenant jobs, tenant active, idempotency; ARGV: id, limit, idem ttl (0: no
-# key), status data, then the hash's field/value pairs.
+# KEYS: job, events, tenant jobs, tenant active, idempotency, outbox; ARGV: id, limit, idem ttl
+# (0: no key), status data, outbox check time, then the hash's field/value pairs. The outbox entry
+# is written with the record, so no crash can leave a job that nobody will ever enqueue.
 _CREATE = """
 if tonumber(ARGV[3]) > 0 then
   local existing = redis.call('GET', KEYS[5])
@@ -39,18 +45,19 @@ end
 local active = redis.call('SCARD', KEYS[4])
 if active >= tonumber(ARGV[2]) then return {'limit', tostring(active)} end
 local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[1])
+redis.call('ZADD', KEYS[6], ARGV[5], ARGV[1])
 if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3]) end
 redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4])
 return {'created', ARGV[1]}
 """
 
-# KEYS: job, events, tenant active, running; ARGV: id, now, status data, done data, log data.
-# A queued job is cancelled on the spot (the task skips it when it arrives); a running one gets
-# a flag its trainer checks every step.
+# KEYS: job, events, tenant active, running, outbox; ARGV: id, now, status data, done data, log
+# data. A queued job is cancelled on the spot and leaves the outbox (a task already sent skips it
+# when it arrives); a running one gets a flag its trainer checks every step.
 _CANCEL = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
@@ -59,6 +66,7 @@ if st == 'queued' then
              'cancel_requested', '1')
   redis.call('SREM', KEYS[3], ARGV[1])
   redis.call('SREM', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
   return 'cancelled-while-queued'
@@ -99,7 +107,11 @@ class AsyncJobStore:
         max_active: int,
         idempotency: str | None,
         idempotency_ttl: int,
+        dispatch_grace: float = DEFAULT_GRACE_SECONDS,
     ) -> CreateResult:
+        """Create the job under the quota, or find the one `idempotency` already made. A new job
+        enters the outbox in the same script: if its task is not in the broker `dispatch_grace`
+        seconds from now (the caller died before publishing it), a dispatcher publishes it."""
         job_id = new_job_id()
         now = now_iso()
         fields = {
@@ -124,12 +136,14 @@ class AsyncJobStore:
                 tenant_jobs_key(tenant),
                 tenant_active_key(tenant),
                 idem_key,
+                OUTBOX,
             ],
             args=[
                 job_id,
                 max_active,
                 idempotency_ttl if idempotency else 0,
                 _status_data("queued"),
+                time.time() + dispatch_grace,
                 *flat,
             ],
         )
@@ -197,6 +211,7 @@ class AsyncJobStore:
                 events_key(job_id),
                 tenant_active_key(record.tenant),
                 RUNNING_SET,
+                OUTBOX,
             ],
             args=[
                 job_id,
@@ -211,7 +226,13 @@ class AsyncJobStore:
         return str(outcome)
 
     async def fail(self, job: JobRecord, code: str, message: str) -> bool:
-        keys = [job_key(job.id), events_key(job.id), tenant_active_key(job.tenant), RUNNING_SET]
+        keys = [
+            job_key(job.id),
+            events_key(job.id),
+            tenant_active_key(job.tenant),
+            RUNNING_SET,
+            OUTBOX,
+        ]
         args = [
             job.id,
             "failed",

@@ -3,18 +3,23 @@
 Each state change that must not race with the API or another worker (claim, publish a step or a
 checkpoint, finish, requeue an orphan) is one Lua script, defined next to the method that runs
 it, so the record, the indexes and the event stream never disagree, whoever crashes when. The
-API's `AsyncJobStore.fail` runs the same `_FINISH` script.
+API's `AsyncJobStore.fail` runs the same `_FINISH` script. The scripts keep the enqueue outbox
+(`pdppo.store.outbox`) in step: a claimed or finished job leaves it, a requeued one enters it in
+the same script that flips it to `queued`, so a requeuer that dies before it re-sends the task
+strands nothing.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import cast
 
 import redis
 
 from pdppo.store.events import EventStore, _log_data, _status_data
 from pdppo.store.keys import (
+    OUTBOX,
     RUNNING_SET,
     events_key,
     job_key,
@@ -23,10 +28,12 @@ from pdppo.store.keys import (
     now_iso,
     tenant_active_key,
 )
+from pdppo.store.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.records import JobRecord, _record_or_none
 
-# KEYS: job, events, running set; ARGV: id, now, worker, status data. Queued (or running whose
-# worker died, lease since taken over by the caller) becomes running; anything else: 0.
+# KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data. Queued (or running
+# whose worker died, lease since taken over by the caller) becomes running and leaves the outbox
+# (its task has reached a worker); anything else: 0.
 _CLAIM = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return 0 end
@@ -36,6 +43,7 @@ if not redis.call('HGET', KEYS[1], 'started_at') then
 end
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 if st ~= 'running' then redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4]) end
 return 1
 """
@@ -61,8 +69,8 @@ redis.call('XADD', KEYS[2], '*', 'type', 'checkpoint', 'data', ARGV[3])
 return 1
 """
 
-# KEYS: job, events, tenant active, running; ARGV: id, status, now, status data, done data,
-# then field/value pairs (error, final model). A finished job never changes again.
+# KEYS: job, events, tenant active, running, outbox; ARGV: id, status, now, status data, done
+# data, then field/value pairs (error, final model). A finished job never changes again.
 _FINISH = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or st == 'succeeded' or st == 'failed' or st == 'cancelled' then return 0 end
@@ -70,17 +78,19 @@ redis.call('HSET', KEYS[1], 'status', ARGV[2], 'finished_at', ARGV[3], 'updated_
 for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[5])
 return 1
 """
 
-# KEYS: job, events, lease, running, tenant active; ARGV: id, now, queued data, log data,
+# KEYS: job, events, lease, running, tenant active, outbox; ARGV: id, now, queued data, log data,
 # cancelled data, done data, lease token of the caller ('' for none), most worker losses, failed
-# data, failed done data, failure message. A running job whose lease expired lost its worker (or
-# the holder hands it back): back to queued (the caller re-sends the task), straight to cancelled
-# if a cancel was pending, or failed once it has lost more workers than allowed (a job that kills
-# its worker, e.g. out of memory, must not take down every worker in turn forever).
+# data, failed done data, failure message, outbox check time. A running job whose lease expired
+# lost its worker (or the holder hands it back): back to queued and into the outbox (the caller
+# re-sends the task; a dispatcher does if the caller dies first), straight to cancelled if a
+# cancel was pending, or failed once it has lost more workers than allowed (a job that kills its
+# worker, e.g. out of memory, must not take down every worker in turn forever).
 _REQUEUE = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[7] then return 'leased' end
@@ -91,6 +101,7 @@ if st ~= 'running' then return 'not-running' end
 if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2])
   redis.call('SREM', KEYS[5], ARGV[1])
+  redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[5])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[6])
   return 'cancelled'
@@ -101,6 +112,7 @@ if ARGV[7] == '' then
     redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[2], 'updated_at', ARGV[2],
                'error_code', 'worker_lost', 'error_message', ARGV[11])
     redis.call('SREM', KEYS[5], ARGV[1])
+    redis.call('ZREM', KEYS[6], ARGV[1])
     redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[9])
     redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[10])
     return 'failed'
@@ -108,6 +120,7 @@ if ARGV[7] == '' then
 end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
+redis.call('ZADD', KEYS[6], ARGV[12], ARGV[1])
 redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
 return 'requeued'
@@ -117,12 +130,13 @@ return 'requeued'
 class JobStore:
     """What the workers do to jobs, over the synchronous client (decode_responses=True).
 
-    It owns the client; the per-resource stores it builds (`events`) share it.
+    It owns the client; the per-resource stores it builds (`events`, `outbox`) share it.
     """
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
         self.events = EventStore(client)
+        self.outbox = Outbox(client)
         self._claim = client.register_script(_CLAIM)
         self._publish_step = client.register_script(_PUBLISH_STEP)
         self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)
@@ -133,7 +147,7 @@ class JobStore:
         return _record_or_none(cast(dict[str, str], self.redis.hgetall(job_key(job_id))))
 
     def claim(self, job_id: str, worker: str) -> bool:
-        keys = [job_key(job_id), events_key(job_id), RUNNING_SET]
+        keys = [job_key(job_id), events_key(job_id), RUNNING_SET, OUTBOX]
         args = [job_id, now_iso(), worker, _status_data("running")]
         return bool(self._claim(keys=keys, args=args))
 
@@ -157,7 +171,13 @@ class JobStore:
 
     def finish(self, job: JobRecord, status: str, extra: dict[str, str] | None = None) -> bool:
         pairs = [item for pair in (extra or {}).items() for item in pair]
-        keys = [job_key(job.id), events_key(job.id), tenant_active_key(job.tenant), RUNNING_SET]
+        keys = [
+            job_key(job.id),
+            events_key(job.id),
+            tenant_active_key(job.tenant),
+            RUNNING_SET,
+            OUTBOX,
+        ]
         args = [job.id, status, now_iso(), _status_data(status), json.dumps({"status": status})]
         return bool(self._finish(keys=keys, args=[*args, *pairs]))
 
@@ -170,19 +190,23 @@ class JobStore:
         reason: str = "worker lost; queued again to resume from its last checkpoint",
         lease_token: str = "",
         max_worker_losses: int = 0,
+        dispatch_grace: float = DEFAULT_GRACE_SECONDS,
     ) -> str:
         """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
         'failed' (more than `max_worker_losses` workers died on it; 0: no limit), 'leased' (its
         worker is alive) or 'not-running'. The lease holder passes its token to hand the job
-        back without a window where a reaper could take it first (that is no worker loss)."""
+        back without a window where a reaper could take it first (that is no worker loss). A
+        requeued job enters the outbox: if its task is not seen in the broker `dispatch_grace`
+        seconds from now (the caller died before sending it), a dispatcher sends it."""
         keys = [
             job_key(job.id),
             events_key(job.id),
             lease_key(job.id),
             RUNNING_SET,
             tenant_active_key(job.tenant),
+            OUTBOX,
         ]
-        args: list[str | int] = [
+        args: list[str | int | float] = [
             job.id,
             now_iso(),
             _status_data("queued"),
@@ -195,5 +219,6 @@ class JobStore:
             json.dumps({"status": "failed"}),
             f"the job's worker died {max_worker_losses + 1} times while running it "
             "(killed, out of memory, or lost its machine); not retried again",
+            time.time() + dispatch_grace,
         ]
         return str(self._requeue(keys=keys, args=args))

@@ -3,9 +3,11 @@
 Per job: a hash (the job record: status, timestamps, tenant, spec, progress, latest metrics,
 error), a stream of events (what SSE serves; entry ids are the SSE ids), a list of metrics rows
 (what `/metrics` serves) and a lease key. Per tenant: a sorted set of job ids for listing and a
-set of active (queued or running) ids for the quota. Every store module builds its keys here, so
-a new resource (uploaded files, an enqueue outbox) adds its key functions next to these and
-cannot collide with them.
+set of active (queued or running) ids for the quota. Global: the set of running ids (what the
+reaper scans) and the outbox, a sorted set of queued ids whose task no worker has claimed yet,
+scored by when a dispatcher should next check that the task exists (`pdppo.store.outbox`).
+Every store module builds its keys here, so a new resource (uploaded files) adds its key
+functions next to these and cannot collide with them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from datetime import UTC, datetime
 
 PREFIX = "pdppo"
 RUNNING_SET = f"{PREFIX}:running"
+OUTBOX = f"{PREFIX}:outbox"
 
 
 def job_key(job_id: str) -> str:

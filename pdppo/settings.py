@@ -177,6 +177,71 @@ class Settings(BaseSettings):
         ),
     )
 
+    # Redis stalls (pdppo.store.retry): a worker retries transient store errors instead of
+    # failing the job, and hands the job back only after `store_outage_seconds`.
+    redis_socket_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description=(
+            "workers' wait for one Redis reply before retrying; no worker command blocks on the "
+            "server, so a slower reply means a stalled Redis (a client that uses XREAD BLOCK "
+            "needs more than its block time plus latency)"
+        ),
+    )
+    redis_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=300, description="workers' wait for a connection to Redis"
+    )
+    store_outage_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "how long a worker keeps retrying a Redis that does not answer before it gives the "
+            "job back (checkpointed, queued again); a running job cannot outlast its lease "
+            "(lease_seconds) without Redis either"
+        ),
+    )
+
+    outbox_grace_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "a job created or queued again whose task is not in the broker this long after is "
+            "sent by a worker's dispatcher (its sender died in between); a task a worker took "
+            "but did not claim within max(this, lease_seconds) is put back in the queue"
+        ),
+    )
+    metrics_token: str = Field(
+        default="",
+        description=(
+            "when set, GET /metrics needs `Authorization: Bearer <this>` (Prometheus: "
+            "`authorization: {credentials: ...}`); empty: /metrics is open, as /healthz is"
+        ),
+    )
+
+    # Event streams under load (api.events): past either limit GET /v1/jobs/{id}/events answers
+    # 429 with Retry-After. Per API process (`pdppo serve --workers N` allows N times as many).
+    sse_max_streams: int = Field(
+        default=2000,
+        ge=1,
+        description=(
+            "open event streams one API process serves at once; each watched job also holds "
+            "one Redis connection for its live reader"
+        ),
+    )
+    sse_max_streams_per_tenant: int = Field(
+        default=500, ge=1, description="open event streams of one tenant in one API process"
+    )
+    api_redis_max_connections: int = Field(
+        default=64,
+        ge=4,
+        description=(
+            "Redis connections the API's requests share (event streams' live readers have "
+            "their own); a request waits for one rather than opening more"
+        ),
+    )
+
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:

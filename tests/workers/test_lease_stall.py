@@ -1,0 +1,91 @@
+"""The lease through a Redis stall: kept through one shorter than the lease, lost (and saying
+that Redis was unreachable) through one longer."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from pdppo.store import lease_key
+from tests.integration.stack import RedisServer
+from tests.store.conftest import stall
+from workers.lease import Lease, LeaseLost
+
+
+def test_a_stall_shorter_than_the_lease_keeps_it(server: RedisServer, client: redis.Redis) -> None:
+    # Renewals every 0.5 s; the 2 s stall times out every one of them (0.3 s socket timeout).
+    lease = Lease(client, "j1", seconds=3, owner="w1")
+    assert lease.acquire()
+    lease.start_heartbeat()
+    try:
+        time.sleep(0.6)
+        stall(server, 2.0).join()
+        deadline = time.monotonic() + 2
+        while client.pttl(lease_key("j1")) < 2500 and time.monotonic() < deadline:
+            time.sleep(0.05)  # renewed again within moments of Redis waking
+        assert client.pttl(lease_key("j1")) >= 2500
+        lease.check()
+        assert not lease.lost.is_set()
+        assert client.get(lease_key("j1")) == lease.token
+    finally:
+        lease.release()
+
+
+def test_a_stall_longer_than_the_lease_loses_it_as_unreachable(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    lease = Lease(client, "j2", seconds=1, owner="w1")
+    assert lease.acquire()
+    lease.start_heartbeat()
+    try:
+        sleeper = stall(server, 2.0)
+        deadline = time.monotonic() + 5
+        while not lease.lost.is_set() and time.monotonic() < deadline:
+            try:
+                lease.check()
+            except LeaseLost:
+                break
+            time.sleep(0.05)
+        with pytest.raises(LeaseLost) as raised:
+            lease.check()
+        assert raised.value.unreachable
+        assert lease.unreachable
+        assert lease.lost_reason.startswith("not renewed for")
+        sleeper.join()
+        assert client.get(lease_key("j2")) is None  # expired in Redis meanwhile
+    finally:
+        lease.release()
+
+
+def test_a_lease_taken_over_is_not_blamed_on_redis(client: redis.Redis) -> None:
+    lease = Lease(client, "j3", seconds=2, owner="w1")
+    assert lease.acquire()
+    lease.start_heartbeat()
+    try:
+        client.set(lease_key("j3"), "someone-else")
+        deadline = time.monotonic() + 3
+        while not lease.lost.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(LeaseLost) as raised:
+            lease.check()
+        assert not raised.value.unreachable
+        assert lease.lost_reason == "taken over or deleted"
+    finally:
+        lease.release()
+
+
+def test_acquire_through_a_stall_takes_the_lease_once(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    """A SET NX that timed out runs when Redis wakes; the retry must not then take the lease for
+    somebody else's."""
+    lease = Lease(client, "j4", seconds=30, owner="w1")
+    sleeper = stall(server, 1.5)
+    assert lease.acquire()
+    sleeper.join()
+    assert client.get(lease_key("j4")) == lease.token
+    other = Lease(client, "j4", seconds=30, owner="w2")
+    assert not other.acquire()
+    lease.release()

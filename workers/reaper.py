@@ -151,11 +151,36 @@ def start_reaper(
     interval: float,
     max_worker_losses: int = 0,
     timing: DispatchTiming | None = None,
+    outage_hold: float = 0.0,
 ) -> threading.Event:
     """Runs `reap_once` every `interval` seconds in a daemon thread, and with `timing`
     `dispatch_once` every `timing.interval` (after adopting queued jobs that predate the
-    outbox); set the event to stop."""
+    outbox); set the event to stop.
+
+    After this reaper could not reach Redis, it waits `outage_hold` seconds (a lease period)
+    before reaping again: every lease expired during the outage, but their holders are alive
+    and hand their jobs back themselves, saying why; a reaper that got there first would call
+    each a lost worker and count it towards failing the job."""
     stop = threading.Event()
+    grace = DEFAULT_GRACE_SECONDS if timing is None else timing.grace
+    outage = {"failed": False, "hold_until": 0.0}
+
+    def reap() -> None:
+        if time.monotonic() < outage["hold_until"]:
+            return
+        asked = time.monotonic()
+        try:
+            store.redis.ping()  # a stall shows here as a slow answer, an outage as an error
+            stalled = time.monotonic() - asked > interval
+            if outage["failed"] or stalled:
+                outage["failed"] = False
+                outage["hold_until"] = time.monotonic() + outage_hold
+                log.warning("Redis was unreachable; reaping again in %.0fs", outage_hold)
+                return
+            reap_once(store, max_worker_losses, grace)
+        except redis.RedisError:
+            outage["failed"] = True
+            raise
 
     def guarded(what: str, action: Callable[[], object]) -> bool:
         try:
@@ -173,13 +198,12 @@ def start_reaper(
 
     def loop() -> None:
         tick = interval if timing is None else min(interval, timing.interval)
-        grace = DEFAULT_GRACE_SECONDS if timing is None else timing.grace
         next_reap = time.monotonic() + interval
         adopted = timing is None or guarded("outbox adoption", adopt)
         while not stop.wait(tick):
             if time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + interval
-                guarded("reaper", lambda: reap_once(store, max_worker_losses, grace))
+                guarded("reaper", reap)
             if timing is not None:
                 adopted = adopted or guarded("outbox adoption", adopt)
                 guarded("dispatcher", lambda: dispatch_once(store, timing))

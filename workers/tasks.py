@@ -37,6 +37,7 @@ def _on_worker_ready(**_: Any) -> None:
         interval=max(1.0, settings.lease_seconds / 2),
         max_worker_losses=settings.max_worker_losses,
         timing=DispatchTiming.from_settings(settings),
+        outage_hold=settings.lease_seconds,
     )
 
 

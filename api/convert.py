@@ -15,11 +15,8 @@ def _ts(value: str | None) -> datetime | None:
 def to_job(record: JobRecord) -> Job:
     error = None
     if record.error_code:
-        error = JobError(
-            code=record.error_code,
-            message=record.error_message or "",
-            traceback=record.error_traceback,
-        )
+        # `record.error_traceback` stays in Redis for operators: see `JobError`.
+        error = JobError(code=record.error_code, message=record.error_message or "")
     return Job.model_validate(
         {
             "id": record.id,

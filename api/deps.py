@@ -58,6 +58,22 @@ async def get_tenant(
 TenantDep = Annotated[str, Depends(get_tenant)]
 
 
+async def require_metrics_token(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """`PDPPO_METRICS_TOKEN`, when set, as a bearer token: the job counts and latencies of every
+    tenant are operators' business. A tenant's API key does not open it."""
+    token = settings.metrics_token
+    if not token:
+        return
+    presented = credentials.credentials.encode() if credentials is not None else b""
+    if not hmac.compare_digest(presented, token.encode()):
+        raise HTTPException(
+            401, detail="missing or invalid metrics token", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
 async def get_owned_job(
     job_id: Annotated[str, Path(description="the job id", max_length=64)],
     tenant: TenantDep,

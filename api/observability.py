@@ -1,8 +1,10 @@
 """Prometheus metrics of the gateway, served at `GET /metrics`.
 
 Requests are labelled by route template (`/v1/jobs/{job_id}`), never by raw path, so that job ids
-do not explode the series count. A pure ASGI middleware, because `BaseHTTPMiddleware` buffers
-and breaks streaming (SSE) responses.
+do not explode the series count, and by method from a fixed set (anything else is `other`):
+`/metrics` needs no API key, and HTTP lets a client send any token as a method, so a label taken
+from the request as is would let anyone add series without bound. A pure ASGI middleware,
+because `BaseHTTPMiddleware` buffers and breaks streaming (SSE) responses.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ HTTP_LATENCY = Histogram(
 JOBS_SUBMITTED = Counter("pdppo_jobs_submitted_total", "Jobs created", ["queue"])
 SSE_SUBSCRIBERS = Gauge("pdppo_sse_subscribers", "Open event streams")
 SSE_FEEDS = Gauge("pdppo_sse_feeds", "Jobs with a live Redis reader fanning out events")
+# The `method` label's values; any other method (case-sensitive, as HTTP says) is "other".
+METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    return method if method in METHOD_LABELS else "other"
 
 
 class PrometheusMiddleware:
@@ -50,7 +58,7 @@ class PrometheusMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", "unmatched")
-            method = scope["method"]
+            method = method_label(scope["method"])
             HTTP_REQUESTS.labels(method, template, str(status)).inc()
             elapsed = first_byte if first_byte is not None else time.perf_counter() - start
             HTTP_LATENCY.labels(method, template).observe(elapsed)

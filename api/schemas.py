@@ -3,8 +3,9 @@
 These models are the contract the Python client and the CLI code against: every response of
 `/v1/...` is one of them, and FastAPI publishes them in `/openapi.json`.
 
-Errors are always `{"detail": "<message>"}`; a 422 adds `errors`, a list of
-`{"loc": [...], "msg": "...", "type": "..."}` whose `detail` names each field and its problem.
+Errors are always `{"detail": "<message>"}` (`ErrorBody`); every 422 is `ValidationErrorBody`,
+which adds `errors`, a list of `{"loc": [...], "msg": "...", "type": "..."}` (empty when the
+request fit the schema and was refused after it), and whose `detail` names each field.
 """
 
 from __future__ import annotations
@@ -25,9 +26,19 @@ class Progress(BaseModel):
 
 
 class JobError(BaseModel):
-    code: str = Field(description="e.g. training_error, invalid_spec, worker_error")
-    message: str
-    traceback: str | None = Field(None, description="the last lines of the worker's traceback")
+    """Why a job failed, for the tenant: a code to branch on and a message to read.
+
+    The worker's traceback is not here: it names the server's files and code, which are not the
+    tenant's business. It stays in the worker's log and in the job's Redis record
+    (`error_traceback`), for operators."""
+
+    code: str = Field(
+        description=(
+            "e.g. training_error, invalid_input, out_of_memory, timeout, worker_lost (README: "
+            "Limits and failures)"
+        )
+    )
+    message: str = Field(description="what happened, e.g. the exception's type and message")
 
 
 class Job(BaseModel):
@@ -99,12 +110,26 @@ class Health(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error: `detail` says what is wrong; a request-validation 422 adds `errors`."""
+    """Every error but 422: `detail` says what is wrong, in words a person can act on."""
 
     detail: str
-    errors: list[dict[str, Any]] | None = Field(
-        None, description="request validation only: one {loc, msg, type} per bad field"
-    )
+
+
+class ValidationErrorItem(BaseModel):
+    """One bad part of a request, as FastAPI names it (`loc` starts with body, query, ...)."""
+
+    loc: list[str | int] = Field(description='where, e.g. ["body", "train", "steps"]')
+    msg: str
+    type: str = Field(description="pydantic's error type, e.g. missing, int_type, json_invalid")
+
+
+class ValidationErrorBody(BaseModel):
+    """Every 422, whatever refused the request: `detail` names each problem in one string, and
+    `errors` lists the schema's complaints field by field (empty when the request was well-formed
+    but refused after the schema: a path outside the data roots, a job over its budget)."""
+
+    detail: str
+    errors: list[ValidationErrorItem]
 
 
 class MemoryItem(BaseModel):

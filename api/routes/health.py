@@ -1,12 +1,16 @@
-"""Liveness, readiness (Redis reachable) and Prometheus metrics; no API key needed."""
+"""Liveness, readiness (Redis reachable) and Prometheus metrics; no API key needed.
+
+`/metrics` takes the operators' `PDPPO_METRICS_TOKEN` when one is set; it stays out of the
+OpenAPI schema, which documents what tenants call.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.deps import StoreDep
+from api.deps import StoreDep, require_metrics_token
 from api.schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -27,6 +31,6 @@ async def readyz(store: StoreDep) -> Health | JSONResponse:
     return Health(status="ok")
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_token)])
 async def prometheus() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,332 @@
+"""The published contract is the real one: `/openapi.json` against what the running API answers.
+
+On the real API process: every status an operation can answer is documented with its error model,
+every 422 has the one documented shape (`ValidationErrorBody`: `detail` a string, `errors` a
+list), a 405 names every method of the path in `Allow`, Prometheus method labels are a fixed set,
+`/metrics` can be put behind a token, and a failed job shows the tenant a code and a message, never
+the worker's traceback. `tests/contract/run_schemathesis.py` fuzzes the same contract in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from api.schemas import ErrorBody, ValidationErrorBody
+from pdppo.store import job_key
+from tests.integration.conftest import read_events, wait_status
+from tests.integration.stack import Service, smoke_spec
+
+REF = "#/components/schemas/"
+ERROR_REF = REF + "ErrorBody"
+VALIDATION_REF = REF + "ValidationErrorBody"
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+PROMETHEUS_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+
+
+@pytest.fixture(scope="module")
+def openapi(service: Service) -> dict[str, Any]:
+    schema: dict[str, Any] = httpx.get(f"{service.base_url}/openapi.json", timeout=30).json()
+    return schema
+
+
+def _operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if method in HTTP_METHODS:
+                yield method.upper(), path, operation
+
+
+def _json_ref(operation: dict[str, Any], status: str) -> str | None:
+    response = operation["responses"].get(status)
+    if response is None:
+        return None
+    ref: str | None = response.get("content", {}).get("application/json", {}).get("schema", {})
+    return ref.get("$ref") if isinstance(ref, dict) else None
+
+
+def _parked_spec(name: str = "contract") -> dict[str, Any]:
+    """No GPU worker runs in the tests, so a gpu job stays queued and costs nothing."""
+    spec = smoke_spec()
+    spec["name"] = name
+    spec["resources"] = {"device": "gpu"}
+    return spec
+
+
+# --- the schema documents every status, with one model per kind of error ---------------------
+
+
+def test_every_operation_documents_its_errors_with_their_models(openapi: dict[str, Any]) -> None:
+    """401 on every /v1 call, 404 on a job's, 400 and 413 on a body, 503 where Redis is read
+    (all of /v1 but the validation, which reads nothing), 500 everywhere; every 4xx/5xx body is
+    `ErrorBody`, except 422, always `ValidationErrorBody`."""
+    seen = 0
+    for method, path, operation in _operations(openapi):
+        seen += 1
+        where = f"{method} {path}"
+        statuses = set(operation["responses"])
+        params = operation.get("parameters", [])
+        expected = {"500"}
+        if path.startswith("/v1/"):
+            expected |= {"401", "422"}
+        if path.startswith("/v1/") and path != "/v1/jobs:validate":
+            expected.add("503")
+        if "{job_id}" in path:
+            expected.add("404")
+        if "requestBody" in operation:
+            expected |= {"400", "413", "422"}
+        if params:
+            expected.add("422")
+        missing = expected - statuses
+        assert not missing, f"{where} documents {sorted(statuses)}; missing {sorted(missing)}"
+        for status in statuses:
+            if int(status) < 400:
+                continue
+            ref = _json_ref(operation, status)
+            want = VALIDATION_REF if status == "422" else ERROR_REF
+            if path == "/readyz" and status == "503":
+                want = REF + "Health"
+            assert ref == want, f"{where} {status} is {ref}, not {want}"
+    assert seen >= 11
+    extra = {
+        ("POST", "/v1/jobs"): {"409", "429"},
+        ("POST", "/v1/jobs/{job_id}/cancel"): {"409"},
+    }
+    for (method, path), statuses in extra.items():
+        documented = set(openapi["paths"][path][method.lower()]["responses"])
+        assert statuses <= documented, (method, path, documented)
+
+
+def test_fastapis_default_validation_model_is_not_published(openapi: dict[str, Any]) -> None:
+    schemas = openapi["components"]["schemas"]
+    assert "HTTPValidationError" not in schemas
+    assert "HTTPValidationError" not in json.dumps(openapi["paths"])
+    body = schemas["ValidationErrorBody"]
+    assert body["required"] == ["detail", "errors"]
+    assert body["properties"]["detail"]["type"] == "string"
+    assert body["properties"]["errors"]["type"] == "array"
+    assert schemas["ErrorBody"]["required"] == ["detail"]
+
+
+def test_optional_parameters_are_absent_never_null(openapi: dict[str, Any]) -> None:
+    """A header or query parameter is a string or not there; `null` would invite the text
+    "null" (which Schemathesis sends as `Last-Event-ID: null`)."""
+    for method, path, operation in _operations(openapi):
+        for parameter in operation.get("parameters", []):
+            text = json.dumps(parameter["schema"])
+            assert '"null"' not in text, (method, path, parameter)
+
+
+def test_a_failed_jobs_error_is_documented_without_a_traceback(openapi: dict[str, Any]) -> None:
+    job_error = openapi["components"]["schemas"]["JobError"]
+    assert set(job_error["properties"]) == {"code", "message"}
+
+
+# --- the real answers have the documented shapes ---------------------------------------------
+
+
+def _assert_validation_body(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 422, response.text
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"detail", "errors"}, body
+    ValidationErrorBody.model_validate(body, strict=True)
+    assert isinstance(body["detail"], str) and body["detail"]
+    return body
+
+
+def test_every_422_has_the_documented_shape(alice: httpx.Client) -> None:
+    spec = smoke_spec()
+    spec["train"]["steps"] = "many"
+    _assert_validation_body(alice.post("/v1/jobs", json=spec))
+    not_json = alice.post(
+        "/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert _assert_validation_body(not_json)["errors"][0]["type"] == "json_invalid"
+    _assert_validation_body(alice.get("/v1/jobs", params={"limit": 0}))
+    _assert_validation_body(alice.get("/v1/jobs/" + "x" * 65))
+    # refused after the schema: a path outside the data roots, a job over its budget
+    outside = _parked_spec()
+    outside["train"]["task"] = {"name": "jsonl", "path": "/etc/passwd"}
+    refused = _assert_validation_body(alice.post("/v1/jobs", json=outside))
+    assert refused["detail"].startswith("train.task.path: ")
+    assert refused["errors"] == []
+    huge = _parked_spec()
+    huge["train"]["rollout"] = {"prompts_per_step": 4096, "group_size": 4096}
+    assert _assert_validation_body(alice.post("/v1/jobs", json=huge))["errors"] == []
+    job = alice.post("/v1/jobs", json=_parked_spec()).json()
+    try:
+        stream = alice.get(f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": "yesterday"})
+        # a 422 if the schema gives the id's pattern (FastAPI checks it), else the route's 400
+        # (tests/integration/test_event_ids): either way the body of the documented model
+        if stream.status_code == 422:
+            assert "Last-Event-ID" in _assert_validation_body(stream)["detail"]
+        else:
+            assert stream.status_code == 400, stream.text
+            assert set(stream.json()) == {"detail"}, stream.text
+            assert "Last-Event-ID" in ErrorBody.model_validate(stream.json(), strict=True).detail
+    finally:
+        alice.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_other_errors_are_a_detail_string(alice: httpx.Client, service: Service) -> None:
+    with service.client(None) as anonymous:
+        unauthorized = anonymous.get("/v1/jobs")
+    missing = alice.get("/v1/jobs/0123/checkpoints")
+    job = alice.post("/v1/jobs", json=_parked_spec()).json()
+    alice.post(f"/v1/jobs/{job['id']}/cancel")
+    conflict = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    not_allowed = alice.request("DELETE", "/v1/jobs")
+    for response, status in ((unauthorized, 401), (missing, 404), (conflict, 409)):
+        assert response.status_code == status, response.text
+        assert set(response.json()) == {"detail"}, response.text
+        ErrorBody.model_validate(response.json(), strict=True)
+    assert not_allowed.json() == {"detail": "Method Not Allowed"}
+
+
+# --- 405 and Allow --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("OPTIONS", "/v1/jobs", "GET, POST"),
+        ("DELETE", "/v1/jobs", "GET, POST"),
+        ("PUT", "/v1/jobs", "GET, POST"),
+        ("HEAD", "/v1/jobs", "GET, POST"),
+        ("OPTIONS", "/v1/jobs:validate", "POST"),
+        ("GET", "/v1/jobs:validate", "POST"),
+        ("DELETE", "/v1/jobs/0123", "GET"),
+        ("OPTIONS", "/v1/jobs/0123", "GET"),
+        ("GET", "/v1/jobs/0123/cancel", "POST"),
+        ("POST", "/v1/jobs/0123/events", "GET"),
+        ("PATCH", "/v1/jobs/0123/checkpoints/step-000001", "GET"),
+        ("OPTIONS", "/healthz", "GET"),
+        ("POST", "/metrics", "GET"),
+    ],
+)
+def test_405_allow_names_every_method_of_the_path(
+    service: Service, method: str, path: str, allow: str
+) -> None:
+    """Starlette answers with the first route on the path; `Allow` must list all of them."""
+    with service.client("alice") as client:
+        response = client.request(method, path)
+    assert response.status_code == 405, response.text
+    assert response.headers["allow"] == allow
+
+
+def test_allow_matches_the_schema_for_every_path(service: Service, openapi: dict[str, Any]) -> None:
+    with service.client("alice") as client:
+        for path, item in openapi["paths"].items():
+            concrete = re.sub(r"\{[^}]+\}", "0123", path)
+            response = client.options(concrete)
+            documented = sorted(m.upper() for m in item if m in HTTP_METHODS)
+            assert response.status_code == 405, (path, response.text)
+            assert response.headers["allow"] == ", ".join(documented), path
+
+
+# --- Prometheus ------------------------------------------------------------------------------
+
+
+def _series(text: str, name: str) -> list[dict[str, str]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels = line[len(name) + 1 : line.rindex("}")]
+            out.append(dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels)))
+    return out
+
+
+def test_metrics_method_labels_are_a_fixed_set(service: Service) -> None:
+    """2,000 requests with made-up methods add a handful of series, not 2,000."""
+    rng = random.Random(9)
+    with service.client(None) as anonymous:
+        anonymous.get("/healthz")
+        before = anonymous.get("/metrics").text
+        for _ in range(2000):
+            method = "".join(rng.choices(string.ascii_uppercase, k=rng.randint(4, 12)))
+            anonymous.request(method, rng.choice(["/v1/jobs", "/healthz", "/nowhere"]))
+        anonymous.request("get", "/healthz")  # methods are case-sensitive: not GET
+        after = anonymous.get("/metrics").text
+    requests = _series(after, "pdppo_http_requests_total")
+    latency = _series(after, "pdppo_http_request_duration_seconds_bucket")
+    assert requests and latency
+    assert {frozenset(s) for s in requests} == {frozenset({"method", "route", "status"})}
+    assert {frozenset(s) for s in latency} == {frozenset({"method", "route", "le"})}
+    methods = {s["method"] for s in requests} | {s["method"] for s in latency}
+    assert methods <= PROMETHEUS_METHODS, methods - PROMETHEUS_METHODS
+    others = {(s["route"], s["status"]) for s in requests if s["method"] == "other"}
+    assert others >= {("/v1/jobs", "405"), ("/healthz", "405"), ("unmatched", "404")}
+    growth = len(after.splitlines()) - len(before.splitlines())
+    assert growth < 100, f"{growth} new lines in /metrics"
+    assert len(after) < len(before) + 20_000
+
+
+def test_metrics_can_need_a_token(make_service: Callable[..., Service]) -> None:
+    svc = make_service(PDPPO_METRICS_TOKEN="metrics-token-0123456789")
+    svc.start_api()
+    with svc.client(None) as anonymous:
+        missing = anonymous.get("/metrics")
+        wrong = anonymous.get("/metrics", headers={"Authorization": "Bearer nope"})
+        basic = anonymous.get("/metrics", headers={"Authorization": "Basic bWV0cmljcw=="})
+        right = anonymous.get(
+            "/metrics", headers={"Authorization": "Bearer metrics-token-0123456789"}
+        )
+        health = anonymous.get("/healthz")
+    with svc.client("alice") as alice:
+        tenant = alice.get("/metrics")  # a tenant's API key is not the metrics token
+    for response in (missing, wrong, basic, tenant):
+        assert response.status_code == 401, response.text
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert response.json() == {"detail": "missing or invalid metrics token"}
+    assert right.status_code == 200
+    assert "pdppo_http_requests_total" in right.text
+    assert health.status_code == 200
+
+
+# --- a failed job: code and message for the tenant, the traceback for the operator ----------
+
+
+def test_a_failed_jobs_traceback_is_not_served_to_the_tenant(
+    alice: httpx.Client, service: Service
+) -> None:
+    missing = f"{service.data_dir}/nonexistent/data.jsonl"
+    spec = smoke_spec()
+    spec["name"] = "fails"
+    spec["train"]["task"] = {"name": "jsonl", "path": missing}
+    job = alice.post("/v1/jobs", json=spec).json()
+    failed = wait_status(alice, job["id"], "failed", timeout=120)
+    assert failed["error"] == {
+        "code": "invalid_input",
+        "message": (
+            f"UnsafeFileError: task.path={missing!r} cannot be read (No such file or directory)"
+        ),
+    }
+    seen = [
+        alice.get(f"/v1/jobs/{job['id']}").text,
+        alice.get("/v1/jobs", params={"status": "failed", "limit": 100}).text,
+        alice.post(f"/v1/jobs/{job['id']}/cancel").text,
+        json.dumps(read_events(alice, job["id"], timeout=30)),
+    ]
+    for text in seen:
+        assert "Traceback" not in text and "traceback" not in text, text[:2000]
+        assert ".py" not in text, text[:2000]
+    # the operator still has it: in the job's Redis record and in the worker's log
+    client = redis.Redis.from_url(service.redis_url, decode_responses=True)
+    try:
+        trace = client.hget(job_key(job["id"]), "error_traceback")
+    finally:
+        client.close()
+    assert isinstance(trace, str) and "Traceback" in trace and "UnsafeFileError" in trace
+    deadline = time.monotonic() + 10
+    while "UnsafeFileError" not in service.worker_log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "Traceback" in service.worker_log()

@@ -1,45 +1,270 @@
-"""Server-sent events for a job: the Redis stream's backlog, then live events from one feed.
+"""Server-sent events for a job: its backlog in shared pages, then live events from one reader.
 
-A blocking XREAD per subscriber would tie up one Redis connection per open stream; instead each
-job with subscribers has one feed (an asyncio task doing XREAD BLOCK) that fans entries out to
-the subscribers' queues. A subscriber joins the feed first and reads the backlog after, so any
-entry is in one or the other (duplicates are dropped by id): no gap, no duplicate. A subscriber
-too slow to keep up is cut off; its client reconnects with Last-Event-ID and reads the backlog.
+The load that hurts is not live delivery but a reconnect storm: a thousand clients replaying a
+job's backlog at once (after a deploy, a network blip). Read per subscriber and written event by
+event, that was a thousand Redis connections and millions of small writes, and the event loop had
+no time left for anything else (health checks took seconds). So:
+
+- Admission: an API process holds at most `sse_max_streams` streams, and a tenant at most
+  `sse_max_streams_per_tenant`; past either the route answers 429 with a Retry-After drawn from
+  RETRY_AFTER_SECONDS (so refused clients do not come back as one herd). A stream holds its slot
+  from admission to the end of its response, however that ends.
+- Backlog: pages of BACKLOG_PAGE entries, each read by one script that returns the page already
+  encoded as SSE frames (`AsyncEventStore.encoded_events_after`: redis-py would spend 50-150 ms
+  of the loop parsing a 1000-entry XRANGE). Subscribers replaying from the same id at the same
+  time wait on the same read (single flight), and a page that can no longer change (full, or
+  ending with `done`) is kept a while: a storm reads each page once, not once per subscriber.
+  Reads go over the streams' own connections (not the requests' pool), at most BACKLOG_READS
+  at a time. A page goes out in writes of WRITE_BYTES, and subscribers take turns (`Turns`) to
+  fetch and write, so that no pass of the event loop runs a thousand writes back to back, and
+  a subscriber's share of memory is one write, not its backlog.
+- Live: each job with subscribers has one feed, an XREAD BLOCK loop on the streams' pool (its
+  socket timeout is the block time plus a reply's, so an idle stream never times out), that
+  encodes each reply once and hands the batch to every subscriber, which sends what it has in
+  one write. A subscriber joins the feed first and reads the backlog after, up to at least the
+  feed's cursor when it joined, so every entry is in one or the other (duplicates are dropped by
+  id): no gap, no duplicate. A subscriber more than `queue_size` events behind is cut off; its
+  client reconnects with Last-Event-ID. An ended job's stream needs no feed at all.
+- Ids: a client's id comes checked (`parse_event_id`: 400 otherwise). An id past the stream's
+  newest entry means the client saw events this server does not have (a Redis restored from an
+  older backup, an id from another deployment): it gets the events that come after its id, and
+  the job's `done` whatever that one's id, so that its stream still ends with the job. Replaying
+  from the start instead would hand it again, under ids older than its own, events it has
+  already acted on, and a client that drops ids below its last would drop the `done` too.
+- Memory and pauses: see `freeze_startup_heap` (GC) and `_tidy` (after a storm).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
+import gc
 import json
 import logging
-from collections.abc import AsyncIterator
+import random
+import time
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 import redis.asyncio as aredis
+from prometheus_client import Counter
+from redis.driver_info import DriverInfo
 from sse_starlette import ServerSentEvent
 
 from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
-from pdppo.store import AsyncJobStore, events_key
+from pdppo.settings import Settings
+from pdppo.store import AsyncJobStore, JobRecord, events_key
+from pdppo.store.events import AsyncEventStore, EventId, parse_event_id
 
 log = logging.getLogger(__name__)
 Entry = tuple[str, dict[str, str]]
-# What subscribers receive: (stream id, event type, the SSE frame encoded once for all of them).
-Frame = tuple[str, str, bytes]
-BLOCK_MS = 5000
-BACKLOG_PAGE = 1000
+BLOCK_MS = 5000  # a feed's XREAD BLOCK; its connection's socket timeout is this plus the reply's
+BACKLOG_PAGE = 1000  # entries per backlog read
+FEED_COUNT = 100  # entries per feed read: redis-py parses a reply in one go, on the event loop
+BACKLOG_READS = 4  # backlog reads in flight at once, per API process
+BACKLOG_CACHE_BYTES = 32 * 2**20  # encoded pages kept for subscribers that come a little later
+BACKLOG_CACHE_SECONDS = 30.0
+WRITE_BYTES = 64 * 1024  # one write to a client: uvicorn's high-water mark
+REPLAY_WRITERS = 16  # backlog writes in progress at once, per API process
+REPLAY_TURN_SECONDS = 0.05  # longest a write holds its turn (a slow client's send waits longer)
+GC_THRESHOLDS = (700, 10, 100)  # CPython's, but full passes 10x rarer: `freeze_startup_heap`
+PING = b": ping\r\n\r\n"  # a comment: clients ignore it, proxies see traffic
+RETRY_AFTER_SECONDS = (5, 15)  # a refused stream's Retry-After, drawn per answer
+DONE_FRAMES_KEPT = 1024
+STORM_STREAMS = 200  # this many streams at once, then a quarter of them: memory is tidied up
+TIDY_DELAY_SECONDS = 2.0
+
+SSE_REFUSED = Counter(
+    "pdppo_sse_streams_refused_total",
+    "Event streams answered 429, by the limit they hit",
+    ["limit"],
+)
+SSE_BACKLOG_PAGES = Counter(
+    "pdppo_sse_backlog_pages_total",
+    "Backlog pages sent to subscribers, by where they came from",
+    ["source"],  # read: an XRANGE of its own; shared: another subscriber's read or the cache
+)
 
 
-def parse_id(entry_id: str) -> tuple[int, int]:
-    """Stream ids compare as (milliseconds, sequence); '5' means '5-0'."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+def freeze_startup_heap() -> None:
+    """Moves every object alive now out of the cyclic GC's sight (`gc.freeze`) and makes full
+    collections rarer (GC_THRESHOLDS); call once, at the end of start-up.
+
+    The API imports torch (budgets, specs): ~250k long-lived objects that every full collection
+    walks again, and a storm of streams allocates fast enough to trigger several, each of which
+    stopped the event loop for 100-900 ms with 1000 streams on a 2-core machine (measured with
+    gc.callbacks). Frozen, the start-up heap is never walked; requests' objects are collected as
+    before, but a full pass comes after 100 middle-generation passes instead of 10 (and after a
+    storm, from `_tidy`). The young generation keeps its threshold: raised to 10,000, it cost
+    submissions a fifth of their throughput (bench/api_load.py)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
-@dataclass(eq=False)
+def _tidy() -> None:
+    """After a storm: one full collection (rare otherwise, see GC_THRESHOLDS) for the cycles its
+    streams left, then glibc's `malloc_trim`, which hands the freed heap back to the system
+    (glibc keeps it otherwise, and the process's RSS stays at the storm's peak)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+@functools.cache
+def redis_driver_info() -> DriverInfo:
+    """What a new Redis connection reports with CLIENT SETINFO, resolved once. Left to itself,
+    redis-py looks its own version up in the installed packages' metadata for every connection
+    it opens: 5-10 ms of file reads blocking the event loop each, dozens in a row when a burst
+    of requests fills the pool (pass it as `driver_info=` to every pool)."""
+    return DriverInfo()
+
+
+class Turns:
+    """At most `width` holders at once, each for at most `lease` seconds.
+
+    Backlog fetches and writes take turns: a write is a burst of CPU (framing, copying 64 KiB)
+    that does not yield to the event loop while the client's socket takes it, and a thousand
+    replaying subscribers woken together by one shared read would run all their writes in one
+    pass of the loop, a health check queued behind them. Taking turns keeps each pass short. A
+    turn is a lease: a write that waits on a slow client gives its turn up after `lease` (the
+    stream itself goes on), so that slow clients cannot stall the others."""
+
+    def __init__(self, width: int, lease: float) -> None:
+        self._free = asyncio.Semaphore(width)
+        self.lease = lease
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        await self._free.acquire()
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._free.release()
+
+        expiry = asyncio.get_running_loop().call_later(self.lease, release)
+        try:
+            yield
+        finally:
+            expiry.cancel()
+            release()
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One stream entry as an SSE frame, encoded once for every subscriber."""
+
+    id: EventId
+    event: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Frames read together (a backlog page, a feed reply), cut after `done`, joined once."""
+
+    frames: tuple[Frame, ...]
+    chunk: bytes
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry]) -> Batch:
+        frames: list[Frame] = []
+        for entry in entries:
+            frames.append(encode(entry))
+            if frames[-1].event == "done":
+                break  # the stream ends there, for every subscriber
+        return cls(tuple(frames), b"".join(f.data for f in frames))
+
+    @property
+    def last(self) -> EventId | None:
+        return self.frames[-1].id if self.frames else None
+
+    @property
+    def done(self) -> bool:
+        return bool(self.frames) and self.frames[-1].event == "done"
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A backlog read, as the frames to send (encoded by Redis: `encoded_events_after`)."""
+
+    chunk: bytes
+    last: EventId | None  # None: nothing after the start
+    full: bool  # it stopped at BACKLOG_PAGE entries: more may follow
+    done: bool
+
+    @property
+    def stable(self) -> bool:
+        """Full pages and pages ending with `done` never change: safe to keep and share."""
+        return self.full or self.done
+
+
+class StreamLimitReached(Exception):
+    """Refused: `limit` ("tenant" or "total") is reached, at `value` streams."""
+
+    def __init__(self, limit: str, value: int, retry_after: int) -> None:
+        super().__init__(limit, value)
+        self.limit, self.value, self.retry_after = limit, value, retry_after
+
+
+class Slot:
+    """An admitted stream; `release` (idempotent) gives its place back."""
+
+    def __init__(self, hub: EventHub, tenant: str) -> None:
+        self._hub: EventHub | None = hub
+        self.tenant = tenant
+
+    def release(self) -> None:
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            hub._release(self.tenant)
+
+
 class Subscriber:
-    queue: asyncio.Queue[Frame | None]
+    """Batches a feed handed over and the subscriber has not sent yet, at most `limit` events."""
+
+    def __init__(self, limit: int, until: EventId) -> None:
+        self.limit = limit
+        # The feed's cursor when it joined: the feed hands over what comes after, so the
+        # backlog must reach at least this far.
+        self.until = until
+        self.batches: deque[Batch] = deque()
+        self.pending = 0
+        self.closed = False
+        self._wake = asyncio.Event()
+
+    def put(self, batch: Batch) -> bool:
+        """False when the subscriber is `limit` events behind (one batch always fits)."""
+        if self.pending and self.pending + len(batch.frames) > self.limit:
+            return False
+        self.batches.append(batch)
+        self.pending += len(batch.frames)
+        self._wake.set()
+        return True
+
+    def close(self) -> None:
+        """Ends the stream after what it holds; its client resumes from the last id it got."""
+        self.closed = True
+        self._wake.set()
+
+    async def take(self) -> list[Batch] | None:
+        """Every batch waiting (one write for all of them), or None once closed and empty."""
+        while not self.batches:
+            if self.closed:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        batches = list(self.batches)
+        self.batches.clear()
+        self.pending = 0
+        return batches
 
 
 @dataclass(eq=False)
@@ -52,12 +277,176 @@ class Feed:
 
 
 class EventHub:
-    def __init__(self, client: aredis.Redis, store: AsyncJobStore, queue_size: int) -> None:
+    """The API process's event streams: admission, shared backlog pages and one feed per job."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        store: AsyncJobStore,
+        *,
+        stream_client: aredis.Redis | None = None,
+        queue_size: int = 4096,
+        max_streams: int = 2000,
+        max_streams_per_tenant: int = 500,
+    ) -> None:
         self.redis = client
+        self.stream_redis = stream_client or client
+        self._owns_stream_client = stream_client is not None
         self.store = store
+        # Backlog reads go over the streams' connections too: on the requests' pool they would
+        # wait behind the storm's own requests (a thousand job lookups) before the first byte.
+        self.events = AsyncEventStore(stream_client) if stream_client else store.events
         self.queue_size = queue_size
+        self.max_streams = max_streams
+        self.max_streams_per_tenant = max_streams_per_tenant
         self.feeds: dict[str, Feed] = {}
         self._lock = asyncio.Lock()
+        self._open: defaultdict[str, int] = defaultdict(int)
+        self._open_total = 0
+        self._peak = 0  # most streams open at once since the last `_tidy`
+        self._reads = asyncio.Semaphore(BACKLOG_READS)
+        self.turns = Turns(REPLAY_WRITERS, REPLAY_TURN_SECONDS)
+        self._inflight: dict[tuple[str, EventId], asyncio.Task[Page]] = {}
+        self._cache: OrderedDict[tuple[str, EventId], tuple[float, Page]] = OrderedDict()
+        self._cache_bytes = 0
+        self._done: OrderedDict[str, Frame] = OrderedDict()  # ended jobs' `done`, by job
+
+    @classmethod
+    def from_settings(
+        cls, client: aredis.Redis, store: AsyncJobStore, settings: Settings
+    ) -> EventHub:
+        """The hub with the event streams' own pool: the feeds' blocking reads and the backlog
+        reads, so that neither waits behind the requests nor holds their connections. A feed's
+        XREAD BLOCK waits up to BLOCK_MS on the server, so the socket timeout is that plus the
+        reply timeout of any other command (the requests' would cut every idle stream). One
+        connection per watched job plus BACKLOG_READS: bounded by the stream limit."""
+        stream_pool = aredis.ConnectionPool.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            max_connections=settings.sse_max_streams + BACKLOG_READS,
+            socket_timeout=BLOCK_MS / 1000 + settings.redis_socket_timeout_seconds,
+            socket_connect_timeout=settings.redis_connect_timeout_seconds,
+            driver_info=redis_driver_info(),
+        )
+        return cls(
+            client,
+            store,
+            stream_client=aredis.Redis(connection_pool=stream_pool),
+            queue_size=settings.sse_queue_size,
+            max_streams=settings.sse_max_streams,
+            max_streams_per_tenant=settings.sse_max_streams_per_tenant,
+        )
+
+    # -- admission ------------------------------------------------------------------------
+
+    def admit(self, tenant: str) -> Slot:
+        """A place for one more stream of `tenant`, or StreamLimitReached."""
+        retry_after = random.randint(*RETRY_AFTER_SECONDS)
+        if self._open_total >= self.max_streams:
+            SSE_REFUSED.labels("total").inc()
+            raise StreamLimitReached("total", self.max_streams, retry_after)
+        if self._open[tenant] >= self.max_streams_per_tenant:
+            SSE_REFUSED.labels("tenant").inc()
+            raise StreamLimitReached("tenant", self.max_streams_per_tenant, retry_after)
+        self._open[tenant] += 1
+        self._open_total += 1
+        self._peak = max(self._peak, self._open_total)
+        SSE_SUBSCRIBERS.inc()
+        return Slot(self, tenant)
+
+    def _release(self, tenant: str) -> None:
+        self._open[tenant] -= 1
+        if not self._open[tenant]:
+            del self._open[tenant]
+        self._open_total -= 1
+        SSE_SUBSCRIBERS.dec()
+        if self._open_total <= self._peak // 4 and self._peak >= STORM_STREAMS:
+            # A storm is ending: give its memory back soon rather than whenever (`_tidy`), once
+            # its last streams are gone too.
+            self._peak = self._open_total
+            asyncio.get_running_loop().call_later(TIDY_DELAY_SECONDS, _tidy)
+
+    # -- backlog --------------------------------------------------------------------------
+
+    async def backlog(
+        self, job_id: str, after: EventId, until: EventId = (0, 0), *, fresh: bool = False
+    ) -> AsyncIterator[Page]:
+        """Pages of the entries after `after`, stopping at `done`, and not before the stream's
+        end as it was when it reached `until` (the caller's feed takes over from there). Pages
+        come from reads other subscribers share; `fresh`: only from reads issued now."""
+        while True:
+            # In a turn, as the writes are: a thousand subscribers waiting on one shared read
+            # would all wake in the same pass of the event loop when it completes.
+            async with self.turns.turn():
+                page = await self._page(job_id, after, fresh)
+            yield page
+            last = page.last or after
+            # A shared read may have been issued before `until` was written: read on from it.
+            if page.done or (not page.full and last >= until):
+                return
+            after = last
+
+    async def _page(self, job_id: str, after: EventId, fresh: bool) -> Page:
+        key = (job_id, after)
+        if not fresh:
+            cached = self._cache.get(key)
+            if cached is not None and time.monotonic() - cached[0] < BACKLOG_CACHE_SECONDS:
+                self._cache.move_to_end(key)
+                SSE_BACKLOG_PAGES.labels("shared").inc()
+                return cached[1]
+            task = self._inflight.get(key)
+            if task is not None:
+                SSE_BACKLOG_PAGES.labels("shared").inc()
+                return await asyncio.shield(task)
+        task = asyncio.create_task(self._read(job_id, after), name=f"sse backlog {job_id}")
+        self._inflight[key] = task
+
+        def settle(read: asyncio.Task[Page]) -> None:
+            if self._inflight.get(key) is read:
+                del self._inflight[key]
+            if not read.cancelled() and read.exception() is None and read.result().stable:
+                self._keep(key, read.result())
+
+        task.add_done_callback(settle)
+        SSE_BACKLOG_PAGES.labels("read").inc()
+        return await asyncio.shield(task)  # a subscriber leaving does not cancel the others' read
+
+    async def _read(self, job_id: str, after: EventId) -> Page:
+        async with self._reads:
+            read = await self.events.encoded_events_after(job_id, after, BACKLOG_PAGE)
+        last = parse_event_id(read.last_id) if read.last_id else None
+        return Page(read.chunk, last, read.read >= BACKLOG_PAGE and not read.done, read.done)
+
+    def _keep(self, key: tuple[str, EventId], page: Page) -> None:
+        now = time.monotonic()
+        if key in self._cache:
+            self._uncache(key)
+        self._cache[key] = (now, page)
+        self._cache_bytes += len(page.chunk)
+        while self._cache:
+            oldest = next(iter(self._cache))
+            stamp, _ = self._cache[oldest]
+            if self._cache_bytes <= BACKLOG_CACHE_BYTES and now - stamp < BACKLOG_CACHE_SECONDS:
+                break
+            self._uncache(oldest)
+
+    def _uncache(self, key: tuple[str, EventId]) -> None:
+        _, page = self._cache.pop(key)
+        self._cache_bytes -= len(page.chunk)
+
+    async def done_frame(self, job_id: str) -> Frame | None:
+        """The `done` of an ended job (kept: it never changes), or None."""
+        frame = self._done.get(job_id)
+        if frame is None:
+            entry = await self.events.last_event_of_type(job_id, "done")
+            if entry is None:
+                return None
+            frame = self._done[job_id] = encode(entry)
+            if len(self._done) > DONE_FRAMES_KEPT:
+                self._done.popitem(last=False)
+        return frame
+
+    # -- live -----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def subscribe(self, job_id: str) -> AsyncIterator[Subscriber]:
@@ -67,15 +456,13 @@ class EventHub:
                 feed = Feed(job_id, await self.store.last_event_id(job_id))
                 self.feeds[job_id] = feed
                 SSE_FEEDS.set(len(self.feeds))
-            sub = Subscriber(asyncio.Queue(self.queue_size))
+            sub = Subscriber(self.queue_size, parse_event_id(feed.cursor))
             feed.subscribers.add(sub)
             if feed.task is None:
                 feed.task = asyncio.create_task(self._run(feed), name=f"sse feed {job_id}")
-        SSE_SUBSCRIBERS.inc()
         try:
             yield sub
         finally:
-            SSE_SUBSCRIBERS.dec()
             feed.subscribers.discard(sub)
             if not feed.subscribers:
                 self._retire(feed)
@@ -90,92 +477,191 @@ class EventHub:
 
     async def _run(self, feed: Feed) -> None:
         key = events_key(feed.job_id)
+        failures = 0
         try:
             while feed.subscribers and not feed.finished:
                 try:
-                    reply = await self.redis.xread({key: feed.cursor}, count=500, block=BLOCK_MS)
-                except aredis.RedisError:
-                    log.warning("sse feed %s: Redis error; retrying", feed.job_id, exc_info=True)
-                    await asyncio.sleep(0.5)
+                    reply = await self.stream_redis.xread(
+                        {key: feed.cursor}, count=FEED_COUNT, block=BLOCK_MS
+                    )
+                except aredis.RedisError as exc:
+                    # One line per outage, not a traceback per retry: the readiness probe and
+                    # the request path report the store's state.
+                    failures += 1
+                    level = logging.WARNING if failures == 1 else logging.DEBUG
+                    log.log(level, "sse feed %s: Redis error (%s); retrying", feed.job_id, exc)
+                    await asyncio.sleep(min(0.5 * failures, 5.0))
                     continue
+                if failures:
+                    log.info("sse feed %s: Redis is back after %d errors", feed.job_id, failures)
+                    failures = 0
                 for _stream, entries in cast(list[tuple[str, list[Entry]]], reply or []):
-                    for entry in entries:
-                        feed.cursor = entry[0]
-                        self._dispatch(feed, encode(entry))
-                        if entry[1].get("type") == "done":
-                            feed.finished = True
+                    if not entries:
+                        continue
+                    feed.cursor = entries[-1][0]
+                    batch = Batch.of(entries)
+                    self._dispatch(feed, batch)
+                    if batch.done:
+                        feed.finished = True
         except Exception:
             log.exception("sse feed %s failed; closing its streams", feed.job_id)
             for sub in list(feed.subscribers):
-                self._close(sub)
+                sub.close()
         finally:
             self._retire(feed)
 
-    def _dispatch(self, feed: Feed, frame: Frame) -> None:
+    def _dispatch(self, feed: Feed, batch: Batch) -> None:
         for sub in list(feed.subscribers):
-            try:
-                sub.queue.put_nowait(frame)
-            except asyncio.QueueFull:
+            if not sub.put(batch):
                 log.info("sse subscriber of %s too slow; closing its stream", feed.job_id)
                 feed.subscribers.discard(sub)
-                self._close(sub)
-
-    @staticmethod
-    def _close(sub: Subscriber) -> None:
-        """Ends the subscriber's stream; its client resumes from the last id it received."""
-        while not sub.queue.empty():
-            sub.queue.get_nowait()
-        sub.queue.put_nowait(None)
+                sub.close()
 
     async def close(self) -> None:
         for feed in list(self.feeds.values()):
+            for sub in list(feed.subscribers):
+                sub.close()
             self._retire(feed)
+        if self._owns_stream_client:
+            await self.stream_redis.aclose()
+            await self.stream_redis.connection_pool.aclose()
 
 
 async def job_events(
-    hub: EventHub, store: AsyncJobStore, job_id: str, last_event_id: str | None
+    hub: EventHub, job: JobRecord, after: EventId | None, ping_seconds: float
+) -> AsyncGenerator[bytes, None]:
+    """Encoded SSE frames after `after`, in writes of at most WRITE_BYTES, ending with `done`
+    (or when the subscriber is cut off: its client resumes from the last id it got). A stream
+    idle for `ping_seconds` gets a comment, so that proxies keep it open.
+
+    A Redis error once the stream has started can only end it (the status is sent): it ends
+    cleanly, with one line in the log, and the client resumes from its last id."""
+    try:
+        async for piece in _job_events(hub, job, after, ping_seconds):
+            yield piece
+    except aredis.RedisError as exc:
+        log.warning("event stream of job %s ended by a Redis error: %s", job.id, exc)
+
+
+async def _job_events(
+    hub: EventHub, job: JobRecord, after: EventId | None, ping_seconds: float
 ) -> AsyncIterator[bytes]:
-    """Encoded SSE frames after `last_event_id`, ending with `done` (or when cut off)."""
-    last = last_event_id or "0-0"
-    async with hub.subscribe(job_id) as sub:
-        # 1. backlog; 2. if the job already ended, whatever of the backlog came in meanwhile;
-        # 3. live frames from the feed, skipping what the backlog already sent.
-        async for entry in _backlog(store, job_id, last):
-            last = entry[0]
-            yield encode(entry)[2]
-            if entry[1].get("type") == "done":
+    origin = after or (0, 0)
+    if job.terminal:
+        # Its whole history, `done` included, is in the stream already: no feed needed.
+        async for piece in _ended(hub, job.id, origin, origin):
+            yield piece
+        return
+
+    async with hub.subscribe(job.id) as sub:
+        # 1. the backlog, up to where the feed took over; 2. if the job ended before the feed
+        # started, the rest of its history; 3. live batches, skipping what 1 already sent.
+        last = origin
+        async for page in hub.backlog(job.id, last, sub.until):
+            async for piece in _replay(hub, page.chunk):
+                yield piece
+            last = page.last or last
+            if page.done:
                 return
-        record = await store.get(job_id)
+        record = await hub.store.get(job.id)
         if record is None or record.terminal:
-            async for entry in _backlog(store, job_id, last):
-                yield encode(entry)[2]
-                if entry[1].get("type") == "done":
-                    return
+            async for piece in _ended(hub, job.id, origin, last):
+                yield piece
             return
+        # The first ping comes at a random point of the interval: streams opened together
+        # (a reconnect storm) would otherwise all be pinged in the same pass of the loop.
+        wait = random.uniform(0.5, 1.0) * ping_seconds
         while True:
-            frame = await sub.queue.get()
-            if frame is None:
-                return
-            if parse_id(frame[0]) <= parse_id(last):
+            try:
+                async with asyncio.timeout(wait):
+                    batches = await sub.take()
+            except TimeoutError:
+                yield PING
+                wait = ping_seconds
                 continue
-            last = frame[0]
-            yield frame[2]
-            if frame[1] == "done":
+            if batches is None:
+                return
+            chunk, last, done = _after(batches, last, origin)
+            for piece in _pieces(chunk):
+                yield piece
+            if done:
                 return
 
 
-async def _backlog(store: AsyncJobStore, job_id: str, after: str) -> AsyncIterator[Entry]:
-    while True:
-        page = await store.events_after(job_id, after, count=BACKLOG_PAGE)
-        for entry in page:
-            yield entry
-        if len(page) < BACKLOG_PAGE:
+async def _ended(
+    hub: EventHub, job_id: str, origin: EventId, last: EventId
+) -> AsyncIterator[bytes]:
+    """The rest of an ended job's stream after `last`, through its `done`.
+
+    A client whose id is past the `done` saw a history this server does not have: it gets the
+    `done` all the same, so that its stream ends with the job (but not a client whose id *is*
+    the `done`: it has it)."""
+    async for page in hub.backlog(job_id, last):
+        async for piece in _replay(hub, page.chunk):
+            yield piece
+        last = page.last or last
+        if page.done:
             return
-        after = page[-1][0]
+    done = await hub.done_frame(job_id)
+    if done is None:
+        return
+    if done.id > last:  # the pages were read before the job ended (shared reads): read on
+        async for page in hub.backlog(job_id, last, fresh=True):
+            async for piece in _replay(hub, page.chunk):
+                yield piece
+            if page.done:
+                return
+    elif done.id != origin:
+        yield done.data
+
+
+def _after(batches: list[Batch], last: EventId, origin: EventId) -> tuple[bytes, EventId, bool]:
+    """The frames of `batches` after `last`, joined, up to `done`; and the new `last`. A `done`
+    at or before `last` still goes out unless it is the client's own id (see `_ended`):
+    only a client ahead of the stream can meet one."""
+    if len(batches) == 1 and batches[0].frames and batches[0].frames[0].id > last:
+        batch = batches[0]  # the usual case: share the batch's chunk as it is
+        return batch.chunk, batch.last or last, batch.done
+    parts: list[bytes] = []
+    for batch in batches:
+        for frame in batch.frames:
+            if frame.id > last:
+                parts.append(frame.data)
+                last = frame.id
+            elif frame.event == "done" and frame.id != origin:
+                parts.append(frame.data)
+            if frame.event == "done":
+                return b"".join(parts), last, True
+    return b"".join(parts), last, False
+
+
+async def _replay(hub: EventHub, chunk: bytes) -> AsyncIterator[bytes]:
+    """A backlog page's writes, each in its turn (see `Turns`)."""
+    for piece in _pieces(chunk):
+        async with hub.turns.turn():
+            yield piece
+
+
+def _pieces(chunk: bytes) -> Iterator[bytes]:
+    """`chunk` in writes of WRITE_BYTES: the server waits for a slow client between writes, so
+    it never holds more than one of them per stream (the chunk itself is shared)."""
+    if len(chunk) <= WRITE_BYTES:
+        if chunk:
+            yield chunk
+        return
+    view = memoryview(chunk)
+    for start in range(0, len(chunk), WRITE_BYTES):
+        yield bytes(view[start : start + WRITE_BYTES])  # ASGI bodies are bytes: one copy
 
 
 def encode(entry: Entry) -> Frame:
+    """The entry as `id:`/`event:`/`data:` lines, exactly as `ServerSentEvent.encode` writes
+    them, without its per-event overhead for the usual one-line JSON data."""
     entry_id, fields = entry
     event = fields.get("type", "log")
     data = fields.get("data", json.dumps({}))
-    return entry_id, event, ServerSentEvent(data=data, event=event, id=entry_id).encode()
+    if "\n" in data or "\r" in data or "\n" in event or "\r" in event:
+        raw = ServerSentEvent(data=data, event=event, id=entry_id).encode()
+    else:
+        raw = f"id: {entry_id}\r\nevent: {event}\r\ndata: {data}\r\n\r\n".encode()
+    return Frame(parse_event_id(entry_id), event, raw)

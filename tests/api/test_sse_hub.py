@@ -1,0 +1,184 @@
+"""The event hub's pieces without a server: ids, frame encoding, shared backlog reads, admission.
+
+The integration tests (`tests/integration/test_sse_load.py`, `test_event_ids.py`) show the same
+through real processes; these pin the mechanisms down: a storm reads each backlog page once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, cast
+
+import pytest
+from sse_starlette import ServerSentEvent
+
+from api.events import (
+    BACKLOG_PAGE,
+    Batch,
+    EventHub,
+    StreamLimitReached,
+    Turns,
+    _after,
+    _pieces,
+    encode,
+)
+from pdppo.store import AsyncJobStore
+from pdppo.store.events import EncodedPage, EventIdError, parse_event_id
+
+Entry = tuple[str, dict[str, str]]
+
+
+def test_parse_event_id_accepts_stream_ids_and_refuses_the_rest() -> None:
+    assert parse_event_id("1700000000000-3") == (1700000000000, 3)
+    assert parse_event_id("5") == (5, 0)
+    assert parse_event_id(f"{2**64 - 1}-{2**64 - 1}") == (2**64 - 1, 2**64 - 1)
+    for bad in ("", "x", "1-", "-1", "1-2-3", "1.5", " 1-2", "1_000-0", "9" * 21):
+        with pytest.raises(EventIdError, match="is not an event id"):
+            parse_event_id(bad)
+    for too_big in (f"{2**64}-0", f"0-{2**64}", "99999999999999999999"):
+        with pytest.raises(EventIdError, match="out of range"):
+            parse_event_id(too_big)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ("1-0", {"type": "metrics", "data": json.dumps({"step": 1, "m": {"a": 0.5}})}),
+        ("2-7", {"type": "log", "data": json.dumps({"message": "two\nlines"})}),
+        ("3-0", {"type": "log", "data": "raw\r\ntext"}),  # not JSON: the slow path
+        ("4-0", {"data": "{}"}),  # no type: a log
+    ],
+)
+def test_encode_writes_what_server_sent_event_writes(entry: Entry) -> None:
+    entry_id, fields = entry
+    event = fields.get("type", "log")
+    expected = ServerSentEvent(data=fields["data"], event=event, id=entry_id).encode()
+    assert encode(entry).data == expected
+
+
+def entries(first: int, count: int, done_at: int | None = None) -> list[Entry]:
+    out: list[Entry] = []
+    for n in range(first, first + count):
+        kind = "done" if n == done_at else "metrics"
+        out.append((f"{n}-0", {"type": kind, "data": json.dumps({"step": n})}))
+    return out
+
+
+def test_batch_stops_at_done_and_after_skips_what_was_sent() -> None:
+    batch = Batch.of(entries(1, 5, done_at=3))
+    assert [f.id for f in batch.frames] == [(1, 0), (2, 0), (3, 0)] and batch.done
+    chunk, last, done = _after([Batch.of(entries(1, 4))], (2, 0), (0, 0))
+    assert chunk.count(b"event: ") == 2 and last == (4, 0) and not done
+    # A client ahead of the stream (its id 10-0) gets the later `done` all the same...
+    chunk, last, done = _after([Batch.of(entries(5, 3, done_at=7))], (10, 0), (10, 0))
+    assert chunk.count(b"event: done") == 1 and chunk.count(b"event: ") == 1 and done
+    # ...but not a `done` that *is* its id: it has seen it.
+    chunk, _, done = _after([Batch.of(entries(5, 3, done_at=7))], (7, 0), (7, 0))
+    assert chunk == b"" and done
+
+
+def test_pieces_are_bounded_and_lose_nothing() -> None:
+    big = b"x" * (200 * 1024 + 17)
+    assert b"".join(bytes(p) for p in _pieces(big)) == big
+    assert max(len(p) for p in _pieces(big)) <= 64 * 1024
+    assert list(_pieces(b"")) == []
+
+
+class FakeEvents:
+    """The store's stream reads over a list, counting XRANGEs; each read yields to the loop."""
+
+    def __init__(self, stream: list[Entry]) -> None:
+        self.stream = stream
+        self.reads = 0
+
+    async def encoded_events_after(
+        self, job_id: str, after: tuple[int, int], count: int
+    ) -> EncodedPage:
+        self.reads += 1
+        await asyncio.sleep(0.01)
+        later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
+        batch = Batch.of(later)
+        last = batch.frames[-1].id if batch.frames else None
+        return EncodedPage(
+            batch.chunk, f"{last[0]}-{last[1]}" if last else None, len(later), batch.done
+        )
+
+    async def last_event_of_type(self, job_id: str, event_type: str) -> Entry | None:
+        return next((e for e in reversed(self.stream) if e[1]["type"] == event_type), None)
+
+
+class FakeStore:
+    def __init__(self, stream: list[Entry]) -> None:
+        self.events = FakeEvents(stream)
+
+
+def hub_over(stream: list[Entry], **limits: Any) -> tuple[EventHub, FakeEvents]:
+    store = FakeStore(stream)
+    hub = EventHub(cast(Any, None), cast(AsyncJobStore, store), **limits)
+    return hub, store.events
+
+
+def test_a_storm_reads_each_backlog_page_once() -> None:
+    total = 2 * BACKLOG_PAGE + 500
+    hub, events = hub_over(entries(1, total, done_at=total))
+
+    async def replay() -> bytes:
+        parts = [p.chunk async for p in hub.backlog("job", (0, 0))]
+        return b"".join(parts)
+
+    async def storm() -> list[bytes]:
+        return await asyncio.gather(*(replay() for _ in range(200)))
+
+    chunks = asyncio.run(storm())
+    assert len(set(chunks)) == 1 and chunks[0].count(b"event: ") == total
+    assert events.reads == 3  # three pages, each read once for all 200
+
+
+def test_admission_bounds_streams_per_tenant_and_in_total() -> None:
+    hub, _ = hub_over([], max_streams=3, max_streams_per_tenant=2)
+    a1, a2 = hub.admit("alice"), hub.admit("alice")
+    with pytest.raises(StreamLimitReached) as refused:
+        hub.admit("alice")
+    assert refused.value.limit == "tenant" and 1 <= refused.value.retry_after <= 60
+    b1 = hub.admit("bob")
+    with pytest.raises(StreamLimitReached) as full:
+        hub.admit("carol")
+    assert full.value.limit == "total"
+    a1.release()
+    a1.release()  # idempotent: a slot is given back once
+    hub.admit("carol")
+    with pytest.raises(StreamLimitReached):
+        hub.admit("bob")
+    a2.release()
+    b1.release()
+    assert hub.admit("bob") is not None
+
+
+def test_turns_bound_holders_and_a_stuck_holder_loses_its_turn() -> None:
+    async def scenario() -> list[str]:
+        turns = Turns(2, lease=0.05)
+        order: list[str] = []
+        stuck = asyncio.Event()
+
+        async def hold(name: str, until: asyncio.Event | None) -> None:
+            async with turns.turn():
+                order.append(f"{name} in")
+                if until is not None:
+                    await until.wait()  # as a write waiting on a client that does not read
+                else:
+                    await asyncio.sleep(0.01)
+            order.append(f"{name} out")
+
+        tasks = [asyncio.create_task(hold("a", stuck)), asyncio.create_task(hold("b", stuck))]
+        await asyncio.sleep(0)
+        third = asyncio.create_task(hold("c", None))
+        await asyncio.sleep(0.02)
+        assert "c in" not in order  # two holders at most...
+        await asyncio.wait_for(third, 1)  # ...but stuck ones give their turns up after the lease
+        stuck.set()
+        await asyncio.gather(*tasks)
+        return order
+
+    order = asyncio.run(scenario())
+    assert order.index("c in") < order.index("a out")

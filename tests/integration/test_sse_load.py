@@ -1,0 +1,201 @@
+"""Event streams under load: a replay storm leaves the API responsive, streams are bounded per
+tenant and in total (429 with Retry-After), and idle streams do not churn Redis connections.
+
+The storm: hundreds of clients replay a finished job's backlog from the start at once while a
+probe times `/healthz` on fresh connections, as a load balancer would. The backlog is written
+straight into the job's stream (events shaped like a worker's), which takes a second instead of
+the minutes a job would need to publish as many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import redis
+
+from pdppo.store.keys import events_key
+from tests.integration.conftest import metric_steps, read_events
+from tests.integration.stack import KEYS, Service, smoke_spec
+
+SUBSCRIBERS = 250
+BACKLOG = 2000
+HEALTHZ_BOUND_MS = 500  # generous for a shared 2-core machine; bench/api_load.py has the figure
+
+
+def gpu_spec(**train: Any) -> dict[str, Any]:
+    spec = smoke_spec(**train)
+    spec["resources"] = {"device": "gpu"}  # no GPU worker here: it stays queued
+    return spec
+
+
+def ended_job_with_backlog(client: httpx.Client, redis_url: str, events: int) -> str:
+    job_id = str(client.post("/v1/jobs", json=gpu_spec(steps=events)).json()["id"])
+    metrics = {"reward_mean": 0.25, "reward_std": 0.1, "loss": -0.01, "kl": 0.002}
+    store = redis.Redis.from_url(redis_url)
+    try:
+        pipe = store.pipeline(transaction=False)
+        for step in range(1, events + 1):
+            data = {"step": step, "total": events, "metrics": {**metrics, "step": float(step)}}
+            pipe.xadd(events_key(job_id), {"type": "metrics", "data": json.dumps(data)})
+        pipe.execute()
+    finally:
+        store.close()
+    assert client.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    return job_id
+
+
+async def replay(
+    host: str, port: int, path: str, key: str, began: float
+) -> tuple[int, int, float | None]:
+    """(status, frames, seconds to `done`) of one client reading the stream to its end. Counts
+    frames in the raw bytes: parsing 250 x 2000 frames in Python would load the machine more
+    than the server does."""
+    pattern, tail, frames, done = b"\r\nevent: ", b"", 0, None
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+        "Connection: close\r\n\r\n".encode()
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    # the body, chunk by chunk (the chunked encoding's size lines would break the patterns)
+    while size := int((await reader.readline()).strip() or b"0", 16):
+        buffer = tail + (await reader.readexactly(size + 2))[:-2]
+        frames += buffer.count(pattern)
+        if done is None and b"event: done" in buffer:
+            done = time.perf_counter() - began
+        tail = buffer[-(len(pattern) - 1) :]
+    writer.close()
+    return int(head.split()[1]), frames, done
+
+
+# A probe of its own process, as a load balancer is: in the test's process it would time the
+# test's own event loop, busy reading 250 streams, as much as the server.
+PROBE = """
+import socket, sys, time
+host, port, path, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+request = f"GET {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode()
+while True:
+    began = time.perf_counter()
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    status = reply.split(b" ", 2)[1].decode()
+    print(f"{(time.perf_counter() - began) * 1000:.1f} {status}", flush=True)
+    time.sleep(interval)
+"""
+
+
+def start_probe(base_url: str, path: str, interval: float) -> subprocess.Popen[str]:
+    host, port = base_url.removeprefix("http://").split(":")
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE, host, port, path, str(interval)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_probe(probe: subprocess.Popen[str]) -> list[float]:
+    """Latencies in ms of the probes that completed (each must have been a 200)."""
+    probe.terminate()
+    out, _ = probe.communicate(timeout=30)
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert all(status == "200" for _, status in rows), rows
+    return [float(ms) for ms, _ in rows]
+
+
+async def storm(base_url: str, path: str, key: str) -> list[tuple[int, int, float | None]]:
+    host, port = base_url.removeprefix("http://").split(":")
+    began = time.perf_counter()
+    async with asyncio.timeout(180):
+        return await asyncio.gather(
+            *(replay(host, int(port), path, key, began) for _ in range(SUBSCRIBERS))
+        )
+
+
+def test_replay_storm_keeps_health_checks_fast_and_redis_connections_few(
+    alice: httpx.Client, service: Service
+) -> None:
+    job_id = ended_job_with_backlog(alice, service.redis_url, BACKLOG)
+    store = redis.Redis.from_url(service.redis_url)
+    clients_before = int(store.info("clients")["connected_clients"])
+    probe = start_probe(service.base_url, "/healthz", 0.02)
+    time.sleep(0.5)  # its interpreter started and probing
+    try:
+        results = asyncio.run(storm(service.base_url, f"/v1/jobs/{job_id}/events", KEYS["alice"]))
+    finally:
+        probes = stop_probe(probe)
+    clients_after = int(store.info("clients")["connected_clients"])
+    store.close()
+
+    expected = BACKLOG + 3  # status queued, the metrics, status cancelled, done
+    assert [r[0] for r in results] == [200] * SUBSCRIBERS
+    assert [r[1] for r in results] == [expected] * SUBSCRIBERS  # every event, each once
+    assert all(r[2] is not None for r in results)
+    assert len(probes) >= 10 and max(probes) < HEALTHZ_BOUND_MS, sorted(probes)[-5:]
+    # No connection per subscriber: the requests' pool is capped (PDPPO_API_REDIS_MAX_CONNECTIONS,
+    # 64), the backlog was read a page at a time for all, and an ended job needs no live reader.
+    assert clients_after - clients_before <= 64, (clients_before, clients_after)
+    events = read_events(alice, job_id)  # and what they got is the job's history, parsed
+    assert len(events) == expected and metric_steps(events) == list(range(1, BACKLOG + 1))
+
+
+def test_stream_limits_answer_429_with_retry_after(make_service: Any) -> None:
+    svc: Service = make_service(PDPPO_SSE_MAX_STREAMS_PER_TENANT="2", PDPPO_SSE_MAX_STREAMS="3")
+    svc.start_api()
+    with svc.client("alice") as alice, svc.client("bob") as bob, contextlib.ExitStack() as open_:
+        alice_job = alice.post("/v1/jobs", json=gpu_spec()).json()["id"]
+        bob_job = bob.post("/v1/jobs", json=gpu_spec()).json()["id"]
+
+        def stream(client: httpx.Client, job: str) -> httpx.Response:
+            return open_.enter_context(client.stream("GET", f"/v1/jobs/{job}/events"))
+
+        first = stream(alice, alice_job)
+        assert first.status_code == 200 and stream(alice, alice_job).status_code == 200
+        refused = stream(alice, alice_job)
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert "tenant 'alice' has 2 open event streams" in refused.read().decode()
+
+        assert stream(bob, bob_job).status_code == 200  # another tenant: its own limit
+        full = stream(bob, bob_job)  # but the server holds 3 at most
+        assert full.status_code == 429 and "Retry-After" in full.headers
+        assert "this server has 3 open event streams" in full.read().decode()
+
+        first.close()  # a stream that ends gives its place back
+        deadline = time.monotonic() + 10
+        while (again := stream(alice, alice_job)).status_code == 429:
+            assert time.monotonic() < deadline, "the closed stream's place was never given back"
+            again.close()
+            time.sleep(0.2)
+        assert again.status_code == 200
+
+
+def test_idle_stream_outlives_the_block_time_without_redis_errors(
+    alice: httpx.Client, service: Service
+) -> None:
+    """The feed's XREAD BLOCK (5 s) runs on connections whose socket timeout is longer: an idle
+    stream neither times out nor logs, and still delivers when the job moves."""
+    job_id = alice.post("/v1/jobs", json=gpu_spec()).json()["id"]
+    log_before = len(service.tail("api.log", 10_000_000))
+    lines: list[str] = []
+    with alice.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+        started = time.monotonic()
+        cancelled = False
+        for line in response.iter_lines():
+            lines.append(line)
+            if not cancelled and time.monotonic() - started > 12:  # past two blocks
+                assert alice.post(f"/v1/jobs/{job_id}/cancel").is_success
+                cancelled = True
+    assert cancelled and "event: done" in lines
+    log = service.tail("api.log", 10_000_000)[log_before:]
+    assert "sse feed" not in log and "Traceback" not in log, log[-3000:]

@@ -84,6 +84,7 @@ async def _disconnected(receive: Receive) -> None:
 @router.get(
     "/{job_id}/events",
     response_class=EventStream,
+    status_code=200,  # EventStream takes no status_code: FastAPI cannot infer it for the schema
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "event stream"},
         400: {

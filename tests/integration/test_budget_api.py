@@ -216,7 +216,14 @@ def test_validate_needs_a_key_and_a_valid_spec(service: Service, alice: httpx.Cl
     assert invalid.json()["errors"][0]["loc"][0] == "body"
     assert alice.get("/v1/jobs:validate").status_code == 405
     schema = alice.get("/openapi.json").json()["paths"]
-    assert sorted(schema["/v1/jobs:validate"]["post"]["responses"]) == ["200", "401", "413", "422"]
+    assert sorted(schema["/v1/jobs:validate"]["post"]["responses"]) == [
+        "200",
+        "400",
+        "401",
+        "413",
+        "422",
+        "500",
+    ]
     assert {"201", "401", "409", "413", "422", "429", "503"} <= set(
         schema["/v1/jobs"]["post"]["responses"]
     )

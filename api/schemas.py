@@ -109,6 +109,21 @@ class Health(BaseModel):
 # `id:` is the Redis stream entry id ("1700000000000-0"); send it back as Last-Event-ID.
 
 
+class ServerSentEvent(BaseModel):
+    """One event of the stream as a client's SSE parser reads it; documented per event, the way
+    OpenAPI 3.1 describes a `text/event-stream` body, so generated clients and Schemathesis can
+    check each frame (ping comments are not events)."""
+
+    event: EventType
+    data: str = Field(
+        description=(
+            "JSON on one line: status {status, at}; metrics {step, total, metrics}; checkpoint "
+            "{step, name}; log {message, at}; done {status}"
+        )
+    )
+    id: str = Field(pattern=r"^[0-9]+-[0-9]+$", description="send back as Last-Event-ID")
+
+
 class ErrorBody(BaseModel):
     """Every error but 422: `detail` says what is wrong, in words a person can act on."""
 

@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.deps import HubDep, JobDep, SettingsDep, TenantDep
 from api.events import Slot, StreamLimitReached, job_events
-from api.schemas import ErrorBody, ValidationErrorBody
+from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
 from pdppo.store.events import EventId, EventIdError, parse_event_id
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,10 @@ async def _disconnected(receive: Receive) -> None:
     response_class=EventStream,
     status_code=200,  # EventStream takes no status_code: FastAPI cannot infer it for the schema
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "event stream"},
+        200: {
+            "content": {"text/event-stream": {"schema": ServerSentEvent.model_json_schema()}},
+            "description": "event stream; the schema describes each event",
+        },
         400: {
             "model": ErrorBody,
             "description": (

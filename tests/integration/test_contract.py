@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from api.schemas import ErrorBody, ValidationErrorBody
+from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
 from pdppo.store import job_key
 from tests.integration.conftest import read_events, wait_status
 from tests.integration.stack import Service, smoke_spec
@@ -190,6 +190,41 @@ def test_other_errors_are_a_detail_string(alice: httpx.Client, service: Service)
         assert set(response.json()) == {"detail"}, response.text
         ErrorBody.model_validate(response.json(), strict=True)
     assert not_allowed.json() == {"detail": "Method Not Allowed"}
+
+
+def _raw_events(body: str) -> list[dict[str, str]]:
+    """The stream as an SSE parser reads it (WHATWG rules: blank line ends an event, `:` lines are
+    comments), without the client library's conveniences, so every field the server sent counts."""
+    events: list[dict[str, str]] = []
+    fields: dict[str, str] = {}
+    for line in re.split(r"\r\n|\r|\n", body):
+        if not line:
+            if "data" in fields:
+                events.append({"event": "message", **fields})
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+    return events
+
+
+def test_each_event_of_a_stream_fits_the_documented_event_schema(
+    alice: httpx.Client, openapi: dict[str, Any]
+) -> None:
+    operation = openapi["paths"]["/v1/jobs/{job_id}/events"]["get"]
+    documented = operation["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert documented == ServerSentEvent.model_json_schema()
+    job = alice.post("/v1/jobs", json=_parked_spec()).json()
+    alice.post(f"/v1/jobs/{job['id']}/cancel")
+    stream = alice.get(f"/v1/jobs/{job['id']}/events", timeout=30)
+    assert stream.status_code == 200, stream.text
+    events = _raw_events(stream.text)
+    assert [e["event"] for e in events] == ["status", "status", "done"], events
+    for event in events:
+        ServerSentEvent.model_validate(event, strict=True)
+        json.loads(event["data"])
+    # a pattern the server breaks is caught: the documented id is what Last-Event-ID takes back
+    assert all(re.fullmatch(documented["properties"]["id"]["pattern"], e["id"]) for e in events)
 
 
 # --- 405 and Allow --------------------------------------------------------------------------

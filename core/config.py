@@ -20,21 +20,20 @@ One spec must not be able to take a shared worker down, so validation is strict:
 
 from __future__ import annotations
 
-import math
-import unicodedata
-from typing import Annotated, Any, Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from core.config_types import (
+    FINITE,
+    NO_CONTROL_CHARS,
+    CleanStr,
+    FiniteFloat,
+    _no_control_chars,
+)
+from core.graders.config import GraderConfig
 
 SEED_OFFSETS = 3
 """The trainer seeds its generators with seed, seed + 1, seed + 2 and seed + 3."""
@@ -45,52 +44,11 @@ MAX_SEED = 2**63 - 1 - SEED_OFFSETS
 MAX_PATH_CHARS = 4096
 """Longest model name or dataset path (Linux PATH_MAX)."""
 
+JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What `job:<id>` accepts as an id (the API's ids are 24 hex digits)."""
 
-def _finite(value: Any, handler: ValidatorFunctionWrapHandler) -> float:
-    """NaN and infinity pass `gt`/`le` checks in surprising ways (NaN fails `le` with a misleading
-    message, inf passes `ge=0` and serializes as null); refuse them first, with a clear message.
-    An int too large for a double is refused the same way."""
-    if isinstance(value, float) and not math.isfinite(value):
-        shown = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        raise PydanticCustomError("finite_number", "must be finite (got {value})", {"value": shown})
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            float(value)
-        except OverflowError:
-            raise PydanticCustomError(
-                "finite_number", "must be finite (got an integer too large for a float)"
-            ) from None
-    result: float = handler(value)
-    return result
-
-
-FINITE = WrapValidator(_finite)
-"""The finiteness check alone, for bounds inside an Optional: `Annotated[float, Field(gt=0),
-FINITE] | None` (bounds first, so that the JSON schema shows them as minimum/maximum)."""
-
-FiniteFloat = Annotated[float, FINITE]
-"""A float that is never NaN or infinite (an int is accepted and becomes a float)."""
-
-
-def _no_control_chars(value: str, what: str = "") -> str:
-    """Control characters (C0 incl. NUL, tab and newlines, DEL, C1) have no business in a name or
-    a path: they forge log lines, truncate C strings and make file names unreadable."""
-    for i, char in enumerate(value):
-        if unicodedata.category(char) == "Cc":
-            raise PydanticCustomError(
-                "control_character",
-                "{what}must not contain control characters (found {char} at position {pos})",
-                {"what": what, "char": f"U+{ord(char):04X}", "pos": i},
-            )
-    return value
-
-
-NO_CONTROL_CHARS = AfterValidator(_no_control_chars)
-"""The control-character check alone, for a length limit inside an Optional: `Annotated[str,
-Field(max_length=9), NO_CONTROL_CHARS] | None` (limit first, or its message speaks of "items")."""
-
-CleanStr = Annotated[str, NO_CONTROL_CHARS]
-"""A string without control characters."""
+FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
+"""An uploaded file's id: `file-` and the first 32 hex digits of its sha256."""
 
 
 class _Strict(BaseModel):
@@ -164,7 +122,10 @@ class ModelConfig(_Strict):
     name: CleanStr = Field(
         default="builtin:tiny",
         max_length=MAX_PATH_CHARS,
-        description="'builtin:tiny' (made locally, no download) or 'hf:<local path or hub id>'.",
+        description=(
+            "'builtin:tiny' (made locally, no download), 'hf:<local path or hub id>', or "
+            "'job:<job id>': the final model of one of the tenant's own earlier jobs."
+        ),
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
@@ -179,9 +140,18 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_name(self) -> ModelConfig:
-        if self.name != "builtin:tiny" and not (self.name.startswith("hf:") and len(self.name) > 3):
+        if self.name.startswith("job:"):
+            if not JOB_ID_RE.fullmatch(self.name[4:]):
+                raise ValueError(
+                    f"model.name={self.name!r}: 'job:' must be followed by a job id "
+                    "(1-64 characters of letters, digits, '-' and '_')"
+                )
+        elif self.name != "builtin:tiny" and not (
+            self.name.startswith("hf:") and len(self.name) > 3
+        ):
             raise ValueError(
-                f"model.name={self.name!r} must be 'builtin:tiny' or 'hf:<path or hub id>'"
+                f"model.name={self.name!r} must be 'builtin:tiny', 'hf:<path or hub id>' or "
+                "'job:<job id>'"
             )
         if self.lora is not None and not self.name.startswith("hf:"):
             raise ValueError(f"model.lora is only supported for hf: models, not {self.name!r}")
@@ -209,7 +179,42 @@ class TaskConfig(_Strict):
         description="Longest digit string (sort/copy/reverse) or operand digits.",
     )
     path: Annotated[str, Field(max_length=MAX_PATH_CHARS), NO_CONTROL_CHARS] | None = Field(
-        default=None, description="JSONL file with one {prompt, answer} per line."
+        default=None,
+        description=(
+            "JSONL file on the worker's disk (under its data roots), one record per line: "
+            '{"prompt": ...} or {"messages": [...]}, plus any fields the grader reads.'
+        ),
+    )
+    file: Annotated[str, Field(pattern=FILE_ID_RE.pattern)] | None = Field(
+        default=None,
+        description="An uploaded dataset (`POST /v1/files`) by id; instead of `path`.",
+    )
+    validation_path: Annotated[str, Field(max_length=MAX_PATH_CHARS), NO_CONTROL_CHARS] | None = (
+        Field(default=None, description="Held-out JSONL records for evaluation, on disk.")
+    )
+    validation_file: Annotated[str, Field(pattern=FILE_ID_RE.pattern)] | None = Field(
+        default=None, description="Held-out JSONL records for evaluation, an uploaded file id."
+    )
+    validation_fraction: Annotated[float, Field(ge=0, le=0.5), FINITE] = Field(
+        default=0.0,
+        description=(
+            "Without a validation file: hold out this fraction of the dataset (chosen by the "
+            "seed) for evaluation."
+        ),
+    )
+    grader: GraderConfig | None = Field(
+        default=None,
+        description=(
+            "How JSONL completions are scored (`{type: ...}`: string_check, regex, numeric, "
+            "math, json_schema, length_penalty, plugin, multi); unset: `match` on `answer`."
+        ),
+    )
+    grader_timeout_seconds: Annotated[float, Field(gt=0, le=600), FINITE] = Field(
+        default=5.0,
+        description=(
+            "Time limit to grade one completion; past it the completion scores 0 and counts "
+            "in the metric grader_timeouts."
+        ),
     )
     match: Literal["exact", "numeric", "regex"] = Field(
         default="exact",
@@ -248,8 +253,25 @@ class TaskConfig(_Strict):
     def _check(self) -> TaskConfig:
         if self.min_len > self.max_len:
             raise ValueError(f"task.min_len={self.min_len} must be <= task.max_len={self.max_len}")
-        if self.name == "jsonl" and not self.path:
-            raise ValueError("task.path is required when task.name='jsonl'")
+        if self.name == "jsonl" and (self.path is None) == (self.file is None):
+            raise ValueError(
+                "task.name='jsonl' needs exactly one of task.path (a file on the worker) and "
+                "task.file (an uploaded file id)"
+            )
+        if self.validation_path is not None and self.validation_file is not None:
+            raise ValueError("set task.validation_path or task.validation_file, not both")
+        held_out = self.validation_path is not None or self.validation_file is not None
+        if held_out and self.validation_fraction:
+            raise ValueError(
+                "task.validation_fraction splits the dataset; it cannot be combined with a "
+                "validation file"
+            )
+        if self.name != "jsonl":
+            for name in ("file", "validation_path", "validation_file", "grader"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"task.{name} is only used when task.name='jsonl'")
+            if self.validation_fraction:
+                raise ValueError("task.validation_fraction is only used when task.name='jsonl'")
         if self.name == "jsonl" and self.warmup_steps:
             raise ValueError(
                 f"task.warmup_steps={self.warmup_steps}: the format warm-up needs a built-in task"
@@ -331,6 +353,15 @@ class AlgorithmConfig(_Strict):
         description="Optimizer steps per rollout batch per epoch (off-policy after 1).",
     )
     epochs: int = Field(default=1, ge=1, le=100, description="Passes over each rollout batch.")
+    kl_beta: FiniteFloat = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description=(
+            "Coefficient of a KL penalty to the reference (initial) policy, k3 estimator as in "
+            "GRPO. 0 (the default) keeps no reference model and costs nothing."
+        ),
+    )
 
 
 class OptimConfig(_Strict):
@@ -349,6 +380,31 @@ class OptimConfig(_Strict):
     )
     max_grad_norm: FiniteFloat = Field(
         default=1.0, gt=0, le=1e9, description="Global gradient-norm clip."
+    )
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description=(
+            "Learning rate over the RL steps after the warm-up: constant, or decayed linearly "
+            "or along a cosine to lr * min_lr_ratio at the last step."
+        ),
+    )
+    lr_warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="RL steps over which the learning rate ramps linearly from 0 to lr.",
+    )
+    min_lr_ratio: FiniteFloat = Field(
+        default=0.0, ge=0, le=1, description="Final learning rate of linear/cosine, as lr * this."
+    )
+    grad_accumulation: int = Field(
+        default=1,
+        ge=1,
+        le=65536,
+        description=(
+            "Micro-batches per optimizer update: each minibatch's gradient is accumulated over "
+            "this many pieces (same update, less activation memory)."
+        ),
     )
 
 
@@ -381,6 +437,45 @@ class TrainConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="'auto' picks CUDA when available."
     )
+    eval_every: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description=(
+            "Evaluate the policy on the held-out set every N steps and after the last one "
+            "(0: never). Needs a validation file or task.validation_fraction."
+        ),
+    )
+    eval_samples: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Sampled completions per held-out prompt (pass@k for k > 1).",
+    )
+    eval_greedy: bool = Field(
+        default=True, description="Also score one greedy completion per held-out prompt."
+    )
+    eval_max_prompts: int = Field(
+        default=256, ge=1, le=100_000, description="At most this many held-out prompts."
+    )
+    log_samples_every: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Publish a few prompt/completion/reward triples every N steps (0: never).",
+    )
+    log_samples_count: int = Field(
+        default=4, ge=1, le=64, description="Triples per `samples` event."
+    )
+    silent_steps: int = Field(
+        default=5,
+        ge=0,
+        le=10_000_000,
+        description=(
+            "Warn when the first N steps all have zero advantage (a reward of 0, or constant "
+            "within every group), so nothing is learned (0: never warn)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -389,6 +484,20 @@ class TrainConfig(_Strict):
             raise ValueError(
                 f"algorithm.minibatches={self.algorithm.minibatches} must divide "
                 f"rollout.prompts_per_step * rollout.group_size = {batch}"
+            )
+        per_update = batch // self.algorithm.minibatches
+        if per_update % self.optim.grad_accumulation:
+            raise ValueError(
+                f"optim.grad_accumulation={self.optim.grad_accumulation} must divide the "
+                f"completions per update, rollout.prompts_per_step * rollout.group_size / "
+                f"algorithm.minibatches = {per_update}"
+            )
+        t = self.task
+        held_out = t.validation_path or t.validation_file or t.validation_fraction
+        if self.eval_every and not held_out:
+            raise ValueError(
+                f"eval_every={self.eval_every} needs held-out data: task.validation_file, "
+                "task.validation_path or task.validation_fraction"
             )
         needed = self.task.max_len * 2 + 16 + self.rollout.max_new_tokens
         tiny = self.model.name == "builtin:tiny"

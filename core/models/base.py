@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import abc
 import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
+
+from core.tasks.base import Example
 
 
 class Tokenizer(Protocol):
@@ -32,6 +35,18 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str:
         """Text of ids, special tokens dropped."""
         ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Prompt ids of chat turns, ending where the assistant's reply begins (the model's
+        chat template with add_generation_prompt=True)."""
+        ...
+
+
+def encode_example(tok: Tokenizer, example: Example) -> list[int]:
+    """The prompt ids of a task example: its chat turns when it has them, else its text."""
+    if example.messages is not None:
+        return tok.encode_chat(example.messages)
+    return tok.encode_prompt(example.prompt)
 
 
 class CausalLM(abc.ABC):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,19 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        if not getattr(self.tok, "chat_template", None):
+            raise ValueError(
+                "this model's tokenizer has no chat template, so records with 'messages' "
+                "cannot be rendered; use records with 'prompt' or a model with a chat template"
+            )
+        ids = self.tok.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))

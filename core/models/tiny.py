@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ class ByteTokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         return [BOS, *self.encode(text)]
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """A plain-text chat layout, `role: content` per line then `assistant: `: the built-in
+        model has no chat template, and bytes need none to learn one."""
+        lines = [f"{m['role']}: {m['content']}\n" for m in messages]
+        return self.encode_prompt("".join(lines) + "assistant: ")
 
     def decode(self, ids: list[int]) -> str:
         data = bytes(i - _BYTE0 for i in ids if _BYTE0 <= i < _BYTE0 + 256)

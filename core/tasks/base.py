@@ -4,13 +4,34 @@ from __future__ import annotations
 
 import abc
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = Mapping[str, str]
+"""One chat turn, `{"role": "system" | "user" | "assistant", "content": "..."}`."""
 
 
 @dataclass(frozen=True)
 class Example:
+    """One prompt: plain text (`prompt`) or chat turns (`messages`, rendered with the model's chat
+    template), its reference `answer` when the task has one, and the whole dataset record, which
+    graders read (test cases, a JSON schema, anything the dataset carries)."""
+
     prompt: str
-    answer: str
+    answer: str = ""
+    messages: tuple[Message, ...] | None = None
+    record: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class Grades:
+    """Rewards of a batch of completions, with what the grading itself reports as metrics
+    (per-grader scores `grader/<name>`, `grader_errors`, `grader_timeouts`), averaged over the
+    batch."""
+
+    rewards: list[float]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Task(abc.ABC):
@@ -23,6 +44,16 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def score(self, example: Example, completion: str) -> float:
         """Reward in [0, 1] for `completion` (text before EOS)."""
+
+    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
+        """Rewards of many completions at once: tasks whose graders can fail, hang or report
+        parts (JSONL with `task.grader`) override this; the default scores one by one."""
+        return Grades([self.score(e, c) for e, c in zip(examples, completions, strict=True)])
+
+    def held_out(self) -> Sequence[Example]:
+        """The fixed evaluation set (a validation file, or the held-out fraction); empty when
+        the task has none."""
+        return ()
 
     def warmup_completion(self, example: Example, rng: random.Random) -> str:
         """A completion with the answer's shape but not its content, for the format warm-up."""

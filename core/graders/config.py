@@ -1,0 +1,173 @@
+"""The graders a spec can declare under `train.task.grader`, as typed, strict pydantic models.
+
+Pure schema (no grading code, no torch): the API validates a spec with it, the worker builds the
+graders from it (`core.graders.build_grader`). A grader reads the completion and the record it
+answers (every field of the JSONL line: the reference `answer`, test cases, a JSON schema), and
+returns a score in [0, 1]. `multi` composes named sub-graders; `plugin` names a reward function an
+operator installed under the `pdppo.graders` entry point group (a spec never carries code).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.config_types import FINITE, CleanStr
+
+FieldName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z_][\w.-]*$")]
+"""A record field a grader reads (`answer`, `tests`, `schema`, ...)."""
+
+GraderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w-]*$")]
+"""A sub-grader's name in `multi`; it becomes the metric `grader/<name>`."""
+
+MAX_MULTI_DEPTH = 3
+"""`multi` inside `multi` nests at most this deep (a spec is not a program)."""
+
+
+class _Grader(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StringCheckGrader(_Grader):
+    """1 when the stripped completion equals (or contains) the reference, else 0."""
+
+    type: Literal["string_check"]
+    operation: Literal["equals", "contains"] = Field(
+        default="equals", description="equals: whole completion; contains: anywhere in it."
+    )
+    case_sensitive: bool = Field(default=True, description="False compares case-folded text.")
+    field: FieldName = Field(default="answer", description="Record field holding the reference.")
+
+
+class RegexGrader(_Grader):
+    """1 when the pattern matches the stripped completion, else 0."""
+
+    type: Literal["regex"]
+    pattern: Annotated[str, Field(max_length=2000)] | None = Field(
+        default=None, description="A fixed pattern; unset: the record's `field` holds it."
+    )
+    field: FieldName = Field(default="answer", description="Record field holding the pattern.")
+    mode: Literal["fullmatch", "search"] = Field(
+        default="fullmatch", description="fullmatch: the whole completion; search: any part."
+    )
+    case_sensitive: bool = Field(default=True, description="False adds re.IGNORECASE.")
+
+
+class NumericGrader(_Grader):
+    """1 when the number in the completion is within tolerance of the reference number."""
+
+    type: Literal["numeric"]
+    field: FieldName = Field(default="answer", description="Record field holding the number.")
+    extract: Annotated[str, Field(max_length=2000)] | None = Field(
+        default=None,
+        description=(
+            "Regex with one group that captures the answer in the completion; unset: the last "
+            "number in the completion."
+        ),
+    )
+    tolerance: Annotated[float, Field(ge=0, le=1e12), FINITE] = Field(
+        default=1e-6, description="Absolute tolerance."
+    )
+    relative_tolerance: Annotated[float, Field(ge=0, le=1), FINITE] = Field(
+        default=0.0, description="Also accept |got - want| <= this * |want|."
+    )
+
+
+class MathGrader(_Grader):
+    """1 when the completion's final answer is symbolically equal to the reference
+    (`1/2`, `0.5` and `\\frac{1}{2}` are all the same answer), checked with math-verify."""
+
+    type: Literal["math"]
+    field: FieldName = Field(default="answer", description="Record field holding the answer.")
+
+
+class JsonSchemaGrader(_Grader):
+    """1 when the completion parses as JSON and validates against the schema, else 0."""
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] | None = Field(
+        default=None,
+        alias="schema",
+        description="A fixed JSON schema; unset: the record's `field` holds it.",
+    )
+    field: FieldName = Field(default="schema", description="Record field holding the schema.")
+
+
+class LengthPenaltyGrader(_Grader):
+    """1 for completions of at most `max_chars` characters, falling linearly to 0 at
+    `2 * max_chars`: composed in `multi`, it keeps answers short."""
+
+    type: Literal["length_penalty"]
+    max_chars: int = Field(ge=1, le=1_000_000, description="Longest completion with full score.")
+
+
+class PluginGrader(_Grader):
+    """A reward function an operator installed under the `pdppo.graders` entry point group:
+    `fn(completion: str, record: dict, **options) -> float`, its result clipped to [0, 1]."""
+
+    type: Literal["plugin"]
+    name: Annotated[CleanStr, Field(min_length=1, max_length=200)] = Field(
+        description="Entry point name in the `pdppo.graders` group."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the function."
+    )
+
+
+class MultiGrader(_Grader):
+    """Weighted mean of named sub-graders, sum(w * s) / sum(w); each sub-score is reported as
+    the metric `grader/<name>`."""
+
+    type: Literal["multi"]
+    graders: dict[GraderName, GraderConfig] = Field(
+        min_length=1, max_length=32, description="Sub-graders by name."
+    )
+    weights: dict[GraderName, Annotated[float, Field(ge=0, le=1e6), FINITE]] = Field(
+        default_factory=dict, description="Weight per sub-grader name (default 1)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> MultiGrader:
+        unknown = sorted(set(self.weights) - set(self.graders))
+        if unknown:
+            raise ValueError(f"weights name no sub-grader: {unknown}")
+        if sum(self.weights.get(name, 1.0) for name in self.graders) <= 0:
+            raise ValueError("the weights of the sub-graders sum to 0")
+        if _depth(self) > MAX_MULTI_DEPTH:
+            raise ValueError(f"multi graders nest at most {MAX_MULTI_DEPTH} deep")
+        return self
+
+
+GraderConfig = Annotated[
+    StringCheckGrader
+    | RegexGrader
+    | NumericGrader
+    | MathGrader
+    | JsonSchemaGrader
+    | LengthPenaltyGrader
+    | PluginGrader
+    | MultiGrader,
+    Field(discriminator="type"),
+]
+
+MultiGrader.model_rebuild()
+
+
+def _depth(grader: Any) -> int:
+    if isinstance(grader, MultiGrader):
+        return 1 + max(_depth(sub) for sub in grader.graders.values())
+    return 0
+
+
+__all__ = [
+    "GraderConfig",
+    "JsonSchemaGrader",
+    "LengthPenaltyGrader",
+    "MathGrader",
+    "MultiGrader",
+    "NumericGrader",
+    "PluginGrader",
+    "RegexGrader",
+    "StringCheckGrader",
+]

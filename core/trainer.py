@@ -22,7 +22,7 @@ import random
 import shutil
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,10 @@ class TrainerCallback:
 
     def on_log(self, message: str) -> None:
         """A human-readable line about the run (warm-up, resume, final model)."""
+
+    def on_warning(self, message: str) -> None:
+        """Something the user should act on although the run goes on (nothing is learned)."""
+        self.on_log(f"warning: {message}")
 
     def should_stop(self) -> bool:
         """True ends the run cleanly. Asked between steps, before every generated token and
@@ -94,6 +98,7 @@ class _Run:
         out_dir: Path,
         callback: TrainerCallback,
         data_roots: Sequence[str] | None = None,
+        file_paths: Mapping[str, Path] | None = None,
     ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
@@ -101,7 +106,7 @@ class _Run:
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.lm: CausalLM = load_model(cfg.model, self.device, data_roots=data_roots)
-        self.task: Task = make_task(cfg.task, data_roots=data_roots)
+        self.task: Task = make_task(cfg.task, data_roots=data_roots, file_paths=file_paths)
         params = [p for _, p in self.lm.trainable()]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -346,15 +351,17 @@ def train(
     callback: TrainerCallback | None = None,
     resume: bool = False,
     data_roots: Sequence[str] | None = None,
+    file_paths: Mapping[str, Path] | None = None,
 ) -> TrainResult:
     """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
 
     `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
-    (a service passes its operator's roots; None, for a local run, allows any path)."""
+    (a service passes its operator's roots; None, for a local run, allows any path).
+    `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cb = callback or TrainerCallback()
-    run = _Run(config, out_dir, cb, data_roots)
+    run = _Run(config, out_dir, cb, data_roots, file_paths)
     metrics_path = out_dir / "metrics.jsonl"
     ckpt = latest_checkpoint(out_dir) if resume else None
     if ckpt is not None:

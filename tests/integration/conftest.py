@@ -18,7 +18,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.integration.stack import RedisServer, Service
+from tests.integration.stack import REDIS_DATABASES, RedisServer, Service
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -48,12 +48,19 @@ def service(
 def make_service(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., Service]]:
-    """Builds extra services on fresh Redis databases (1, 2, ...); stopped after the test."""
+    """Builds extra services on fresh Redis databases (1, 2, ...); stopped after the test.
+
+    Never a database already used in this session: a service on the session `service`'s
+    database 0 (or on an earlier test's) shares its Celery queues, so that service's worker takes
+    the new service's tasks. (With 16 databases and `% 16`, the 16th extra service of a full run
+    landed on database 0: the job a test killed a worker under ran on the session worker.)"""
     made: list[Service] = []
     dbs = itertools.count(1 + len(list(tmp_path_factory.getbasetemp().glob("extra*"))))
 
     def make(**env: str) -> Service:
-        svc = Service(redis_server, tmp_path_factory.mktemp("extra"), db=next(dbs) % 16, env=env)
+        db = next(dbs)
+        assert db < REDIS_DATABASES, f"more than {REDIS_DATABASES - 1} extra services in a run"
+        svc = Service(redis_server, tmp_path_factory.mktemp("extra"), db=db, env=env)
         made.append(svc)
         return svc
 

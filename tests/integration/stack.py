@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+REDIS_DATABASES = 1024
+"""Databases of the tests' redis-server: one per service, never shared (see `make_service`)."""
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "carol": "carol-key-012345"}
 
 
@@ -73,6 +75,7 @@ class RedisServer:
                 "--appendonly", "no",
                 "--maxmemory-policy", "noeviction",
                 "--maxclients", "4096",
+                "--databases", str(REDIS_DATABASES),
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -28,13 +28,11 @@ import argparse
 import asyncio
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,106 +40,19 @@ import httpx
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.loadlib import (
+    AUTH,
+    RawClient,
+    Refused,
+    cpu_seconds,
+    own_cpu_seconds,
+    pct,
+    probe_ms,
+    rss_mb,
+)
 from pdppo.store.keys import events_key
-from tests.integration.stack import KEYS, RedisServer, Service, _stop, smoke_spec
-
-AUTH = {"Authorization": f"Bearer {KEYS['alice']}"}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class Refused(Exception):
-    """A request answered with another status than 200 (a 429 past the stream limits, a 503)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
-
-class RawClient:
-    """A minimal keep-alive HTTP/1.1 client on asyncio streams: costs the bench far less CPU
-    than httpx, so that on a small machine the figures describe the server, not the client."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-
-    async def send(self, method: str, path: str, body: bytes = b"") -> None:
-        assert self.writer is not None
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
-            f"Authorization: {AUTH['Authorization']}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        await self.writer.drain()
-
-    async def head(self) -> tuple[int, dict[str, str]]:
-        assert self.reader is not None
-        status = int((await self.reader.readline()).split()[1])
-        headers = {}
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            headers[name.strip().lower()] = value.strip()
-        return status, headers
-
-    async def chunk(self) -> bytes:
-        assert self.reader is not None
-        size = int((await self.reader.readline()).strip(), 16)
-        data = await self.reader.readexactly(size + 2)
-        return data[:-2]
-
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        assert self.reader is not None
-        await self.send(method, path, body)
-        status, headers = await self.head()
-        if "content-length" in headers:
-            return status, await self.reader.readexactly(int(headers["content-length"]))
-        parts = []
-        while part := await self.chunk():
-            parts.append(part)
-        return status, b"".join(parts)
-
-    async def events(self, path: str) -> AsyncIterator[tuple[str, str]]:
-        """(id, event) of each SSE frame; comments (pings) skipped."""
-        await self.send("GET", path)
-        status, _ = await self.head()
-        if status != 200:
-            raise Refused(status)
-        buffer = b""
-        while chunk := await self.chunk():
-            buffer += chunk
-            *frames, buffer = buffer.split(b"\r\n\r\n")
-            for frame in frames:
-                fields = dict(
-                    line.split(": ", 1) for line in frame.decode().split("\r\n") if ": " in line
-                )
-                if "id" in fields:
-                    yield fields["id"], fields.get("event", "message")
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+from tests.integration.probe import start_probe, stop_probe
+from tests.integration.stack import RedisServer, Service, _stop, smoke_spec
 
 
 def live_job_spec() -> dict[str, Any]:
@@ -282,13 +193,6 @@ async def bench_sse(base_url: str, subscribers: int, seconds: float) -> tuple[fl
 # -- the replay storm --------------------------------------------------------------------------
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def make_backlog(base_url: str, store: redis.Redis, sample: dict[str, Any], events: int) -> str:
     """A finished job whose stream holds `events` metrics events: a gpu job (it stays queued),
     its events written like a worker's (same fields, the payload of a real step), cancelled."""
@@ -320,45 +224,6 @@ def sample_metrics(store: redis.Redis) -> dict[str, Any]:
         "grad_norm response_len tokens_per_s rollout_time update_time step_time"
     )
     return {name: 0.123456789 for name in names.split()}
-
-
-# Probes run in processes of their own, as a load balancer's or a kubelet's do: in the bench's
-# process they would time the bench's own event loop, busy reading 1000 streams, as well.
-PROBE = """
-import socket, sys, time
-host, port, path, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-request = f"GET {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode()
-while True:
-    began = time.perf_counter()
-    try:
-        with socket.create_connection((host, port), timeout=10) as sock:
-            sock.sendall(request)
-            reply = b""
-            while chunk := sock.recv(65536):
-                reply += chunk
-        ok = reply.split(b" ", 2)[1] == b"200"
-    except (OSError, IndexError):
-        ok = False
-    elapsed = (time.perf_counter() - began) * 1000
-    print(f"{elapsed if ok else float('inf'):.1f}", flush=True)
-    time.sleep(interval)
-"""
-
-
-def start_probe(base_url: str, path: str, interval: float) -> subprocess.Popen[str]:
-    host, port = base_url.removeprefix("http://").split(":")
-    return subprocess.Popen(
-        [sys.executable, "-c", PROBE, host, port, path, str(interval)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-def stop_probe(probe: subprocess.Popen[str]) -> list[float]:
-    """Milliseconds of each probe (inf: failed or over 10 s)."""
-    probe.terminate()
-    out, _ = probe.communicate(timeout=30)
-    return [float(line) for line in out.split()]
 
 
 async def replay(
@@ -427,7 +292,7 @@ async def bench_storm(
         *(replay(host, port, path, began, 120) for _ in range(subscribers))
     )
     wall = time.perf_counter() - began
-    health, metrics = stop_probe(health_probe), stop_probe(metrics_probe)
+    health, metrics = probe_ms(stop_probe(health_probe)), probe_ms(stop_probe(metrics_probe))
     finished.set()
     sampler.join()
     await asyncio.sleep(5)  # streams closed; let the API settle

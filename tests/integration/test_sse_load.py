@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -22,6 +20,7 @@ import redis
 
 from pdppo.store.keys import events_key
 from tests.integration.conftest import metric_steps, read_events
+from tests.integration.probe import start_probe, stop_probe
 from tests.integration.stack import KEYS, Service, smoke_spec
 
 SUBSCRIBERS = 250
@@ -76,43 +75,6 @@ async def replay(
     return int(head.split()[1]), frames, done
 
 
-# A probe of its own process, as a load balancer is: in the test's process it would time the
-# test's own event loop, busy reading 250 streams, as much as the server.
-PROBE = """
-import socket, sys, time
-host, port, path, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-request = f"GET {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode()
-while True:
-    began = time.perf_counter()
-    with socket.create_connection((host, port), timeout=30) as sock:
-        sock.sendall(request)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-    status = reply.split(b" ", 2)[1].decode()
-    print(f"{(time.perf_counter() - began) * 1000:.1f} {status}", flush=True)
-    time.sleep(interval)
-"""
-
-
-def start_probe(base_url: str, path: str, interval: float) -> subprocess.Popen[str]:
-    host, port = base_url.removeprefix("http://").split(":")
-    return subprocess.Popen(
-        [sys.executable, "-c", PROBE, host, port, path, str(interval)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-def stop_probe(probe: subprocess.Popen[str]) -> list[float]:
-    """Latencies in ms of the probes that completed (each must have been a 200)."""
-    probe.terminate()
-    out, _ = probe.communicate(timeout=30)
-    rows = [line.split() for line in out.splitlines() if line.strip()]
-    assert all(status == "200" for _, status in rows), rows
-    return [float(ms) for ms, _ in rows]
-
-
 async def storm(base_url: str, path: str, key: str) -> list[tuple[int, int, float | None]]:
     host, port = base_url.removeprefix("http://").split(":")
     began = time.perf_counter()
@@ -128,12 +90,14 @@ def test_replay_storm_keeps_health_checks_fast_and_redis_connections_few(
     job_id = ended_job_with_backlog(alice, service.redis_url, BACKLOG)
     store = redis.Redis.from_url(service.redis_url)
     clients_before = int(store.info("clients")["connected_clients"])
-    probe = start_probe(service.base_url, "/healthz", 0.02)
+    probe = start_probe(service.base_url, "/healthz", 0.02, timeout=30)
     time.sleep(0.5)  # its interpreter started and probing
     try:
         results = asyncio.run(storm(service.base_url, f"/v1/jobs/{job_id}/events", KEYS["alice"]))
     finally:
-        probes = stop_probe(probe)
+        rows = stop_probe(probe)
+        assert all(status == 200 for _, status in rows), rows
+        probes = [ms for ms, _ in rows]
     clients_after = int(store.info("clients")["connected_clients"])
     store.close()
 

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import fastapi.routing
 import redis.asyncio as aredis
 from fastapi import FastAPI, Request
@@ -37,15 +38,18 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
-from api.deps import get_owned_job, get_store, get_tenant
+from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.limits import BodySizeLimit
 from api.observability import PrometheusMiddleware
-from api.routes import artifacts, events, health, jobs
+from api.publisher import TaskPublisher
+from api.routes import artifacts, events, files, health, jobs, results
 from api.schemas import ErrorBody, ValidationErrorBody
+from api.uploads import FORM_OVERHEAD_BYTES
 from pdppo import __version__
 from pdppo.settings import Settings, get_settings
 from pdppo.store import AsyncJobStore
+from workers.celery_app import enqueue
 
 log = logging.getLogger(__name__)
 REDIS_MAX_CONNECTIONS = 1024
@@ -132,6 +136,7 @@ async def _warn_if_evicting(client: aredis.Redis) -> None:
 # What an operation can answer besides its own statuses, and why: (status, description).
 _UNAUTHORIZED = (401, "missing or invalid API key (`Authorization: Bearer <key>`)")
 _NOT_FOUND = (404, "no such job, or another tenant's (indistinguishable)")
+_FILE_NOT_FOUND = (404, "no such file, or another tenant's (indistinguishable)")
 _BAD_BODY = (400, "the body could not be read (not UTF-8 JSON)")
 _TOO_LARGE = (413, "request body larger than PDPPO_MAX_BODY_BYTES")
 _INVALID = (
@@ -165,6 +170,8 @@ def _error_statuses(route: Any, method: str, operation: dict[str, Any]) -> list[
         out.append(_UNAUTHORIZED)
     if get_owned_job in calls:
         out.append(_NOT_FOUND)
+    if get_owned_file in calls:
+        out.append(_FILE_NOT_FOUND)
     if route.body_field is not None:
         out += [_BAD_BODY, _TOO_LARGE]
     if (
@@ -281,11 +288,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = AsyncJobStore(client)
         app.state.store = store
         app.state.hub = EventHub.from_settings(client, store, settings)
+        app.state.publisher = TaskPublisher(enqueue)
         freeze_startup_heap()  # see its docstring: GC pauses under a storm of event streams
         await _warn_if_evicting(client)
         try:
             yield
         finally:
+            await anyio.to_thread.run_sync(app.state.publisher.close)
             await app.state.hub.close()
             await client.aclose()
             await pool.aclose()
@@ -301,8 +310,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RedisError, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected_error)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        path_limits={"/v1/files": settings.max_file_bytes + FORM_OVERHEAD_BYTES},
+    )
     app.add_middleware(PrometheusMiddleware)
-    for module in (jobs, events, artifacts, health):
+    for module in (jobs, events, artifacts, results, files, health):
         app.include_router(module.router)
     return app

@@ -1,4 +1,5 @@
-"""Request dependencies as typed aliases: settings, the job store, the caller's tenant, its job."""
+"""Request dependencies as typed aliases: settings, the stores, the caller's tenant, its job and
+its uploaded files."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.events import EventHub
+from api.publisher import TaskPublisher
 from pdppo.settings import Settings
-from pdppo.store import AsyncJobStore, JobRecord
+from pdppo.store import AsyncFileStore, AsyncJobStore, FileRecord, JobRecord
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 
@@ -30,7 +32,13 @@ async def get_hub(request: Request) -> EventHub:
     return hub
 
 
+async def get_publisher(request: Request) -> TaskPublisher:
+    publisher: TaskPublisher = request.app.state.publisher
+    return publisher
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+PublisherDep = Annotated[TaskPublisher, Depends(get_publisher)]
 StoreDep = Annotated[AsyncJobStore, Depends(get_store)]
 HubDep = Annotated[EventHub, Depends(get_hub)]
 
@@ -87,3 +95,27 @@ async def get_owned_job(
 
 
 JobDep = Annotated[JobRecord, Depends(get_owned_job)]
+
+
+async def get_file_store(store: StoreDep) -> AsyncFileStore:
+    """The job store's file records (same Redis client: a Redis error is the same 503)."""
+    return store.files
+
+
+FileStoreDep = Annotated[AsyncFileStore, Depends(get_file_store)]
+
+
+async def get_owned_file(
+    file_id: Annotated[str, Path(description="the file id, file-<32 hex>", max_length=64)],
+    tenant: TenantDep,
+    files: FileStoreDep,
+) -> FileRecord:
+    """The caller's file. File ids come from the content, so another tenant may hold the same
+    id: records are per tenant, and theirs is simply not found here (404)."""
+    record = await files.get(tenant, file_id)
+    if record is None:
+        raise HTTPException(404, detail=f"file {file_id!r} not found")
+    return record
+
+
+FileDep = Annotated[FileRecord, Depends(get_owned_file)]

@@ -1,9 +1,10 @@
 """Which files on the workers a tenant's job spec may read.
 
-A spec can name a local model (`hf:/models/x`) or dataset (`task.path`). Left unchecked, a
-tenant could point a job at another tenant's artifacts or at any file the worker can read, so
-local paths must lie under one of the operator's `PDPPO_DATA_ROOTS`. Hub ids (`org/name`) are
-not paths and pass; a relative path is never resolved against some process's working folder.
+A spec can name a local model (`hf:/models/x`) or dataset (`task.path`, `task.validation_path`).
+Left unchecked, a tenant could point a job at another tenant's artifacts or at any file the worker
+can read, so local paths must lie under one of the operator's `PDPPO_DATA_ROOTS`. Hub ids
+(`org/name`) are not paths and pass; a relative path is never resolved against some process's
+working folder.
 
 The API need not share the workers' file system, so the check that always runs here is lexical
 (absolute, normalised, no `..` escapes). The real check runs where the file is opened: the
@@ -59,9 +60,10 @@ def forbidden_paths(spec: JobSpec, roots: list[str]) -> list[str]:
             f"train.model.name: {model!r} names a file relative to the server's working "
             f"directory, not a hub id; give a local model as an absolute path under one of {roots}"
         )
-    if spec.train.task.path is not None:
-        path = spec.train.task.path
-        why = _outside_roots(path, roots) or _on_this_host(path, roots, "file")
-        if why:
-            problems.append(f"train.task.path: {path!r} {why}")
+    for name in ("path", "validation_path"):  # a held-out file is read like the dataset
+        path = getattr(spec.train.task, name)
+        if path is not None:
+            why = _outside_roots(path, roots) or _on_this_host(path, roots, "file")
+            if why:
+                problems.append(f"train.task.{name}: {path!r} {why}")
     return problems

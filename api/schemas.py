@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-EventType = Literal["status", "metrics", "checkpoint", "log", "done"]
+EventType = Literal["status", "metrics", "eval", "samples", "checkpoint", "log", "done"]
 
 
 class Progress(BaseModel):
@@ -79,6 +79,50 @@ class MetricsHistory(BaseModel):
     items: list[MetricsRow]
 
 
+class EvalRow(BaseModel):
+    step: int = Field(description="the step after which the policy was evaluated")
+    metrics: dict[str, float] = Field(
+        description=(
+            "eval_prompts, eval_reward_mean (sampled completions), eval_pass@k (with more than "
+            "one sample per prompt; a pass is full credit), eval_greedy_reward_mean, "
+            "eval_grader/<name>, eval_response_len, eval_time"
+        )
+    )
+
+
+class EvalHistory(BaseModel):
+    """`GET /v1/jobs/{id}/eval`: every held-out evaluation in step order (`?format=csv` for CSV);
+    empty for a job without `train.eval_every`."""
+
+    job_id: str
+    items: list[EvalRow]
+
+
+class Sample(BaseModel):
+    """One prompt/completion/reward triple of a step's rollout; each text is at most 2000
+    characters, fewer when many triples share an event (24000 in all), and `truncated` says
+    that one was cut."""
+
+    prompt: str = Field(description="the prompt text; chat turns as `role: content` lines")
+    answer: str = Field(description="the record's reference answer, empty when it has none")
+    completion: str
+    reward: float
+    truncated: bool
+
+
+class SamplesRow(BaseModel):
+    step: int
+    samples: list[Sample]
+
+
+class SamplesHistory(BaseModel):
+    """`GET /v1/jobs/{id}/samples`: the newest samples rows (`limit`), newest last; empty for a
+    job without `train.log_samples_every`."""
+
+    job_id: str
+    items: list[SamplesRow]
+
+
 class Checkpoint(BaseModel):
     name: str = Field(description="e.g. step-000010")
     step: int
@@ -103,6 +147,8 @@ class Health(BaseModel):
 # Server-sent events of `GET /v1/jobs/{id}/events` (`event:` name -> `data:` JSON):
 #   status      {"status": JobStatus, "at": iso8601}
 #   metrics     {"step": int, "total": int, "metrics": {name: float}}
+#   eval        {"step": int, "total": int, "metrics": {name: float}}   (EvalRow.metrics)
+#   samples     {"step": int, "samples": [Sample, ...]}
 #   checkpoint  {"step": int, "name": "step-000010"}
 #   log         {"message": str, "at": iso8601}
 #   done        {"status": "succeeded" | "failed" | "cancelled"}
@@ -117,8 +163,10 @@ class ServerSentEvent(BaseModel):
     event: EventType
     data: str = Field(
         description=(
-            "JSON on one line: status {status, at}; metrics {step, total, metrics}; checkpoint "
-            "{step, name}; log {message, at}; done {status}"
+            "JSON on one line: status {status, at}; metrics {step, total, metrics}; eval {step, "
+            "total, metrics} (held-out evaluation); samples {step, samples: [{prompt, answer, "
+            "completion, reward, truncated}]}; checkpoint {step, name}; log {message, at}; done "
+            "{status}"
         )
     )
     id: str = Field(pattern=r"^[0-9]+-[0-9]+$", description="send back as Last-Event-ID")
@@ -191,7 +239,7 @@ class BudgetLimits(BaseModel):
 
 class SpecProblem(BaseModel):
     field: str = Field(description="the spec field most responsible, e.g. train.rollout.group_size")
-    kind: Literal["path", "timeout", "memory", "params", "tokens_per_step", "total_tokens"]
+    kind: Literal["path", "file", "timeout", "memory", "params", "tokens_per_step", "total_tokens"]
     message: str = Field(description="what POST /v1/jobs would put in its 422 detail")
     estimate: int | None = None
     limit: int | None = None
@@ -204,3 +252,28 @@ class JobValidation(BaseModel):
     estimate: BudgetEstimate
     limits: BudgetLimits
     problems: list[SpecProblem]
+
+
+class FileObject(BaseModel):
+    """An uploaded dataset, as `POST /v1/files`, `GET /v1/files` and `GET /v1/files/{id}` return
+    it. A job spec names it by `id` (`train.task.file`, `train.task.validation_file`)."""
+
+    id: str = Field(
+        pattern=r"^file-[0-9a-f]{32}$",
+        description="`file-` and the first 32 hex digits of the content's sha256",
+    )
+    filename: str = Field(description="the name the upload gave the file (informational)")
+    bytes: int = Field(description="size of the content")
+    records: int = Field(description="JSONL records (non-blank lines), every one valid")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the whole content")
+    created_at: datetime = Field(description="first upload of this content by this tenant")
+    purpose: str | None = Field(
+        None, description='the `purpose` field of the upload, e.g. "train" or "validation"'
+    )
+
+
+class FileList(BaseModel):
+    """`GET /v1/files`: own files, newest first; pass `next_cursor` as `cursor` for more."""
+
+    items: list[FileObject]
+    next_cursor: str | None = None

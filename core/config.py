@@ -216,6 +216,13 @@ class TaskConfig(_Strict):
             "in the metric grader_timeouts."
         ),
     )
+    grader_batch_timeout_seconds: Annotated[float, Field(gt=0, le=3600), FINITE] = Field(
+        default=120.0,
+        description=(
+            "Time limit to grade one step's completions: a grader that hangs on every one "
+            "costs a step this long at most (the ones left score 0, counted as timeouts)."
+        ),
+    )
     match: Literal["exact", "numeric", "regex"] = Field(
         default="exact",
         description=(
@@ -272,9 +279,11 @@ class TaskConfig(_Strict):
                     raise ValueError(f"task.{name} is only used when task.name='jsonl'")
             if self.validation_fraction:
                 raise ValueError("task.validation_fraction is only used when task.name='jsonl'")
-        if self.name == "jsonl" and self.warmup_steps:
+        if self.name == "jsonl" and self.warmup_steps and self.warmup_target == "format":
             raise ValueError(
-                f"task.warmup_steps={self.warmup_steps}: the format warm-up needs a built-in task"
+                f"task.warmup_steps={self.warmup_steps} with task.warmup_target='format': a "
+                "dataset has no answer shape to imitate; use warmup_target='answer' (records "
+                "with an 'answer') or a built-in task"
             )
         if self.name != "jsonl" and self.path:
             raise ValueError(f"task.path={self.path!r} is only used when task.name='jsonl'")

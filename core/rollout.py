@@ -112,10 +112,14 @@ def generate(
     keep_full: bool = False,
     generator: torch.Generator | None = None,
     should_stop: Callable[[], bool] | None = None,
+    greedy: bool = False,
 ) -> RolloutBatch:
     """Sample one completion per prompt, stopping each row at EOS.
 
-    `should_stop` is asked before every token; True raises `StopRequested` (nothing is kept)."""
+    `should_stop` is asked before every token; True raises `StopRequested` (nothing is kept).
+    `greedy=True` takes the argmax of the logits instead (evaluation): nothing is sampled, so
+    no generator is drawn from, and no behavior is recorded (the view has no rows; a greedy
+    batch is scored, never trained on)."""
     device = lm.device
     tok = lm.tokenizer
     ids, mask = left_pad(prompts, tok.pad_id, device)  # (B, P)
@@ -128,18 +132,22 @@ def generate(
     for _ in range(max_new_tokens):
         if should_stop is not None and should_stop():
             raise StopRequested("stopped during generation")
-        logp = sampling_logprobs(logits[:, -1], temperature, top_p)  # (B, V) fp32
-        a = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]  # (B,)
+        if greedy:
+            a = logits[:, -1].argmax(dim=-1)  # (B,)
+        else:
+            logp = sampling_logprobs(logits[:, -1], temperature, top_p)  # (B, V) fp32
+            a = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]  # (B,)
         a = torch.where(finished, torch.full_like(a, tok.pad_id), a)
         alive = ~finished
         out_tokens.append(a)
         out_alive.append(alive)
-        tok_lp.append(logp.gather(-1, a[:, None])[:, 0])
-        ti, tl = topk_view(logp, a, top_k)
-        top_ids.append(ti)
-        top_lp.append(tl)
-        if keep_full:
-            full.append(logp)
+        if not greedy:
+            tok_lp.append(logp.gather(-1, a[:, None])[:, 0])
+            ti, tl = topk_view(logp, a, top_k)
+            top_ids.append(ti)
+            top_lp.append(tl)
+            if keep_full:
+                full.append(logp)
         finished = finished | (a == tok.eos_id)
         mask = torch.cat([mask, alive[:, None]], dim=1)
         if bool(finished.all()):
@@ -148,12 +156,19 @@ def generate(
         next_pos = next_pos + 1
     resp = torch.stack(out_tokens, 1)  # (B, T)
     rmask = torch.stack(out_alive, 1)  # (B, T)
-    view = BehaviorView(
-        torch.stack(tok_lp, 1)[rmask],
-        torch.stack(top_ids, 1)[rmask],
-        torch.stack(top_lp, 1)[rmask],
-        torch.stack(full, 1)[rmask] if keep_full else None,
-    )
+    if greedy:
+        view = BehaviorView(
+            torch.zeros(0, device=device),
+            torch.zeros((0, 1), dtype=torch.long, device=device),
+            torch.zeros((0, 1), device=device),
+        )
+    else:
+        view = BehaviorView(
+            torch.stack(tok_lp, 1)[rmask],
+            torch.stack(top_ids, 1)[rmask],
+            torch.stack(top_lp, 1)[rmask],
+            torch.stack(full, 1)[rmask] if keep_full else None,
+        )
     completions = []
     for row, alive in zip(resp.tolist(), rmask.tolist(), strict=True):
         gen = [t for t, keep in zip(row, alive, strict=True) if keep]

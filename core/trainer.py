@@ -6,7 +6,11 @@ How this departs from the textbook GRPO loop, on purpose:
   a lower-precision rollout copy, stale rollout weights (the policy `staleness` steps ago), and
   several minibatch updates per rollout batch;
 - the loss is DPPO's `- A * sg(min(pi/mu, c)) * m * log pi(a)` with the configured mask, not the
-  PPO clipped objective; there is no KL-to-reference term;
+  PPO clipped objective; GRPO's KL penalty to the initial policy (k3) is optional
+  (`algorithm.kl_beta`, `core.reference`) and off by default: β = 0 builds no reference model;
+- the learning rate is a pure function of the step (`core.schedule`), so a resumed run needs no
+  scheduler state; a minibatch may be split into `optim.grad_accumulation` micro-batches whose
+  gradients add up to the unsplit one (token sums over the whole minibatch's token count);
 - an optional format warm-up (supervised, random content) runs once before RL when the task asks.
 
 One step = one rollout batch (prompts_per_step x group_size completions) followed by
@@ -31,10 +35,15 @@ import torch
 
 from core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from core.config import TrainConfig
-from core.loss import policy_loss
+from core.evaluation import RunResults, Sample, StepRollout
 from core.models import CausalLM, load_model
+from core.models.base import encode_example
+from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, generate, left_pad, response_logits
+from core.schedule import lr_at
+from core.silence import SilenceWatch, zero_adv_groups
 from core.tasks import Example, Task, make_task
+from core.update import group_advantages, update_policy
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,13 @@ class TrainerCallback:
     def on_warning(self, message: str) -> None:
         """Something the user should act on although the run goes on (nothing is learned)."""
         self.on_log(f"warning: {message}")
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """The held-out evaluation of the policy after step `step` (`core.evaluation`); after
+        that step's `on_step` and before its checkpoint."""
+
+    def on_samples(self, step: int, samples: list[Sample]) -> None:
+        """A few prompt/completion/reward triples of step `step`'s rollout, after `on_step`."""
 
     def should_stop(self) -> bool:
         """True ends the run cleanly. Asked between steps, before every generated token and
@@ -80,17 +96,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool) -> torch.Tensor:
-    """reward - group mean (optionally / group std), rewards (B,) laid out group after group."""
-    r = rewards.view(-1, group_size)  # (G, group_size)
-    adv = r - r.mean(dim=1, keepdim=True)
-    if normalize_std:
-        adv = adv / (r.std(dim=1, keepdim=True) + 1e-6)
-    return adv.reshape(-1)
+@dataclass(frozen=True)
+class _Rollout:
+    """One step's sampled batch and its grades."""
+
+    batch: RolloutBatch
+    examples: list[Example]  # one per row: each prompt group_size times, group after group
+    rewards: torch.Tensor  # (B,) fp32
+    grade_metrics: dict[str, float]  # Grades.metrics: per-grader scores, errors, timeouts
+    elapsed: float  # seconds of generation (grading excluded)
 
 
 class _Run:
     """Everything a run holds between steps; checkpointed and restored as a whole."""
+
+    last_rollout: StepRollout | None = None  # the latest step's rollout, for `samples`
 
     def __init__(
         self,
@@ -99,13 +119,20 @@ class _Run:
         callback: TrainerCallback,
         data_roots: Sequence[str] | None = None,
         file_paths: Mapping[str, Path] | None = None,
+        model_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
         self.cb = callback
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        self.lm: CausalLM = load_model(cfg.model, self.device, data_roots=data_roots)
+        self.lm: CausalLM = load_model(
+            cfg.model, self.device, data_roots=data_roots, model_dir=model_dir
+        )
+        # the KL penalty's reference: the model as loaded, before the warm-up or a checkpoint
+        # touch it, so a resumed run rebuilds the same one (nothing of it is checkpointed)
+        self.reference = ReferencePolicy(self.lm) if cfg.algorithm.kl_beta > 0 else None
+        self.silence = SilenceWatch(cfg.silent_steps, jsonl_task=cfg.task.name == "jsonl")
         self.task: Task = make_task(cfg.task, data_roots=data_roots, file_paths=file_paths)
         params = [p for _, p in self.lm.trainable()]
         o = cfg.optim
@@ -132,6 +159,7 @@ class _Run:
             "shuffle_gen": self.shuffle_gen.get_state(),
             "torch_rng": torch.get_rng_state(),
             "snapshots": [{k: v.cpu() for k, v in s.items()} for s in self.snapshots],
+            "silence": self.silence.state(),
         }
 
     def _mark(self) -> tuple[Any, ...]:
@@ -162,6 +190,7 @@ class _Run:
         self.snapshots.clear()
         for s in state["snapshots"]:
             self.snapshots.append({k: v.to(self.device) for k, v in s.items()})
+        self.silence.restore(state.get("silence"))
 
     def checkpoint(self) -> Path:
         meta = {"config": self.cfg.model_dump(mode="json"), "model": self.cfg.model.name}
@@ -180,10 +209,16 @@ class _Run:
     # -- warm-up ------------------------------------------------------------------------
 
     def warmup(self) -> bool:
-        """Supervised steps on right-shaped, random-content completions: format, not task.
+        """Supervised steps before RL: on right-shaped, random-content completions (`format`:
+        the task is left for RL to learn), or on the true answers (`answer`: a head start that
+        RL improves, the only kind a dataset has). Prompts are encoded as the rollout encodes
+        them (chat turns through the model's chat template), and every target ends with EOS so
+        the model learns where to stop.
 
         False when the callback asked to stop midway: nothing is checkpointed then, so a
         resumed run finds no checkpoint and starts over, warm-up included."""
+        from core.models.base import encode_example  # here, not at the top: a shared import
+
         t = self.cfg.task
         if not t.warmup_steps:
             return True
@@ -197,7 +232,16 @@ class _Run:
                 self.cb.on_log("stopped during the warm-up")
                 return False
             exs = [self.task.sample(rng) for _ in range(t.warmup_batch_size)]
-            prompts = [tok.encode_prompt(e.prompt) for e in exs]
+            if t.name == "jsonl":
+                # a dataset record without a reference has nothing to imitate (graders may
+                # score records without one, so the task itself does not require it)
+                missing = next((e for e in exs if "answer" not in e.record), None)
+                if missing is not None:
+                    raise ValueError(
+                        "task.warmup_target='answer' trains on the records' 'answer', but a "
+                        f"record has none: {json.dumps(dict(missing.record))[:200]}"
+                    )
+            prompts = [encode_example(tok, e) for e in exs]
             texts = [
                 e.answer if t.warmup_target == "answer" else self.task.warmup_completion(e, rng)
                 for e in exs
@@ -218,7 +262,9 @@ class _Run:
 
     # -- one RL step --------------------------------------------------------------------
 
-    def rollout(self) -> tuple[RolloutBatch, list[Example], torch.Tensor, float]:
+    def rollout(self) -> _Rollout:
+        """Sample the step's groups and grade them (`Task.grade`: one call for the batch, so
+        graders that run code or call out can batch, time out and report metrics)."""
         r = self.cfg.rollout
         if self.separate_rollout:
             self.snapshots.append(self.lm.snapshot())
@@ -229,7 +275,7 @@ class _Run:
         t0 = time.perf_counter()
         batch = generate(
             self.rollout_lm,
-            [tok.encode_prompt(e.prompt) for e in group],
+            [encode_example(tok, e) for e in group],  # chat records through the chat template
             max_new_tokens=r.max_new_tokens,
             temperature=r.temperature,
             top_p=r.top_p,
@@ -240,69 +286,27 @@ class _Run:
         )
         _sync(self.device)
         elapsed = time.perf_counter() - t0
-        rewards = torch.tensor(
-            [
-                self.task.score(e, tok.decode(c))
-                for e, c in zip(group, batch.completions, strict=True)
-            ],
-            dtype=torch.float32,
-        )
-        return batch, group, rewards, elapsed
+        grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
+        rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
+        return _Rollout(batch, group, rewards, grades.metrics, elapsed)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        a = self.cfg.algorithm
-        temp = self.cfg.rollout.temperature
-        b = batch.input_ids.shape[0]
-        per_mb = b // a.minibatches
-        adv_seq = advantages.to(self.device)  # (B,)
-        sums: dict[str, float] = {}
-        weight_total = 0.0
-        div_max = 0.0
-        grad_norms: list[float] = []
-        offpolicy = float("nan")
-        params = [p for _, p in self.lm.trainable()]
-        for _epoch in range(a.epochs):
-            order = torch.randperm(b, generator=self.shuffle_gen).to(self.device)
-            for i in range(a.minibatches):
-                if self.cb.should_stop():
-                    raise StopRequested("stopped between minibatch updates")
-                rows = order[i * per_mb : (i + 1) * per_mb].sort().values
-                mb = batch.select(rows)
-                adv_tok = adv_seq[rows][:, None].expand_as(mb.response_mask)[mb.response_mask]
-                logits = response_logits(self.lm, mb, temp)  # (N, V) fp32, with grad
-                out = policy_loss(
-                    logits=logits,
-                    tokens=mb.tokens,
-                    behavior=mb.behavior,
-                    advantages=adv_tok,
-                    mask=a.mask,
-                    kind=a.kind,
-                    estimator=a.estimator,
-                    delta_low=a.delta_low,
-                    delta_high=a.delta_high,
-                    is_cap=a.is_cap,
-                )
-                if math.isnan(offpolicy):
-                    # how far the sampler was from the trained policy before any update on it
-                    offpolicy = float(out.log_ratio.abs().mean())
-                self.optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
-                self.dirty = True
-                self.optimizer.step()
-                grad_norms.append(float(gn))
-                w = float(len(mb.tokens))
-                weight_total += w
-                stats = {"loss": float(out.loss.detach()), **out.stats}
-                for k, v in stats.items():
-                    if k != "divergence_max":
-                        sums[k] = sums.get(k, 0.0) + w * v
-                div_max = max(div_max, out.stats["divergence_max"])
-        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
-        metrics["divergence_max"] = div_max
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["offpolicy_logratio_abs"] = offpolicy
-        return metrics
+        """The step's optimizer updates (`core.update`); `dirty` from the first one on."""
+
+        def dirty() -> None:
+            self.dirty = True
+
+        return update_policy(
+            self.lm,
+            self.optimizer,
+            batch,
+            advantages,
+            self.cfg,
+            shuffle_gen=self.shuffle_gen,
+            reference=self.reference,
+            should_stop=self.cb.should_stop,
+            before_step=dirty,
+        )
 
     def run_step(self) -> dict[str, float]:
         """One step; a `StopRequested` from inside leaves the run as after the last step, or
@@ -310,13 +314,16 @@ class _Run:
         t0 = time.perf_counter()
         mark = self._mark()
         try:
-            batch, _group, rewards, rollout_time = self.rollout()
+            ro = self.rollout()
         except StopRequested:
             self._rewind(mark)
             raise
-        adv = group_advantages(
-            rewards, self.cfg.rollout.group_size, self.cfg.algorithm.normalize_std
-        )
+        batch, rewards = ro.batch, ro.rewards
+        group_size = self.cfg.rollout.group_size
+        adv = group_advantages(rewards, group_size, self.cfg.algorithm.normalize_std)
+        lr = lr_at(self.step, self.cfg.optim, self.cfg.steps)  # a function of the step alone
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
         t1 = time.perf_counter()
         try:
             metrics = self.update(batch, adv)
@@ -328,6 +335,11 @@ class _Run:
         update_time = time.perf_counter() - t1
         self.step += 1
         self.dirty = False
+        self.last_rollout = StepRollout(ro.examples, batch.completions, rewards.tolist())
+        zero_adv = zero_adv_groups(rewards, group_size)
+        warning = self.silence.observe(rewards, zero_adv)
+        if warning is not None:
+            self.cb.on_warning(warning)
         n_tokens = int(batch.response_mask.sum())
         if self.device.type == "cuda":
             metrics["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -335,10 +347,13 @@ class _Run:
             "step": float(self.step),
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
+            **ro.grade_metrics,
             **metrics,
+            "lr": lr,
+            "zero_adv_groups": zero_adv,
             "response_len": n_tokens / len(rewards),
-            "tokens_per_s": n_tokens / max(rollout_time, 1e-9),
-            "rollout_time": rollout_time,
+            "tokens_per_s": n_tokens / max(ro.elapsed, 1e-9),
+            "rollout_time": ro.elapsed,
             "update_time": update_time,
             "step_time": time.perf_counter() - t0,
         }
@@ -352,31 +367,40 @@ def train(
     resume: bool = False,
     data_roots: Sequence[str] | None = None,
     file_paths: Mapping[str, Path] | None = None,
+    model_dir: Path | None = None,
 ) -> TrainResult:
     """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
 
     `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
     (a service passes its operator's roots; None, for a local run, allows any path).
-    `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's)."""
+    `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's).
+    `model_dir`: the final-model folder a `model.name: job:<id>` stands for (the worker's)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cb = callback or TrainerCallback()
-    run = _Run(config, out_dir, cb, data_roots, file_paths)
+    run = _Run(config, out_dir, cb, data_roots, file_paths, model_dir)
+    results = RunResults(config, out_dir, run.task, run.lm, cb)  # eval.jsonl, samples.jsonl
     metrics_path = out_dir / "metrics.jsonl"
     ckpt = latest_checkpoint(out_dir) if resume else None
     if ckpt is not None:
         run.step, state = load_checkpoint(ckpt, run.lm, run.optimizer)
         run.restore(state)
         _truncate_metrics(metrics_path, run.step)
+        results.resume(run.step)
         cb.on_log(f"resumed from {ckpt} at step {run.step}")
     else:
         # a fresh run owns its output dir: stale checkpoints would poison a later resume
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(out_dir / "final", ignore_errors=True)
         metrics_path.write_text("")
+        results.reset()
         if not run.warmup():
             return TrainResult(step=0, stopped=True, final_model=None)
     last_saved = run.step if ckpt is not None else -1
+    # a run stopped during an evaluation was checkpointed without it: it is owed now
+    stopped = _evaluate(run, results, last_saved)
+    if stopped is not None:
+        return stopped
     with metrics_path.open("a", encoding="utf-8") as mf:
         while run.step < config.steps:
             if cb.should_stop():
@@ -405,6 +429,10 @@ def train(
             mf.write(json.dumps(metrics) + "\n")
             mf.flush()
             cb.on_step(run.step, metrics)
+            results.after_step(run.step, run.last_rollout)
+            stopped = _evaluate(run, results, last_saved)
+            if stopped is not None:
+                return stopped
             every = config.checkpoint_every
             if (every and run.step % every == 0) or run.step == config.steps:
                 run.checkpoint()
@@ -438,6 +466,22 @@ def _pack(
         behavior=empty,
         completions=completions,
     )
+
+
+def _evaluate(run: _Run, results: RunResults, last_saved: int) -> TrainResult | None:
+    """The held-out evaluation due after `run.step`, if not done yet. A stop during it ends the
+    run with the step checkpointed and its evaluation undone: the resumed run evaluates that
+    step first, with the same generator seed, so the numbers are the ones it would have had."""
+    try:
+        results.evaluate_if_owed(run.step)
+    except StopRequested as stop:
+        if last_saved != run.step:
+            run.checkpoint()
+        run.cb.on_log(
+            f"{stop} of step {run.step}; stopped at step {run.step} (evaluated on resume)"
+        )
+        return TrainResult(step=run.step, stopped=True, final_model=None)
+    return None
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

@@ -7,7 +7,7 @@ FastAPI, Celery) only when run, so `pdppo --help` stays fast.
 import click
 
 from pdppo import __version__
-from pdppo.commands import dev, jobs, serve, train, worker
+from pdppo.commands import dev, files, jobs, serve, train, worker
 
 
 @click.group()
@@ -20,5 +20,6 @@ main.add_command(train.train)
 main.add_command(serve.serve)
 main.add_command(worker.worker)
 main.add_command(dev.dev)
+main.add_command(files.files)
 for command in jobs.COMMANDS:
     main.add_command(command)

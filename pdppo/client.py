@@ -28,6 +28,8 @@ import httpx
 from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdppo.client_files import FilesMixin
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -110,6 +112,23 @@ class JobPage(BaseModel):
 class MetricsRow(BaseModel):
     step: int
     metrics: dict[str, float]
+
+
+class Sample(BaseModel):
+    """A prompt/completion/reward triple of a rollout (texts cut at 2000 characters)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str
+    answer: str = ""
+    completion: str
+    reward: float
+    truncated: bool = False
+
+
+class SamplesRow(BaseModel):
+    step: int
+    samples: builtins.list[Sample]
 
 
 class Checkpoint(BaseModel):
@@ -217,7 +236,8 @@ def _absolute(value: str, base_dir: Path) -> str:
 def resolve_spec_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """`data` with its relative local paths made absolute against `base_dir`, the folder of the
     spec file, so that `pdppo train` and `pdppo submit` read the same files whatever the
-    current directory. `train.task.path` is always a path; `hf:X` in `train.model.name` is a path
+    current directory. `train.task.path` and `validation_path` are always paths (uploaded files,
+    `task.file`, are ids and stay as they are); `hf:X` in `train.model.name` is a path
     when X starts with `.`, `/` or `~` or exists next to the spec file, and a hub id (left as is)
     otherwise. Values of the wrong type are left for validation to refuse."""
     train = data.get("train")
@@ -225,8 +245,11 @@ def resolve_spec_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         return data
     train = dict(train)
     task = train.get("task")
-    if isinstance(task, dict) and isinstance(task.get("path"), str) and task["path"]:
-        train["task"] = {**task, "path": _absolute(task["path"], base_dir)}
+    if isinstance(task, dict):
+        for key in ("path", "validation_path"):
+            if isinstance(task.get(key), str) and task[key]:
+                task = {**task, key: _absolute(task[key], base_dir)}
+        train["task"] = task
     model = train.get("model")
     if isinstance(model, dict) and isinstance(model.get("name"), str):
         name: str = model["name"]
@@ -252,8 +275,8 @@ def spec_to_dict(spec: SpecLike) -> dict[str, Any]:
     return dict(spec)
 
 
-class Client:
-    """Sync client for one pdppo server and one API key.
+class Client(FilesMixin):
+    """Sync client for one pdppo server and one API key (uploaded files: `FilesMixin`).
 
     `base_url` and `api_key` default to the `PDPPO_URL` and `PDPPO_API_KEY` environment
     variables, the same ones the CLI reads.
@@ -358,6 +381,16 @@ class Client:
 
     def metrics_csv(self, job_id: str) -> str:
         return self._request("GET", f"/v1/jobs/{job_id}/metrics", params={"format": "csv"}).text
+
+    def evaluations(self, job_id: str) -> builtins.list[MetricsRow]:
+        """Every held-out evaluation so far (`train.eval_every`), oldest first."""
+        body = self._request("GET", f"/v1/jobs/{job_id}/eval").json()
+        return [MetricsRow.model_validate(row) for row in body["items"]]
+
+    def samples(self, job_id: str, limit: int = 20) -> builtins.list[SamplesRow]:
+        """The newest `limit` rows of rollout samples (`train.log_samples_every`), newest last."""
+        body = self._request("GET", f"/v1/jobs/{job_id}/samples", params={"limit": limit}).json()
+        return [SamplesRow.model_validate(row) for row in body["items"]]
 
     def checkpoints(self, job_id: str) -> CheckpointList:
         body = self._request("GET", f"/v1/jobs/{job_id}/checkpoints").json()

@@ -242,6 +242,26 @@ class Settings(BaseSettings):
         ),
     )
 
+    # Uploaded datasets (`POST /v1/files`, pdppo.files): stored under <artifact_dir>/files, which
+    # the API and the workers share, as the checkpoints are.
+    max_file_bytes: int = Field(
+        default=512 * 2**20,
+        ge=1,
+        le=2**30,  # core.safe_files.DEFAULT_MAX_BYTES: the largest dataset a worker reads
+        description="largest uploaded file (bytes of the JSONL itself); a larger upload gets 413",
+    )
+    max_files_per_tenant: int = Field(
+        default=1000, ge=1, description="uploaded files a tenant may keep; past it uploads get 429"
+    )
+    max_file_bytes_per_tenant: int = Field(
+        default=10 * 2**30,
+        ge=1,
+        description=(
+            "bytes of uploaded files a tenant may keep, all files together; an upload past it "
+            "gets 413"
+        ),
+    )
+
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:

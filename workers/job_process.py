@@ -6,22 +6,23 @@ So the worker (`workers.runner`) forks this process from a fork server that has 
 torch and the trainer (a fresh job starts in milliseconds, and CUDA is never initialised in a
 process that forks), watches it, and is the only one to write the job's final status.
 
-The job process publishes its own steps, checkpoints and log lines to Redis, checks a stop event
-that the worker sets (cancel, timeout, worker shutdown) before every generated token and every
-minibatch, and sends one result message back over a pipe, after its last event is in Redis (so
-the worker's `finish` comes after the last step). It ignores SIGINT and SIGTERM (its worker
-decides when it stops) and exits as soon as that pipe says the worker is gone, so a worker killed
-with -9 never leaves a job writing behind it.
+The job process publishes its own steps, evaluations, samples, checkpoints and log lines to
+Redis, checks a stop event that the worker sets (cancel, timeout, worker shutdown) before every
+generated token and every minibatch, and sends one result message back over a pipe, after its
+last event is in Redis (so the worker's `finish` comes after the last step). It ignores SIGINT
+and SIGTERM (its worker decides when it stops) and exits as soon as that pipe says the worker is
+gone, so a worker killed with -9 never leaves a job writing behind it.
 
 Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
 trainer's callback only appends to an ordered outgoing queue (`EventPublisher`), which one thread
-publishes with retries and backoff through a stall. Steps and checkpoints are idempotent by step
-number, so a retry after a lost reply is safe; a log line goes through a script that adds it only
-if it is not among the stream's latest entries, so it lands exactly once. Only when Redis stays
-away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop, cleanly: it checkpoints and reports
-`stopped` (`why: store_unreachable`), and its worker hands it back. The worker may also kill the
-job on a lost lease with events still queued: a resumed job first publishes, from
-`metrics.jsonl`, the steps up to its checkpoint that never made it to Redis, so no step is lost.
+publishes with retries and backoff through a stall. Steps, evaluations, samples and checkpoints
+are idempotent by step number, so a retry after a lost reply is safe; a log line goes through a
+script that adds it only if it is not among the stream's latest entries, so it lands exactly
+once. Only when Redis stays away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop, cleanly:
+it checkpoints and reports `stopped` (`why: store_unreachable`), and its worker hands it back.
+The worker may also kill the job on a lost lease with events still queued: a resumed job first
+publishes, from `metrics.jsonl` (and `samples.jsonl`, `eval.jsonl`), the steps up to its
+checkpoint that never made it to Redis, so no step is lost.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import signal
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection
@@ -47,9 +48,13 @@ from typing import Any
 
 from core.budget import Limits
 from core.checkpoint import checkpoint_step, latest_checkpoint
+from core.evaluation import Sample
 from core.trainer import TrainerCallback
+from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
+from pdppo.job_models import JobModelError, resolve_job_model
 from pdppo.spec import JobSpec
 from pdppo.store import (
+    FileStore,
     JobRecord,
     JobStore,
     StoreConfig,
@@ -87,6 +92,7 @@ class JobOptions:
     data_roots: tuple[str, ...]  # local models and datasets only from here (empty: none)
     limits: Limits  # the job's queue's budget, checked again here: the API may not see files
     store: StoreConfig  # timeouts and outage bound of the job's Redis client
+    artifact_dir: str  # uploaded files (task.file) are under <artifact_dir>/files (pdppo.files)
 
 
 @lru_cache(maxsize=1)
@@ -151,8 +157,25 @@ class EventPublisher:
             lambda: self.store.publish_checkpoint(job.id, step, name),
         )
 
-    def log(self, message: str) -> None:
+    def eval(self, step: int, metrics: dict[str, float]) -> None:
+        job = self.job
+        self._put(
+            f"publish the evaluation of step {step} of job {job.id}",
+            lambda: self.store.publish_eval(job.id, step, job.total_steps, metrics),
+        )
+
+    def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        job = self.job
+        self._put(
+            f"publish samples of step {step} of job {job.id}",
+            lambda: self.store.publish_samples(job.id, step, samples),
+        )
+
+    def log(self, message: str, level: str | None = None) -> None:
+        """A `log` event; `level` ("warning") joins its data so clients can set it apart."""
         fields = log_fields(message)  # stamped now, however late Redis takes it
+        if level is not None:
+            fields["data"] = json.dumps({**json.loads(fields["data"]), "level": level})
         client, retry, job_id = self.store.redis, self.retry, self.job.id
         self._put(f"log to job {job_id}", lambda: add_event_once(client, retry, job_id, fields))
 
@@ -217,8 +240,19 @@ class JobCallback(TrainerCallback):
     def on_checkpoint(self, step: int, path: Path) -> None:
         self.publisher.checkpoint(step, path.name)
 
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        self.publisher.eval(step, clean_metrics(metrics))
+
+    def on_samples(self, step: int, samples: list[Sample]) -> None:
+        self.publisher.samples(step, samples)
+
     def on_log(self, message: str) -> None:
         self.publisher.log(message)
+
+    def on_warning(self, message: str) -> None:
+        """A `log` event with `"level": "warning"` (a run that learns nothing, say)."""
+        log.warning("%s", message)
+        self.publisher.log(message, level="warning")
 
     def should_stop(self) -> bool:
         """Asked before every token: in-memory flags only. The first True for the worker's stop
@@ -242,27 +276,44 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 def backfill(publisher: EventPublisher, out_dir: Path, job: JobRecord) -> int:
     """Queue the steps up to the checkpoint this run resumes from that Redis never got (the last
-    run was stopped with events still queued), from its metrics.jsonl; returns how many.
+    run was stopped with events still queued), from its metrics.jsonl; returns how many. Each
+    with its samples and evaluation (samples.jsonl, eval.jsonl), in the order the trainer made
+    them.
 
-    Steps past the checkpoint are not: the resumed run trains them again and publishes them."""
+    Steps past the checkpoint are not: the resumed run trains them again and publishes them.
+    Events are published in order, so everything queued before the last published step (the
+    record's `step`) is in Redis; that step's own samples and evaluation, queued after it, may
+    not be, and are queued again (publishing is idempotent by step)."""
     ckpt = latest_checkpoint(out_dir)
     if ckpt is None:
         return 0
     upto = checkpoint_step(ckpt)
     queued = 0
-    path = out_dir / "metrics.jsonl"
+    samples = dict(_rows(out_dir / "samples.jsonl"))
+    evals = dict(_rows(out_dir / "eval.jsonl"))
+    for step, row in _rows(out_dir / "metrics.jsonl"):
+        if step > upto:
+            continue
+        if job.step < step:
+            publisher.step(step, clean_metrics(row))
+            queued += 1
+        if job.step <= step and step in samples:
+            publisher.samples(step, samples[step].get("samples", []))
+        if job.step <= step and step in evals:
+            publisher.eval(step, clean_metrics(evals[step]))
+    publisher.checkpoint(upto, ckpt.name)
+    return queued
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(step, row) of each line of a trainer's `{"step": ...}` JSONL file."""
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     for line in lines:
         try:
             row = json.loads(line)
-            step = int(row["step"])
+            yield int(row["step"]), row
         except (ValueError, KeyError, TypeError):
             continue  # a line torn by a kill mid-write
-        if job.step < step <= upto:
-            publisher.step(step, clean_metrics(row))
-            queued += 1
-    publisher.checkpoint(upto, ckpt.name)
-    return queued
 
 
 def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
@@ -318,7 +369,28 @@ def _train(
     from core.trainer import resolve_device, train
 
     try:
-        problems = _over_budget(spec, job, options)
+        file_paths = _input_files(spec, job, options, publisher)
+    except InputFileError as exc:
+        return {"outcome": "failed", "code": "invalid_input", "message": str(exc)}
+    except StoreUnavailable as exc:
+        log.error("%s", exc)
+        return {"outcome": "stopped", "why": "store_unreachable", "step": 0}
+    try:
+        model_dir = resolve_job_model(
+            spec.train.model.name,
+            job.tenant,
+            Path(options.artifact_dir),
+            lambda other: publisher.retry.call(
+                f"read job {other} (the model of job {job.id})", lambda: publisher.store.get(other)
+            ),
+        )
+    except JobModelError as exc:
+        return {"outcome": "failed", "code": "invalid_input", "message": str(exc)}
+    except StoreUnavailable as exc:
+        log.error("%s", exc)
+        return {"outcome": "stopped", "why": "store_unreachable", "step": 0}
+    try:
+        problems = _over_budget(spec, job, options, model_dir)
         if problems:
             return {"outcome": "failed", "code": "over_budget", "message": problems}
         if options.torch_threads:
@@ -338,6 +410,8 @@ def _train(
             callback=JobCallback(publisher, stop, conn),
             resume=options.resume,
             data_roots=list(options.data_roots),
+            file_paths=file_paths,
+            model_dir=model_dir,
         )
     except Exception as exc:
         code = error_code(exc)
@@ -349,14 +423,42 @@ def _train(
     return {"outcome": "succeeded", "step": result.step, "final_model": final}
 
 
-def _over_budget(spec: JobSpec, job: JobRecord, options: JobOptions) -> str | None:
+def _input_files(
+    spec: JobSpec, job: JobRecord, options: JobOptions, publisher: EventPublisher
+) -> dict[str, Path]:
+    """The job's own link to each uploaded file its spec names, by file id (`pdppo.files`):
+    made on the first run from the tenant's file records, reused as they are by a resumed run.
+    InputFileError when a file was deleted before the job first started."""
+    named = spec_file_ids(spec.train.task)
+    if not named:
+        return {}
+    records = FileStore(publisher.store.redis)
+    storage = FileStorage(Path(options.artifact_dir))
+
+    def locate(file_id: str) -> Path | None:
+        record = publisher.retry.call(
+            f"read file {file_id} of job {job.id}", lambda: records.get(job.tenant, file_id)
+        )
+        return storage.path(job.tenant, record.sha256) if record is not None else None
+
+    return job_input_files(named, Path(options.out_dir), locate)
+
+
+def _over_budget(
+    spec: JobSpec, job: JobRecord, options: JobOptions, model_dir: Path | None = None
+) -> str | None:
     """Why the job exceeds its queue's budget, as the API would have said; None if it fits.
 
     Checked here again because only the worker sees a local model's real size (the API may not
     share its disks) and an operator may have lowered the limits since the job was queued."""
     from core.budget import check, estimate
 
-    budget = estimate(spec.train, queue=options.limits.queue, data_roots=list(options.data_roots))
+    budget = estimate(
+        spec.train,
+        queue=options.limits.queue,
+        data_roots=list(options.data_roots),
+        model_dir=model_dir,
+    )
     problems = check(budget, options.limits)
     return "; ".join(str(p) for p in problems) or None
 

@@ -221,6 +221,7 @@ def _supervise(
         data_roots=tuple(str(root) for root in settings.allowed_data_roots),
         limits=settings.budget_limits("gpu" if job.queue == "gpu" else "cpu"),
         store=StoreConfig.from_settings(settings),
+        artifact_dir=str(settings.artifact_dir),
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()

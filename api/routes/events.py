@@ -122,11 +122,12 @@ async def job_event_stream(
         str | None, Query(description="same as Last-Event-ID, for clients that cannot set it")
     ] = None,
 ) -> EventStream:
-    """Events `status`, `metrics`, `checkpoint`, `log`, then `done`, after which the stream
-    ends. Each has an `id`; reconnect with `Last-Event-ID: <id>` to get exactly what followed it.
-    An id past the job's newest event (its events were lost, say Redis was restored from an
-    older backup) gets what comes after it, and `done` when the job ends, whatever its id.
-    Data shapes are listed at the end of `api/schemas.py`. Idle streams get a ping comment."""
+    """Events `status`, `metrics`, `eval`, `samples`, `checkpoint`, `log`, then `done`, after
+    which the stream ends. Each has an `id`; reconnect with `Last-Event-ID: <id>` to get exactly
+    what followed it. An id past the job's newest event (its events were lost, say Redis was
+    restored from an older backup) gets what comes after it, and `done` when the job ends,
+    whatever its id. Data shapes are listed at the end of `api/schemas.py`. Idle streams get a
+    ping comment."""
     after = _event_id(last_event_id, "Last-Event-ID") or _event_id(since, "query.since")
     try:
         slot = hub.admit(tenant)

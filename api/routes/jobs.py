@@ -9,13 +9,14 @@ one spec cannot take a shared worker down and a client can ask first what a spec
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 
 from api.convert import to_job
-from api.deps import JobDep, SettingsDep, StoreDep, TenantDep
+from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.observability import JOBS_SUBMITTED
 from api.paths import forbidden_paths
 from api.schemas import (
@@ -29,10 +30,13 @@ from api.schemas import (
     SpecProblem,
 )
 from core.budget import Budget, Limits, check, estimate
+from pdppo.files import spec_file_ids
+from pdppo.job_models import FIELD as JOB_MODEL_FIELD
+from pdppo.job_models import final_model_dir, job_model_problem, source_job_id
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
-from pdppo.store import spec_digest
-from workers.celery_app import enqueue, revoke_queued
+from pdppo.store import AsyncFileStore, AsyncJobStore, spec_digest
+from workers.celery_app import revoke_queued
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -40,20 +44,23 @@ _limiter: anyio.CapacityLimiter | None = None
 
 
 def _broker_limiter() -> anyio.CapacityLimiter:
-    """Celery's publisher is blocking, so it runs in threads; but dozens of threads fighting the
-    event loop for the GIL make the tail latency of every request worse than queueing does.
-    Two threads publish at a time; the other submissions wait their turn in the event loop."""
+    """Celery's control calls are blocking, so they run in threads; but dozens of threads fighting
+    the event loop for the GIL make the tail latency of every request worse than queueing does.
+    Two threads at a time; the other requests wait their turn in the event loop."""
     global _limiter
     if _limiter is None:
         _limiter = anyio.CapacityLimiter(2)
     return _limiter
 
 
-def _admission(spec: JobSpec, settings: Settings) -> tuple[Budget, Limits, list[SpecProblem]]:
+def _admission(
+    spec: JobSpec, settings: Settings, model_dir: Path | None = None
+) -> tuple[Budget, Limits, list[SpecProblem]]:
     """The spec's budget on its queue and every reason `POST /v1/jobs` would refuse it.
 
     A spec whose paths are refused is estimated without reading any file: the API must not
-    open what the tenant may not read, not even a header."""
+    open what the tenant may not read, not even a header. `model_dir`: the final model a
+    `job:<id>` name stands for, once the job is known to be the tenant's own."""
     paths = forbidden_paths(spec, [str(r) for r in settings.allowed_data_roots])
     queue = spec.resources.device
     budget = estimate(
@@ -61,6 +68,7 @@ def _admission(spec: JobSpec, settings: Settings) -> tuple[Budget, Limits, list[
         queue=queue,
         read_files=not paths,
         data_roots=[str(r) for r in settings.allowed_data_roots],
+        model_dir=model_dir,
     )
     limits = settings.budget_limits(queue)
     problems = [SpecProblem(field=p.split(":", 1)[0], kind="path", message=p) for p in paths]
@@ -83,12 +91,56 @@ def _admission(spec: JobSpec, settings: Settings) -> tuple[Budget, Limits, list[
     return budget, limits, problems
 
 
-async def _admit(spec: JobSpec, settings: Settings) -> tuple[Budget, Limits, list[SpecProblem]]:
+async def _admit(
+    spec: JobSpec, settings: Settings, tenant: str, store: AsyncJobStore
+) -> tuple[Budget, Limits, list[SpecProblem]]:
     """`_admission`, in a worker thread when it may read files (a local model's headers, a
-    dataset's prompts), so that a slow disk never stalls the event loop."""
-    if spec.train.model.name.startswith("hf:") or spec.train.task.path is not None:
-        return await anyio.to_thread.run_sync(_admission, spec, settings)
-    return _admission(spec, settings)
+    dataset's prompts), so that a slow disk never stalls the event loop; and the uploaded files
+    and the earlier job's model (`job:<id>`) the spec names, which must be the tenant's own."""
+    task = spec.train.task
+    model_dir, model_problems = await _job_model(spec, settings, tenant, store)
+    if spec.train.model.name.startswith("hf:") or task.path or task.validation_path or model_dir:
+        budget, limits, problems = await anyio.to_thread.run_sync(
+            _admission, spec, settings, model_dir
+        )
+    else:
+        budget, limits, problems = _admission(spec, settings)
+    problems = model_problems + problems
+    return budget, limits, problems + await _missing_files(spec, tenant, store.files)
+
+
+async def _job_model(
+    spec: JobSpec, settings: Settings, tenant: str, store: AsyncJobStore
+) -> tuple[Path | None, list[SpecProblem]]:
+    """For `model.name: job:<id>` (`pdppo.job_models`): that job's final-model folder, when it
+    is the tenant's own job that succeeded and this API process sees its artifact store (the
+    estimate reads it; a worker checks again), or the problem that refuses the spec."""
+    name = spec.train.model.name
+    source = source_job_id(name)
+    if source is None:
+        return None, []
+    problem = job_model_problem(name, await store.get(source), tenant)
+    if problem is not None:
+        return None, [SpecProblem(field=JOB_MODEL_FIELD, kind="file", message=problem)]
+    folder = final_model_dir(settings.artifact_dir, source)
+    return (folder if await anyio.Path(folder).is_dir() else None), []
+
+
+async def _missing_files(spec: JobSpec, tenant: str, files: AsyncFileStore) -> list[SpecProblem]:
+    """A problem per file id of the spec that the tenant has not uploaded (or has deleted)."""
+    named = spec_file_ids(spec.train.task)
+    if not named:
+        return []
+    have = await files.existing(tenant, [file_id for _, file_id in named])
+    return [
+        SpecProblem(
+            field=where,
+            kind="file",
+            message=f"{where}: file {file_id!r} not found; upload it first (POST /v1/files)",
+        )
+        for where, file_id in named
+        if file_id not in have
+    ]
 
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -108,8 +160,9 @@ _ERRORS: dict[int | str, dict[str, object]] = {
             "model": ErrorBody,
             "description": (
                 "an invalid spec (`errors` lists each field), a local path outside the data "
-                "roots, or a job over its queue's budget (memory, parameters, tokens); the "
-                "detail names the field, the estimate and the limit"
+                "roots, an uploaded file id (train.task.file, train.task.validation_file) the "
+                "tenant does not have, or a job over its queue's budget (memory, parameters, "
+                "tokens); the detail names the field, the estimate and the limit"
             ),
         },
         429: {"model": ErrorBody, "description": "the tenant's active-job limit is reached"},
@@ -121,6 +174,7 @@ async def create_job(
     tenant: TenantDep,
     store: StoreDep,
     settings: SettingsDep,
+    publisher: PublisherDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -136,12 +190,13 @@ async def create_job(
     more memory, parameters or tokens than a worker of its queue may give a job
     (`POST /v1/jobs:validate` tells the same without submitting).
 
-    The job and its outbox entry are one write; the task is published after it. If this process
-    dies in between, or the publish fails, the job is still queued and a worker's dispatcher
-    publishes its task within seconds (`pdppo.store.outbox`), so a job this returns, new or
-    replayed for an Idempotency-Key, always runs: a failed publish is logged, not a 503 and a
-    failed job that every retry with the same key would get back."""
-    _, _, problems = await _admit(spec, settings)
+    The job and its outbox entry are one write; the task is published after it, by a thread of
+    this process, off the request path. If this process dies in between, or the publish fails,
+    the job is still queued and a worker's dispatcher publishes its task within seconds
+    (`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
+    runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
+    key would get back."""
+    _, _, problems = await _admit(spec, settings, tenant, store)
     if problems:
         raise HTTPException(422, detail="; ".join(p.message for p in problems))
     spec_json = spec.model_dump_json()
@@ -177,14 +232,7 @@ async def create_job(
             )
         response.headers["Idempotent-Replayed"] = "true"
         return to_job(record)
-    try:
-        await anyio.to_thread.run_sync(enqueue, record.id, queue, limiter=_broker_limiter())
-    except Exception:
-        log.warning(
-            "could not publish the task of job %s; the outbox dispatcher will",
-            record.id,
-            exc_info=True,
-        )
+    publisher.submit(record.id, queue)  # off the request path: see api/publisher.py
     JOBS_SUBMITTED.labels(queue).inc()
     return to_job(record)
 
@@ -206,11 +254,13 @@ async def create_job(
         },
     },
 )
-async def validate_job(spec: JobSpec, _tenant: TenantDep, settings: SettingsDep) -> JobValidation:
+async def validate_job(
+    spec: JobSpec, tenant: TenantDep, settings: SettingsDep, store: StoreDep
+) -> JobValidation:
     """What the job would cost and whether `POST /v1/jobs` would take it, without creating or
     queueing anything: the same path and budget checks, answered as data (200) instead of a
     422, so that a client can size a spec before submitting it (`pdppo submit --dry-run`)."""
-    budget, limits, problems = await _admit(spec, settings)
+    budget, limits, problems = await _admit(spec, settings, tenant, store)
     return JobValidation(
         ok=not problems,
         estimate=BudgetEstimate.model_validate(budget.to_dict()),

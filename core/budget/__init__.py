@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from core.budget.memory import OVERHEAD_BYTES as OVERHEAD_BYTES
@@ -160,15 +161,17 @@ def estimate(
     queue: Queue = "cpu",
     read_files: bool = True,
     data_roots: Sequence[str] | None = None,
+    model_dir: Path | None = None,
 ) -> Budget:
     """What the job `cfg` will cost on a worker of `queue` ("cpu" or "gpu").
 
     Cheap and side-effect free: no torch, no model loading, no network. It reads only the
     headers and config.json of a local `hf:` model (or one in the Hugging Face cache) and
     scans a local jsonl dataset for its longest prompt, each as a regular file under
-    `data_roots` (None: no restriction); `read_files=False` reads nothing."""
+    `data_roots` (None: no restriction); `read_files=False` reads nothing. `model_dir`: the
+    final-model folder a `job:<id>` model name stands for, when the caller can see it."""
     device = job_device(cfg, queue)
-    shape = model_shape(cfg, read_files=read_files, data_roots=data_roots)
+    shape = model_shape(cfg, read_files=read_files, data_roots=data_roots, model_dir=model_dir)
     prompt, prompt_note = prompt_tokens(cfg, shape, read_files=read_files, data_roots=data_roots)
     r = cfg.rollout
     sequences = r.prompts_per_step * r.group_size

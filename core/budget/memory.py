@@ -6,12 +6,16 @@ It exists apart because it is the part that mirrors the trainer and is calibrate
 holds, this is the module to update. The estimate is an upper bound:
 
 - persistent: the weights, their gradients, AdamW's two moments (fp32), the rollout copy of the
-  policy when it differs (a lower-precision `rollout.dtype`, or `staleness > 0`) and the
-  `staleness + 1` stale-policy snapshots;
+  policy when it differs (a lower-precision `rollout.dtype`, or `staleness > 0`), the
+  `staleness + 1` stale-policy snapshots, and the KL penalty's reference policy (a frozen copy
+  in the training dtype when `algorithm.kl_beta > 0`; none with LoRA, whose reference is the
+  base with its adapters disabled);
 - the phases that follow one another: the rollout (KV cache of the whole batch, sampling
   buffers, the per-token behavior record, the `exact` estimator's full log-probs), the update
-  (activations and fp32 logits of one minibatch, their gradients and the loss's extra [N, V]
-  tensors, with the rollout batch still held), the format warm-up, and the checkpoint (a
+  (activations and fp32 logits of one micro-batch, a minibatch split in
+  `optim.grad_accumulation` pieces, their gradients and the loss's extra [N, V] tensors, with
+  the rollout batch still held; with the KL penalty, the reference's no-grad forward pass over
+  a micro-batch and its log-probs of the whole batch), the format warm-up, and the checkpoint (a
   serialized copy of the weights). On CUDA only the largest counts (the caching allocator
   reuses what a phase freed); on CPU they add up (glibc does not reliably hand a phase's heap
   back before the next one grows it: max-of-phases measured 1.0x the real peak, too close);
@@ -139,7 +143,7 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
     kv_dim = shape.kv_dim or 0
     k = a.top_k
     sequences = r.prompts_per_step * r.group_size
-    mb = sequences // a.minibatches
+    mb = sequences // a.minibatches // cfg.optim.grad_accumulation  # rows of one forward pass
     new = r.max_new_tokens
     seq = prompt + new
     model_f = "train.model.lora" if lora else _model_field(cfg)
@@ -164,6 +168,9 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
         add("rollout_copy", "persistent", params * rwidth, blame)
         snaps = min(r.staleness + 1, cfg.steps)
         add("snapshots", "persistent", snaps * trainable * twidth, "train.rollout.staleness")
+    kl = a.kl_beta > 0
+    if kl and not lora:  # core.reference: a frozen copy of the loaded weights
+        add("reference", "persistent", params * width, "train.algorithm.kl_beta")
 
     # the rollout: generation of the whole batch, step by step with a KV cache
     # builtin:tiny concatenates each block's cache, so old and new caches coexist for a step
@@ -212,6 +219,13 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
     add("logits", "update", logits, batch_f)
     if device == "cuda" and not lora:
         add("optimizer_step", "update", trainable * 4, model_f)  # foreach AdamW temporaries
+    if kl:
+        # before the updates, one micro-batch at a time under no_grad: its forward pass, its
+        # logits (B, T+1, V) in the model's dtype and two fp32 [N, V] (scaled, log-softmax);
+        # the (B, T) fp32 log-probs of the whole batch stay for the step
+        ref = _forward_bytes(shape, mb, seq, width, grad=False)
+        ref += rows_mb * vocab * width + 2 * n_mb * vocab * 4 + sequences * new * 4
+        add("reference_forward", "update", ref, "train.algorithm.kl_beta")
 
     # the format warm-up: its own AdamW and batches of warmup_batch_size
     if task.warmup_steps and task.name != "jsonl":

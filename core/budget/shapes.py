@@ -9,7 +9,9 @@ come from its safetensors headers (the first 8 bytes of a `.safetensors` file gi
 a JSON header that lists every tensor's shape), else from `config.json`; files are read only
 when the spec names them, and only headers. A hub id that is neither a local folder nor in the
 local Hugging Face cache has an unknown parameter count (`ModelShape.params is None`), and then
-the budget has no memory estimate.
+the budget has no memory estimate. An earlier job's final model (`job:<id>`) is read the same
+way from the artifact-store folder the caller resolves it to (the API and the worker), in
+whichever family it was saved.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from core.budget.units import MIB
-from core.config import LoraConfig, TrainConfig
+from core.config import LoraConfig, TinyModelConfig, TrainConfig
 from core.safe_files import open_regular_file
 
 # The byte tokenizer of builtin:tiny (core/models/tiny.py): 4 specials + 256 bytes + 252 reserved.
@@ -60,14 +62,10 @@ def tiny_param_count(d_model: int, n_layers: int, max_seq_len: int, vocab: int =
     return 2 * vocab * d + max_seq_len * d + n_layers * (12 * d * d + 13 * d) + 2 * d
 
 
-def _tiny_shape(cfg: TrainConfig) -> ModelShape:
-    t = cfg.model.tiny
+def _tiny_shape(t: TinyModelConfig, name: str = "builtin:tiny") -> ModelShape:
     params = tiny_param_count(t.d_model, t.n_layers, t.max_seq_len)
     return ModelShape(
-        source=(
-            f"builtin:tiny (d_model={t.d_model}, n_layers={t.n_layers}, "
-            f"max_seq_len={t.max_seq_len})"
-        ),
+        source=f"{name} (d_model={t.d_model}, n_layers={t.n_layers}, max_seq_len={t.max_seq_len})",
         params=params,
         trainable=params,
         vocab=TINY_VOCAB,
@@ -249,7 +247,6 @@ def _hub_cache_dir(repo_id: str) -> Path | None:
 
 def _hf_shape(cfg: TrainConfig, read_files: bool, data_roots: Sequence[str] | None) -> ModelShape:
     source = cfg.model.name.removeprefix("hf:")
-    unknown = ModelShape(source=f"{source}: parameter count unknown", params=None, trainable=None)
     if not read_files:
         return ModelShape(source=f"{source}: not read here", params=None, trainable=None)
     folder = Path(source).expanduser()
@@ -263,6 +260,14 @@ def _hf_shape(cfg: TrainConfig, read_files: bool, data_roots: Sequence[str] | No
                 trainable=None,
             )
         folder, roots = cached, None  # the cache's own symlinks lead into its blobs folder
+    return _folder_shape(cfg, folder, roots, source)
+
+
+def _folder_shape(
+    cfg: TrainConfig, folder: Path, roots: Sequence[str] | None, source: str
+) -> ModelShape:
+    """A Hugging Face model folder's figures: safetensors headers, else config.json."""
+    unknown = ModelShape(source=f"{source}: parameter count unknown", params=None, trainable=None)
     try:
         config = _read_json(folder / "config.json", roots)
     except (OSError, ValueError):  # UnsafeFileError is a ValueError
@@ -302,13 +307,45 @@ def _hf_shape(cfg: TrainConfig, read_files: bool, data_roots: Sequence[str] | No
     )
 
 
+def _job_shape(cfg: TrainConfig, model_dir: Path | None) -> ModelShape:
+    """An earlier job's final model (`job:<id>`), from the folder the caller resolved it to:
+    builtin:tiny's dims from the config.json `TinyLM.save_final` writes, else a Hugging Face
+    folder. The folder is in the artifact store, which the service writes itself: it is read
+    under its own root, not the data roots."""
+    name = cfg.model.name
+    if model_dir is None or not model_dir.is_dir():
+        return ModelShape(
+            source=f"{name}: the final model is not visible here (the worker sizes it)",
+            params=None,
+            trainable=None,
+        )
+    roots = [str(model_dir)]
+    try:
+        meta = _read_json(model_dir / "config.json", roots)
+    except (OSError, ValueError):
+        meta = None
+    if isinstance(meta, dict) and meta.get("model") == "builtin:tiny":
+        try:
+            return _tiny_shape(TinyModelConfig.model_validate(meta["tiny"]), name)
+        except (KeyError, ValueError):
+            return ModelShape(source=f"{name}: unreadable config.json", params=None, trainable=None)
+    return _folder_shape(cfg, model_dir, roots, name)
+
+
 def model_shape(
-    cfg: TrainConfig, *, read_files: bool = True, data_roots: Sequence[str] | None = None
+    cfg: TrainConfig,
+    *,
+    read_files: bool = True,
+    data_roots: Sequence[str] | None = None,
+    model_dir: Path | None = None,
 ) -> ModelShape:
-    """The model's figures: built-in from its dims, `hf:` from headers/config.json when visible.
+    """The model's figures: built-in from its dims, `hf:` from headers/config.json when visible,
+    `job:<id>` from the final model in `model_dir` (the folder the caller resolved it to).
 
     `read_files=False` reads nothing (the API passes it for paths a tenant may not read); files
     are opened only as regular files under `data_roots` (None: anywhere, as `pdppo train`)."""
     if cfg.model.name == "builtin:tiny":
-        return _tiny_shape(cfg)
+        return _tiny_shape(cfg.model.tiny)
+    if cfg.model.name.startswith("job:"):
+        return _job_shape(cfg, model_dir if read_files else None)
     return _hf_shape(cfg, read_files, data_roots)

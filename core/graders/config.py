@@ -21,9 +21,6 @@ FieldName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-
 GraderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w-]*$")]
 """A sub-grader's name in `multi`; it becomes the metric `grader/<name>`."""
 
-MAX_MULTI_DEPTH = 3
-"""`multi` inside `multi` nests at most this deep (a spec is not a program)."""
-
 
 class _Grader(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -115,12 +112,27 @@ class PluginGrader(_Grader):
     )
 
 
+LeafGraderConfig = Annotated[
+    StringCheckGrader
+    | RegexGrader
+    | NumericGrader
+    | MathGrader
+    | JsonSchemaGrader
+    | LengthPenaltyGrader
+    | PluginGrader,
+    Field(discriminator="type"),
+]
+"""Every grader but `multi`: what a `multi` combines."""
+
+
 class MultiGrader(_Grader):
     """Weighted mean of named sub-graders, sum(w * s) / sum(w); each sub-score is reported as
-    the metric `grader/<name>`."""
+    the metric `grader/<name>`. Sub-graders are not `multi` themselves: one level says all a
+    weighted sum can, and the spec's JSON schema stays free of recursion (which schema-driven
+    clients and fuzzers handle badly)."""
 
     type: Literal["multi"]
-    graders: dict[GraderName, GraderConfig] = Field(
+    graders: dict[GraderName, LeafGraderConfig] = Field(
         min_length=1, max_length=32, description="Sub-graders by name."
     )
     weights: dict[GraderName, Annotated[float, Field(ge=0, le=1e6), FINITE]] = Field(
@@ -134,8 +146,6 @@ class MultiGrader(_Grader):
             raise ValueError(f"weights name no sub-grader: {unknown}")
         if sum(self.weights.get(name, 1.0) for name in self.graders) <= 0:
             raise ValueError("the weights of the sub-graders sum to 0")
-        if _depth(self) > MAX_MULTI_DEPTH:
-            raise ValueError(f"multi graders nest at most {MAX_MULTI_DEPTH} deep")
         return self
 
 
@@ -151,18 +161,11 @@ GraderConfig = Annotated[
     Field(discriminator="type"),
 ]
 
-MultiGrader.model_rebuild()
-
-
-def _depth(grader: Any) -> int:
-    if isinstance(grader, MultiGrader):
-        return 1 + max(_depth(sub) for sub in grader.graders.values())
-    return 0
-
 
 __all__ = [
     "GraderConfig",
     "JsonSchemaGrader",
+    "LeafGraderConfig",
     "LengthPenaltyGrader",
     "MathGrader",
     "MultiGrader",

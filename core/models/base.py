@@ -8,6 +8,7 @@ pad ids, the trainable parameters, and saving in the family's own format.
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,6 +83,16 @@ class CausalLM(abc.ABC):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.module.parameters()).dtype
+
+    @property
+    def has_adapters(self) -> bool:
+        """True when only adapters train (LoRA): the base weights are then the initial policy,
+        and `adapters_disabled` reaches them without a copy."""
+        return False
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which forward passes run the base model alone (`has_adapters` only)."""
+        raise TypeError(f"{type(self).__name__} has no adapters to disable")
 
     def trainable(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]

@@ -5,18 +5,28 @@ Hub ids work where the machine can reach the hub; tests and offline runs pass a 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from core.config import ModelConfig
 from core.models.base import CausalLM
+from core.models.local_hf import make_chat_hf, make_tiny_hf
 from core.safe_files import UnsafeFileError, check_model_dir, is_hub_id
+
+__all__ = ["HFLM", "HFTokenizer", "make_chat_hf", "make_tiny_hf", "resolve_hf_source"]
+
+NO_CHAT_TEMPLATE = (
+    "this model's tokenizer has no chat template, so records with 'messages' cannot be "
+    "rendered; use records with 'prompt', or a model whose tokenizer_config.json or "
+    "chat_template.jinja defines one"
+)
 
 
 def _transformers_at_least(version: str) -> bool:
@@ -43,16 +53,25 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tok, "chat_template", None))
+
     def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        if not getattr(self.tok, "chat_template", None):
-            raise ValueError(
-                "this model's tokenizer has no chat template, so records with 'messages' "
-                "cannot be rendered; use records with 'prompt' or a model with a chat template"
+        """The model's own chat template with the assistant's header appended
+        (`add_generation_prompt=True`), tokenized as the template writes it: special tokens
+        come from the template (`{{ bos_token }}`), none are added on top."""
+        if not self.has_chat_template:
+            raise ValueError(NO_CHAT_TEMPLATE)
+        from jinja2 import TemplateError
+
+        try:
+            ids = self.tok.apply_chat_template(
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
             )
-        ids = self.tok.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+        except TemplateError as e:  # e.g. a template that refuses a system turn
+            raise ValueError(f"the model's chat template cannot render these messages: {e}") from e
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
@@ -91,12 +110,23 @@ def resolve_hf_source(name: str, data_roots: Sequence[str] | None = None) -> str
 
 
 class HFLM(CausalLM):
-    def __init__(self, cfg: ModelConfig, data_roots: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        data_roots: Sequence[str] | None = None,
+        *,
+        folder: Path | None = None,
+    ) -> None:
         """`data_roots`: the folders a local model must lie under (None: anywhere); see
-        `resolve_hf_source`."""
+        `resolve_hf_source`. `folder`: load from this local folder instead of `cfg.name` (the
+        final model of an earlier job, `job:<id>`, which lies in the artifact store, not under
+        the data roots); it is still checked for FIFOs and devices."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        source = resolve_hf_source(cfg.name, data_roots)
+        if folder is None:
+            source = resolve_hf_source(cfg.name, data_roots)
+        else:
+            source = check_model_dir(str(folder), None, what=f"model.name={cfg.name!r}")
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         # transformers renamed `torch_dtype` to `dtype` (4.56); older releases ignore `dtype`
         dtype_arg = "dtype" if _transformers_at_least("4.56") else "torch_dtype"
@@ -125,6 +155,17 @@ class HFLM(CausalLM):
         params = inspect.signature(type(base).forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def has_adapters(self) -> bool:
+        return self.lora
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:
+        """peft's `disable_adapter`: the frozen base, i.e. the policy before any update."""
+        if not self.lora:
+            return super().adapters_disabled()
+        peft_model: Any = self.module
+        return cast(contextlib.AbstractContextManager[Any], peft_model.disable_adapter())
 
     def forward(
         self,
@@ -159,42 +200,3 @@ class HFLM(CausalLM):
             module = copy.deepcopy(module).merge_and_unload()
         module.save_pretrained(str(path), safe_serialization=True)
         self.hf_tokenizer.tok.save_pretrained(str(path))
-
-
-def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:
-    """Save a tiny random Llama and a word-level tokenizer to `path`, built locally (no hub).
-
-    For tests and offline examples: the tokenizer knows single characters, digits and a few
-    hundred filler tokens so that top-K truncation is real.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    chars = [chr(c) for c in range(32, 127)]
-    vocab = specials + chars + [f"<w{i}>" for i in range(max(0, vocab_words - len(chars)))]
-    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), safe_serialization=True)
-    fast.save_pretrained(str(path))
-    return path

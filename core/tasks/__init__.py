@@ -6,26 +6,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.config import TaskConfig
-from core.tasks.base import Example, Task, positional_credit
+from core.tasks.base import Example, Grades, Task, positional_credit
 from core.tasks.builtin import ArithmeticTask, DigitStringTask
 from core.tasks.jsonl import JsonlTask
 
-__all__ = ["Example", "Task", "make_task", "positional_credit"]
+__all__ = ["Example", "Grades", "JsonlTask", "Task", "make_task", "positional_credit"]
 
 
 def make_task(
     cfg: TaskConfig,
     data_roots: Sequence[str] | None = None,
     file_paths: Mapping[str, Path] | None = None,
+    *,
+    seed: int = 0,
 ) -> Task:
     """The task `cfg` names. `data_roots`: the folders a dataset file (`task.path`) must lie
     under once symlinks are resolved; the service passes its PDPPO_DATA_ROOTS, a local
     `pdppo train` passes None (no restriction). `file_paths`: where the worker put the uploaded
     files the spec names (`task.file`, `task.validation_file`), by file id; they come from the
-    artifact store, not from the data roots."""
+    artifact store, not from the data roots; a file id missing from it is a ValueError. `seed`
+    (the run's): which records `task.validation_fraction` holds out.
+
+    A JSONL task with a grader that runs in the grading server holds a child process once it
+    has graded: call its `close()` when the run ends (it is also stopped at exit)."""
     if cfg.name == "jsonl":
-        assert cfg.path is not None  # the config validator guarantees it
-        return JsonlTask(cfg.path, cfg.match, cfg.numeric_tolerance, data_roots=data_roots)
+        return JsonlTask.from_config(cfg, data_roots, file_paths, seed=seed)
     if cfg.name == "arithmetic":
         return ArithmeticTask(cfg.min_len, cfg.max_len)
     return DigitStringTask(cfg.name, cfg.min_len, cfg.max_len)

@@ -112,11 +112,20 @@ def find_problems(
 
 def iter_records(lines: Iterable[tuple[int, str | bytes]], what: str) -> Iterator[dict[str, Any]]:
     """The records of `lines`, failing on the first bad one with `what` and its line number."""
+    for _, record in numbered_records(lines, what):
+        yield record
+
+
+def numbered_records(
+    lines: Iterable[tuple[int, str | bytes]], what: str
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`iter_records` with each record's line number, for checks made after parsing (the
+    fields a grader reads) to name the line too."""
     for lineno, line in lines:
         if not line.strip():
             continue
         try:
-            yield parse_line(line)
+            yield lineno, parse_line(line)
         except RecordError as e:
             raise ValueError(f"{what} line {lineno}: {e}") from None
 

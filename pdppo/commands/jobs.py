@@ -29,6 +29,7 @@ PREFERRED_METRICS = {
     "loss": "loss",
 }
 MAX_SHOWN_METRICS = 4
+SHOWN_SAMPLES = 3  # triples of a `samples` event a follow prints (`/samples` has all)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -154,9 +155,51 @@ def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
             )
     elif event.event == "checkpoint":
         bar.write(f"checkpoint {data.get('name', '')} (step {data.get('step', '?')})")
+    elif event.event == "eval":
+        bar.write(_eval_line(data))
+    elif event.event == "samples":
+        for line in _samples_lines(data):
+            bar.write(line)
     elif event.event == "log":
         bar.write(str(data.get("message", event.data)))
     return status
+
+
+def _eval_line(data: Mapping[str, Any]) -> str:
+    """`eval step 20: reward 0.412  pass@4 0.6  greedy 0.5  (64 prompts)`."""
+    metrics = data.get("metrics")
+    metrics = metrics if isinstance(metrics, Mapping) else {}
+    shown = [("eval_reward_mean", "reward")]
+    shown += [(k, k.removeprefix("eval_")) for k in sorted(metrics) if k.startswith("eval_pass@")]
+    shown += [("eval_greedy_reward_mean", "greedy")]
+    parts = [
+        f"{label} {metrics[key]:.3g}"
+        for key, label in shown
+        if isinstance(metrics.get(key), int | float)
+    ]
+    prompts = metrics.get("eval_prompts")
+    count = f"  ({prompts:.0f} prompts)" if isinstance(prompts, int | float) else ""
+    return f"eval step {data.get('step', '?')}: {'  '.join(parts)}{count}"
+
+
+def _samples_lines(data: Mapping[str, Any]) -> list[str]:
+    """A header, then one line per sample (at most SHOWN_SAMPLES): reward, prompt -> completion,
+    each squeezed onto one short line."""
+    samples = data.get("samples")
+    samples = [s for s in samples if isinstance(s, Mapping)] if isinstance(samples, list) else []
+    lines = [f"samples step {data.get('step', '?')}:"]
+    for sample in samples[:SHOWN_SAMPLES]:
+        reward = sample.get("reward")
+        score = f"{reward:.2f}" if isinstance(reward, int | float) else "?"
+        prompt = _one_line(str(sample.get("prompt", "")), 40)
+        completion = _one_line(str(sample.get("completion", "")), 60)
+        lines.append(f"  [{score}] {prompt} -> {completion}")
+    return lines
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _payload(event: Event) -> Any:

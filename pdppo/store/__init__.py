@@ -5,7 +5,8 @@
 - `jobs_api`: `AsyncJobStore`, what the API does to jobs (create, get, list, cancel, fail);
 - `jobs_worker`: `JobStore`, what workers do to a job they run (claim, publish, finish, requeue);
 - `outbox`: `Outbox`, the queued jobs whose task no worker has claimed yet (the enqueue outbox);
-- `events`: a job's event stream and metrics rows (`AsyncEventStore`, `EventStore`).
+- `events`: a job's event stream and metrics rows (`AsyncEventStore`, `EventStore`);
+- `files`: uploaded files' records (`AsyncFileStore`, `FileStore`; the bytes: `pdppo.files`).
 
 Every state change that must not race is one Lua script next to the method that runs it, so the
 record, the indexes and the event stream never disagree, whoever crashes when. Each process makes
@@ -15,6 +16,7 @@ outbox) go in modules of their own here, built the same way over the same client
 """
 
 from pdppo.store.events import AsyncEventStore, EventStore
+from pdppo.store.files import AsyncFileStore, FileRecord, FileStore
 from pdppo.store.jobs_api import AsyncJobStore
 from pdppo.store.jobs_worker import JobStore
 from pdppo.store.keys import (
@@ -42,9 +44,12 @@ __all__ = [
     "RUNNING_SET",
     "TERMINAL",
     "AsyncEventStore",
+    "AsyncFileStore",
     "AsyncJobStore",
     "CreateResult",
     "EventStore",
+    "FileRecord",
+    "FileStore",
     "JobRecord",
     "JobStore",
     "Outbox",

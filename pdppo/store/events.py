@@ -1,11 +1,12 @@
-"""A job's event stream and metrics rows: what SSE and `/metrics` read, and what workers log.
+"""A job's event stream and result rows: what SSE, `/metrics`, `/eval` and `/samples` read, and
+what workers log.
 
-The entries that change a job's state (status, metrics, checkpoint, done) are added by the job
-scripts in `jobs_api` and `jobs_worker`, atomically with the record; their payloads come from
-`_status_data`/`_log_data` here so that every writer formats them alike. Everything that only
-reads the stream or the metrics rows, or appends a plain log line, is here, one store per side
-(`AsyncEventStore` for the API, `EventStore` for the workers) over the job store's client; reads
-over many jobs at once belong here too.
+The entries that change a job's state (status, metrics, eval, samples, checkpoint, done) are
+added by the job scripts in `jobs_api` and `jobs_worker`, atomically with the record; their
+payloads come from `_status_data`/`_log_data` here so that every writer formats them alike.
+Everything that only reads the stream or the result rows, or appends a plain log line, is here,
+one store per side (`AsyncEventStore` for the API, `EventStore` for the workers) over the job
+store's client; reads over many jobs at once belong here too.
 
 Event ids are Redis stream ids, `<milliseconds>-<sequence>`, each part an unsigned 64-bit number;
 `parse_event_id` is the one place a client's id (`Last-Event-ID`, `since`) is checked, so that no
@@ -23,7 +24,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aredis
 
-from pdppo.store.keys import events_key, metrics_key, now_iso
+from pdppo.store.keys import eval_key, events_key, metrics_key, now_iso, samples_key
 
 EventId = tuple[int, int]
 ID_PART_MAX = 2**64 - 1
@@ -112,6 +113,16 @@ class AsyncEventStore:
 
     async def metrics_history(self, job_id: str) -> list[dict[str, Any]]:
         rows = cast(list[str], await self.redis.lrange(metrics_key(job_id), 0, -1))
+        return [json.loads(row) for row in rows]
+
+    async def eval_history(self, job_id: str) -> list[dict[str, Any]]:
+        """Every published evaluation, `{step, metrics}`, in step order."""
+        rows = cast(list[str], await self.redis.lrange(eval_key(job_id), 0, -1))
+        return [json.loads(row) for row in rows]
+
+    async def samples_history(self, job_id: str, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` samples rows, `{step, samples}`, oldest of them first."""
+        rows = cast(list[str], await self.redis.lrange(samples_key(job_id), -limit, -1))
         return [json.loads(row) for row in rows]
 
     async def events_after(

@@ -17,6 +17,7 @@ from typing import Any, cast
 import redis.asyncio as aredis
 
 from pdppo.store.events import AsyncEventStore, _log_data, _status_data
+from pdppo.store.files import AsyncFileStore
 from pdppo.store.jobs_worker import _FINISH
 from pdppo.store.keys import (
     OUTBOX,
@@ -85,13 +86,14 @@ return 'already-' .. st
 class AsyncJobStore:
     """What the API does to jobs, over `redis.asyncio` (decode_responses=True).
 
-    It owns the client; the per-resource stores it builds (`events`) share it, and the event
-    and metrics reads below delegate to them.
+    It owns the client; the per-resource stores it builds (`events`, `files`) share it, and the
+    event and metrics reads below delegate to them.
     """
 
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
         self.events = AsyncEventStore(client)
+        self.files = AsyncFileStore(client)
         self._create = client.register_script(_CREATE)
         self._cancel = client.register_script(_CANCEL)
         self._finish = client.register_script(_FINISH)

@@ -1,19 +1,20 @@
 """The job operations a worker runs while it holds a job: claim, publish, finish, requeue.
 
-Each state change that must not race with the API or another worker (claim, publish a step or a
-checkpoint, finish, requeue an orphan) is one Lua script, defined next to the method that runs
-it, so the record, the indexes and the event stream never disagree, whoever crashes when. The
-API's `AsyncJobStore.fail` runs the same `_FINISH` script. The scripts keep the enqueue outbox
-(`pdppo.store.outbox`) in step: a claimed or finished job leaves it, a requeued one enters it in
-the same script that flips it to `queued`, so a requeuer that dies before it re-sends the task
-strands nothing.
+Each state change that must not race with the API or another worker (claim, publish a step, its
+evaluation, its samples or a checkpoint, finish, requeue an orphan) is one Lua script, defined
+next to the method that runs it, so the record, the indexes and the event stream never disagree,
+whoever crashes when. The API's `AsyncJobStore.fail` runs the same `_FINISH` script. The scripts
+keep the enqueue outbox (`pdppo.store.outbox`) in step: a claimed or finished job leaves it, a
+requeued one enters it in the same script that flips it to `queued`, so a requeuer that dies
+before it re-sends the task strands nothing.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import redis
 
@@ -21,11 +22,13 @@ from pdppo.store.events import EventStore, _log_data, _status_data
 from pdppo.store.keys import (
     OUTBOX,
     RUNNING_SET,
+    eval_key,
     events_key,
     job_key,
     lease_key,
     metrics_key,
     now_iso,
+    samples_key,
     tenant_active_key,
 )
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS, Outbox
@@ -59,6 +62,26 @@ redis.call('RPUSH', KEYS[3], ARGV[5])
 redis.call('XADD', KEYS[2], '*', 'type', 'metrics', 'data', ARGV[4])
 return 1
 """
+
+# KEYS: job, events, rows list; ARGV: step, now, event data, row json, the hash field holding the
+# last published step of this kind, event type, rows kept (0: all). A step's `eval` or `samples`:
+# same once-only rule as metrics, by a step field of its own; the list keeps its newest rows.
+_PUBLISH_RESULT = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+local last = redis.call('HGET', KEYS[1], ARGV[5])
+if last and tonumber(ARGV[1]) <= tonumber(last) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[5], ARGV[1], 'updated_at', ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[4])
+local keep = tonumber(ARGV[7])
+if keep > 0 then redis.call('LTRIM', KEYS[3], -keep, -1) end
+redis.call('XADD', KEYS[2], '*', 'type', ARGV[6], 'data', ARGV[3])
+return 1
+"""
+
+SAMPLES_KEPT = 1000
+"""Newest `samples` rows a job keeps for `GET /v1/jobs/{id}/samples` (each up to
+log_samples_count triples of a few KB): samples show what the model writes now, not a full
+history, and a long run logging every step must not grow Redis without bound."""
 
 # KEYS: job, events; ARGV: step, now, event data. Same once-only rule for checkpoint events.
 _PUBLISH_CHECKPOINT = """
@@ -140,6 +163,7 @@ class JobStore:
         self._claim = client.register_script(_CLAIM)
         self._publish_step = client.register_script(_PUBLISH_STEP)
         self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)
+        self._publish_result = client.register_script(_PUBLISH_RESULT)
         self._finish = client.register_script(_FINISH)
         self._requeue = client.register_script(_REQUEUE)
 
@@ -165,6 +189,29 @@ class JobStore:
         data = json.dumps({"step": step, "name": name})
         keys = [job_key(job_id), events_key(job_id)]
         return bool(self._publish_checkpoint(keys=keys, args=[step, now_iso(), data]))
+
+    def publish_eval(self, job_id: str, step: int, total: int, metrics: dict[str, float]) -> bool:
+        """The held-out evaluation after `step`: an `eval` event and a row of `/eval`, once."""
+        event = json.dumps({"step": step, "total": total, "metrics": metrics})
+        row = json.dumps({"step": step, "metrics": metrics})
+        keys = [job_key(job_id), events_key(job_id), eval_key(job_id)]
+        args: list[str | int] = [step, now_iso(), event, row, "eval_step", "eval", 0]
+        return bool(self._publish_result(keys=keys, args=args))
+
+    def publish_samples(self, job_id: str, step: int, samples: Sequence[Mapping[str, Any]]) -> bool:
+        """A few triples of `step`'s rollout: a `samples` event and a row of `/samples`, once."""
+        data = json.dumps({"step": step, "samples": list(samples)})
+        keys = [job_key(job_id), events_key(job_id), samples_key(job_id)]
+        args: list[str | int] = [
+            step,
+            now_iso(),
+            data,
+            data,
+            "samples_step",
+            "samples",
+            SAMPLES_KEPT,
+        ]
+        return bool(self._publish_result(keys=keys, args=args))
 
     def publish_log(self, job_id: str, message: str) -> None:
         self.events.publish_log(job_id, message)

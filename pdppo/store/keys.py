@@ -2,12 +2,14 @@
 
 Per job: a hash (the job record: status, timestamps, tenant, spec, progress, latest metrics,
 error), a stream of events (what SSE serves; entry ids are the SSE ids), a list of metrics rows
-(what `/metrics` serves) and a lease key. Per tenant: a sorted set of job ids for listing and a
+(what `/metrics` serves), lists of evaluation and samples rows (`/eval`, `/samples`) and a lease
+key. Per tenant: a sorted set of job ids for listing and a
 set of active (queued or running) ids for the quota. Global: the set of running ids (what the
 reaper scans) and the outbox, a sorted set of queued ids whose task no worker has claimed yet,
 scored by when a dispatcher should next check that the task exists (`pdppo.store.outbox`).
-Every store module builds its keys here, so a new resource (uploaded files) adds its key
-functions next to these and cannot collide with them.
+Uploaded files (`pdppo.store.files`), per tenant: a hash per file, a sorted set of them for
+listing, a byte count for the quota, and a short lock per file id for writers. Every store module
+builds its keys here, so resources cannot collide.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ def metrics_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:metrics"
 
 
+def eval_key(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:eval"
+
+
+def samples_key(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:samples"
+
+
 def lease_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
 
@@ -44,6 +54,24 @@ def tenant_jobs_key(tenant: str) -> str:
 
 def tenant_active_key(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:active"
+
+
+def tenant_file_key(tenant: str, file_id: str) -> str:
+    """An uploaded file's record. File ids derive from the content, so two tenants uploading the
+    same bytes get the same id: records (and files on disk) are per tenant, never shared."""
+    return f"{PREFIX}:tenant:{tenant}:file:{file_id}"
+
+
+def tenant_file_lock_key(tenant: str, file_id: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:file:{file_id}:lock"
+
+
+def tenant_files_key(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:files"
+
+
+def tenant_file_bytes_key(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:file_bytes"
 
 
 def idempotency_key(tenant: str, key: str) -> str:

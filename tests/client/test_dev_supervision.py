@@ -180,8 +180,11 @@ def test_dev_restarts_redis_and_the_jobs_survive(tmp_path: Path) -> None:
             after = client.submit(smoke_spec(steps=2) | {"name": "after"})
             assert list(client.follow(after.id))[-1].json() == {"status": "succeeded"}
         # the worker rode out the outage on Celery's reconnects: it was never restarted
-        assert len(started_pids(data / "logs" / "worker.log", "worker")) == 1
-        assert dev.proc.poll() is None
+        worker_log = (data / "logs" / "worker.log").read_text(errors="replace")
+        assert len(started_pids(data / "logs" / "worker.log", "worker")) == 1, (
+            dev.output[-3000:] + "\n--- worker.log ---\n" + worker_log[-5000:]
+        )
+        assert dev.proc.poll() is None, dev.output[-3000:]
         seen |= descendants(dev.proc.pid)
         assert dev.stop(signal.SIGTERM) == 130
     finally:

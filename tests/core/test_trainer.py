@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,10 @@ from safetensors.torch import load_file
 
 from core.checkpoint import latest_checkpoint, list_checkpoints
 from core.config import TrainConfig
+from core.loss import policy_loss
 from core.models import load_model
+from core.schedule import lr_at
+from core.tasks import Example, Grades, Task
 from core.trainer import TrainerCallback, group_advantages, train
 
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time"}
@@ -308,3 +313,311 @@ def test_stop_between_minibatches_discards_the_partial_update(tmp_path: Path) ->
     assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
         read_metrics(tmp_path / "full")
     )
+
+
+# -- knobs: schedule, KL to the reference, gradient accumulation ----------------------------
+
+
+KNOBS: dict[str, Any] = {
+    "optim": {"schedule": "cosine", "lr_warmup_steps": 2, "min_lr_ratio": 0.1},
+    "algorithm": {"kl_beta": 0.2, "minibatches": 2},
+}
+
+
+def test_resume_with_schedule_kl_and_accumulation_reproduces_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """The lr is a function of the step, the reference is rebuilt from the loaded model, and
+    the silence watch is checkpointed: a stop and resume changes nothing."""
+    optim = {**KNOBS["optim"], "grad_accumulation": 2}
+    cfg = small_config(
+        steps=6,
+        checkpoint_every=4,
+        task={"warmup_steps": 3},
+        optim=optim,
+        **{"algorithm": KNOBS["algorithm"]},
+    )
+    full = tmp_path / "full"
+    train(cfg, full)
+    part = tmp_path / "part"
+    assert train(cfg, part, callback=Recorder(stop_after=3)).step == 3
+    assert train(cfg, part, resume=True).step == 6
+    rows = read_metrics(full)
+    assert _strip_timing(read_metrics(part)) == _strip_timing(rows)
+    a = load_file(str(full / "final" / "model.safetensors"))
+    b = load_file(str(part / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the knobs are on: a cosine lr from 0 through the warm-up, a KL that the warm-up made > 0
+    assert [r["lr"] for r in rows] == [lr_at(s, cfg.optim, 6) for s in range(6)]
+    assert rows[0]["lr"] == 0.0 and rows[2]["lr"] == 3e-3 and rows[5]["lr"] == pytest.approx(3e-4)
+    assert all(r["kl_ref"] > 0 for r in rows)
+
+
+def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """β = 0 builds no reference, reports no kl_ref, and trains exactly as a loss call without
+    any of the new arguments (the trainer before the penalty existed)."""
+    import core.trainer as trainer_module
+    import core.update as update_module
+
+    cfg = small_config(steps=1, checkpoint_every=0)
+    train(cfg, tmp_path / "now")
+
+    def old_call(**kwargs: Any) -> Any:
+        for name in ("ref_logprobs", "kl_beta", "normalizer"):
+            assert kwargs.pop(name) in (None, 0.0)
+        return policy_loss(**kwargs)
+
+    def no_reference(*_: Any) -> None:
+        raise AssertionError("β = 0 must not build a reference model")
+
+    monkeypatch.setattr(update_module, "policy_loss", old_call)
+    monkeypatch.setattr(trainer_module, "ReferencePolicy", no_reference)
+    train(cfg, tmp_path / "old")
+    monkeypatch.undo()
+    now, old = read_metrics(tmp_path / "now"), read_metrics(tmp_path / "old")
+    assert "kl_ref" not in now[0]
+    assert _strip_timing(now) == _strip_timing(old)
+    a = load_file(str(tmp_path / "now" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "old" / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    from core.trainer import _Run
+
+    run = _Run(cfg, tmp_path / "run", TrainerCallback())
+    assert run.reference is None and run.rollout_lm is run.lm  # no module but the policy
+    kl = _Run(small_config(algorithm={"kl_beta": 0.1}), tmp_path / "kl", TrainerCallback())
+    assert kl.reference is not None and kl.reference.lm.module is not kl.lm.module
+    assert not any(p.requires_grad for p in kl.reference.lm.module.parameters())
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.3])
+def test_gradient_accumulation_gives_the_same_update(tmp_path: Path, kl_beta: float) -> None:
+    """Micro-batches of 8, 4 and 2 sequences (1, 2, 4 pieces of a minibatch of 8) divide by the
+    minibatch's token count, so one step ends with the same weights up to fp32 rounding."""
+    finals = []
+    losses = []
+    for accum in (1, 2, 4):
+        out = tmp_path / f"acc{accum}"
+        cfg = small_config(
+            steps=1,
+            checkpoint_every=0,
+            task={"warmup_steps": 3},
+            algorithm={"kl_beta": kl_beta},
+            optim={"grad_accumulation": accum},
+        )
+        train(cfg, out)
+        finals.append(load_file(str(out / "final" / "model.safetensors")))
+        row = read_metrics(out)[0]
+        losses.append((row["loss"], row["grad_norm"]))
+    for other in finals[1:]:
+        for k, t in finals[0].items():
+            torch.testing.assert_close(other[k], t, rtol=0, atol=2e-6)
+    # AdamW's first step hardly sees a gradient's scale; the loss and the norm do
+    assert losses[0][0] != 0.0 and losses[0][1] > 0.0
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert losses[2] == pytest.approx(losses[0], rel=1e-5)
+
+
+class ZeroReward(Task):
+    """A built-in task whose grader never matches: every reward 0, as with a free-form dataset
+    and an untrained model."""
+
+    def __init__(self, inner: Task) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def sample(self, rng: random.Random) -> Example:
+        return self.inner.sample(rng)
+
+    def score(self, example: Example, completion: str) -> float:
+        return 0.0
+
+    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
+        return Grades([0.0] * len(examples), {"grader/never": 0.0, "grader_errors": 0.25})
+
+    def warmup_completion(self, example: Example, rng: random.Random) -> str:
+        return self.inner.warmup_completion(example, rng)
+
+
+@pytest.fixture
+def zero_reward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import core.trainer as trainer_module
+
+    real = trainer_module.make_task
+    monkeypatch.setattr(trainer_module, "make_task", lambda *a, **kw: ZeroReward(real(*a, **kw)))
+
+
+@pytest.mark.usefixtures("zero_reward")
+def test_kl_pulls_a_moved_policy_back_toward_the_reference(tmp_path: Path) -> None:
+    """The warm-up moves the policy away from the reference (the model as loaded); with every
+    advantage 0 only the penalty has a gradient, and it walks the weights back: the measured
+    KL falls and the weights end closer to the initial ones. Without it (β = 0) nothing moves
+    at all."""
+    base = {"steps": 8, "checkpoint_every": 0, "task": {"warmup_steps": 20}}
+    cfg = small_config(**base, algorithm={"kl_beta": 1.0}, optim={"lr": 1e-3})
+    torch.manual_seed(cfg.seed)
+    initial = load_model(cfg.model, torch.device("cpu"))
+    warmed = small_config(**{**base, "steps": 1}, algorithm={"kl_beta": 0.0})
+    train(warmed, tmp_path / "beta0")
+    pulled = train(cfg, tmp_path / "beta1")
+    assert pulled.final_model is not None
+    kl = [r["kl_ref"] for r in read_metrics(tmp_path / "beta1")]
+    # measured on each step's own samples, so not monotone; 0.97 -> 0.05 on this seed
+    assert kl[0] > 0.5 and kl[-1] < 0.25 * kl[0]
+
+    def kl_to_initial(path: Path) -> float:
+        """Mean KL(pi || pi_initial) of the next token over fixed prompts' positions."""
+        from core.models.tiny import load_tiny_final
+
+        lm = load_tiny_final(path / "final")
+        ids = torch.tensor([lm.tokenizer.encode_prompt(f"{n}:") for n in (12, 34, 67, 89)])
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        pos = torch.arange(ids.shape[1]).expand_as(ids)
+        with torch.no_grad():
+            logp = torch.log_softmax(lm.forward(ids, mask, pos)[0], -1)
+            ref = torch.log_softmax(initial.forward(ids, mask, pos)[0], -1)
+        return float((logp.exp() * (logp - ref)).sum(-1).mean())
+
+    # β = 0 after a zero-advantage step: still exactly the warmed-up policy
+    assert kl_to_initial(tmp_path / "beta1") < 0.1 * kl_to_initial(tmp_path / "beta0")
+
+
+@pytest.mark.usefixtures("zero_reward")
+def test_silent_run_warns_once_with_what_to_try(tmp_path: Path) -> None:
+    class Warnings(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.warnings: list[str] = []
+
+        def on_warning(self, message: str) -> None:
+            self.warnings.append(message)
+
+    cfg = small_config(steps=4, checkpoint_every=0, silent_steps=2)
+    cb = Warnings()
+    train(cfg, tmp_path, callback=cb)
+    assert len(cb.warnings) == 1
+    message = cb.warnings[0]
+    assert message.startswith("reward was 0 on every completion of the first 2 steps")
+    assert "nothing is learned" in message and "task.warmup_steps" in message
+    rows = read_metrics(tmp_path)
+    assert [r["zero_adv_groups"] for r in rows] == [1.0] * 4
+    # Grades.metrics reach the step's metrics
+    assert rows[0]["grader_errors"] == 0.25 and rows[0]["grader/never"] == 0.0
+
+    quiet = Warnings()
+    train(small_config(steps=2, checkpoint_every=0, silent_steps=0), tmp_path / "q", callback=quiet)
+    assert quiet.warnings == []
+
+
+def test_zero_adv_groups_and_the_warning_for_constant_groups() -> None:
+    from core.silence import SilenceWatch, zero_adv_groups
+
+    rewards = torch.tensor([1.0, 1.0, 0.5, 0.0, 0.2, 0.2])  # groups of 2: same, differ, same
+    assert zero_adv_groups(rewards, 2) == pytest.approx(2 / 3)
+    watch = SilenceWatch(2, jsonl_task=True)
+    assert watch.observe(rewards, 2 / 3) is None and watch.streak == -1  # signal: never warn
+    assert watch.observe(torch.zeros(6), 1.0) is None  # a later silent step is not "first"
+
+    same = SilenceWatch(2, jsonl_task=True)
+    groups = torch.tensor([1.0, 1.0, 0.5, 0.5])
+    assert same.observe(groups, 1.0) is None
+    message = same.observe(groups, 1.0)
+    assert message is not None and "rewards ranged from 0.5 to 1" in message
+    assert "rollout.group_size" in message and same.observe(groups, 1.0) is None  # once
+    solved = SilenceWatch(1, jsonl_task=False)
+    assert (solved.observe(torch.ones(4), 1.0) or "").startswith(
+        "reward was 1 on every completion of the first step"
+    )
+
+
+def test_built_in_model_trains_a_chat_jsonl_dataset_through_grade(tmp_path: Path) -> None:
+    """Rollout prompts go through `encode_example` (chat records rendered by the tokenizer)."""
+    data = tmp_path / "chat.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": f"say {i}"}], "answer": str(i)} for i in range(8)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = small_config(
+        steps=1,
+        checkpoint_every=0,
+        model={"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 64}},
+        task={"name": "jsonl", "path": str(data), "min_len": 2, "max_len": 4},
+    )
+    seen: list[list[int]] = []
+    import core.trainer as trainer_module
+
+    real = trainer_module.generate
+
+    def spy(lm: Any, prompts: list[list[int]], **kw: Any) -> Any:
+        seen.extend(prompts)
+        return real(lm, prompts, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_module, "generate", spy)
+        assert train(cfg, tmp_path / "out").step == 1
+    from core.models.tiny import ByteTokenizer
+
+    rendered = {ByteTokenizer().decode(p) for p in seen}
+    assert rendered <= {f"user: say {i}\nassistant: " for i in range(8)} and rendered
+
+
+def test_lora_reference_is_the_base_with_adapters_disabled(tmp_path: Path) -> None:
+    """No copy with LoRA: the reference shares the policy's module and reads the base, which
+    never trains, so after updates it still gives the loaded model's log-probs."""
+    from core.models.hf import make_tiny_hf
+    from core.rollout import generate, response_logits
+    from core.trainer import _Run
+
+    hf = make_tiny_hf(tmp_path / "llama")
+    cfg = small_config(
+        model={"name": f"hf:{hf}", "lora": {"r": 4, "alpha": 32}},
+        algorithm={"kl_beta": 0.1, "minibatches": 1},
+        optim={"lr": 3e-2},
+        steps=3,
+    )
+    run = _Run(cfg, tmp_path / "run", TrainerCallback())
+    assert run.reference is not None and run.reference.shares_weights
+    assert run.reference.lm is run.lm
+    rows = [run.run_step() for _ in range(3)]
+    assert rows[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # B = 0: adapters start as no-op
+    assert rows[-1]["kl_ref"] > 1e-4
+    tok = run.lm.tokenizer
+    batch = generate(run.lm, [tok.encode_prompt("12:")] * 4, max_new_tokens=4, top_k=8)
+    ref = run.reference.token_logprobs(batch, 1.0, rows=2)[batch.response_mask]
+    fresh = load_model(cfg.model.model_copy(update={"lora": None}), torch.device("cpu"))
+    with torch.no_grad():
+        base = torch.log_softmax(response_logits(fresh, batch, 1.0), -1)
+        policy = torch.log_softmax(response_logits(run.lm, batch, 1.0), -1)
+    want = base.gather(-1, batch.tokens[:, None])[:, 0]
+    torch.testing.assert_close(ref, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(policy.gather(-1, batch.tokens[:, None])[:, 0], want, atol=1e-3)
+
+
+def test_job_model_starts_from_the_saved_final_in_its_family(tmp_path: Path) -> None:
+    """`job:<id>` loads the folder the worker resolved: the saved weights and shape (not the
+    spec's tiny dims) of a builtin:tiny final, a Hugging Face final through HFLM; without a
+    folder it says that only a worker can resolve it."""
+    from core.models.hf import HFLM, make_tiny_hf
+    from core.trainer import _Run
+
+    first = train(small_config(steps=1, checkpoint_every=0), tmp_path / "a")
+    assert first.final_model is not None
+    spec = {"name": "job:a1", "tiny": {"d_model": 16, "n_layers": 2, "n_heads": 2}}
+    cfg = small_config(model=spec, algorithm={"kl_beta": 0.1})
+    run = _Run(cfg, tmp_path / "b", TrainerCallback(), model_dir=first.final_model)
+    saved = load_file(str(first.final_model / "model.safetensors"))
+    assert {n: p.detach() for n, p in run.lm.trainable()}.keys() == saved.keys()
+    assert all(torch.equal(p.detach(), saved[n]) for n, p in run.lm.trainable())
+    assert run.reference is not None  # the reference is the loaded final, too
+    assert all(torch.equal(p, saved[n]) for n, p in run.reference.lm.module.named_parameters())
+    assert run.lm.max_seq_len == 32  # the saved shape, not the spec's
+
+    hf = make_tiny_hf(tmp_path / "hf-final")
+    hf_run = _Run(
+        small_config(model={"name": "job:h1"}), tmp_path / "c", TrainerCallback(), model_dir=hf
+    )
+    assert isinstance(hf_run.lm, HFLM)
+    with pytest.raises(ValueError, match="names the final model of a service job"):
+        train(small_config(model={"name": "job:a1"}), tmp_path / "d")

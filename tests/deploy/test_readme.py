@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -68,8 +69,13 @@ def test_every_pdppo_command_in_the_readme_exists_with_its_options() -> None:
     for args in invocations:
         command = main.commands.get(args[0])
         assert command is not None, f"README runs unknown `pdppo {args[0]}`"
+        rest = args[1:]
+        while isinstance(command, click.Group) and rest:  # `pdppo files upload ...`
+            sub = command.commands.get(rest[0])
+            assert sub is not None, f"README runs unknown `pdppo {' '.join(args[:2])}`"
+            command, rest = sub, rest[1:]
         known = {opt for param in command.params for opt in getattr(param, "opts", [])}
-        unknown = [a for a in args[1:] if a.startswith("-") and a not in known]
+        unknown = [a for a in rest if a.startswith("-") and a not in known]
         assert not unknown, f"`pdppo {' '.join(args)}`: {unknown} unknown"
 
 

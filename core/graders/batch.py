@@ -1,0 +1,114 @@
+"""Grading a batch of completions: rewards, and what the grading reports as metrics.
+
+This is what a task calls each step. Graders that can hang or crash run in the grading server
+(`core.graders.server`), under the per-completion deadline; graders whose work is linear in the
+text and runs only our code (`string_check`, `length_penalty`, `numeric` without `extract`, and
+`multi` of those) run here, in the trainer's process, with no child process at all: they cannot
+hang (their time is linear in the text) and they run none but our code. Measured on 2 shared CPU
+cores, batches of 512 completions: string_check 2.5 us per completion here, 20 us through the
+server (regex: 15 us; math: 0.8 ms); a server starts in 0.25 s (0.8 s with math-verify's first
+import). Either way a grader that raises scores 0 and counts in `grader_errors`; one that runs
+out of time scores 0 and counts in `grader_timeouts`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from core.graders.base import Grader, Record, check_unit
+from core.graders.build import Multi, build_grader
+from core.graders.config import GraderConfig
+from core.graders.server import GradingServer, Outcome
+
+log = logging.getLogger(__name__)
+
+MAX_LOGGED_ERRORS = 20
+"""Distinct grader error messages logged per run; a grader failing every step logs once."""
+
+
+@dataclass
+class BatchGrades:
+    """Rewards in item order; metrics averaged over the batch (a failed item's parts are 0, so
+    the weighted mean of the `grader/<name>` metrics is the mean reward)."""
+
+    rewards: list[float]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class BatchGrader:
+    """One task's grading: built (and checked) when the task is built, used every step, closed
+    with the task. `check(record)` runs the grader's load-time check of one record."""
+
+    def __init__(
+        self,
+        cfg: GraderConfig,
+        timeout_seconds: float,
+        where: str = "task.grader",
+        *,
+        batch_timeout_seconds: float | None = None,
+    ) -> None:
+        self.grader = build_grader(cfg, where)  # bad patterns, schemas, plugin names: here
+        self.parts = part_names(self.grader)
+        self.server = (
+            GradingServer(
+                cfg, timeout_seconds, where=where, batch_timeout_seconds=batch_timeout_seconds
+            )
+            if self.grader.isolated
+            else None
+        )
+        self._logged: set[str] = set()
+
+    def __enter__(self) -> BatchGrader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    def check(self, record: Record) -> None:
+        self.grader.check(record)
+
+    def grade(self, completions: Sequence[str], records: Sequence[Record]) -> BatchGrades:
+        if len(completions) != len(records):
+            raise ValueError(f"{len(completions)} completions for {len(records)} records")
+        if not completions:
+            return BatchGrades([], {})
+        items = list(zip(completions, records, strict=True))
+        if self.server is not None:
+            outcomes = self.server.grade(items)
+        else:
+            outcomes = [_grade_here(self.grader, c, r) for c, r in items]
+        return self._summarize(outcomes)
+
+    def _summarize(self, outcomes: list[Outcome]) -> BatchGrades:
+        n = len(outcomes)
+        metrics = {
+            "grader_errors": sum(o.failure == "error" for o in outcomes) / n,
+            "grader_timeouts": sum(o.failure == "timeout" for o in outcomes) / n,
+        }
+        for name in self.parts:
+            metrics[f"grader/{name}"] = sum(o.parts.get(name, 0.0) for o in outcomes) / n
+        for o in outcomes:
+            fresh = o.message not in self._logged and len(self._logged) < MAX_LOGGED_ERRORS
+            if o.failure is not None and fresh:
+                self._logged.add(o.message)
+                log.warning("a completion scored 0: grader %s: %s", o.failure, o.message)
+        return BatchGrades([o.value for o in outcomes], metrics)
+
+
+def _grade_here(grader: Grader, completion: str, record: Record) -> Outcome:
+    try:
+        scored = grader.grade(completion, record)
+        return Outcome(check_unit(scored.value, "the grader"), scored.parts)
+    except Exception as e:
+        return Outcome(0.0, failure="error", message=f"{type(e).__name__}: {str(e)[:500]}")
+
+
+def part_names(grader: Grader) -> list[str]:
+    """The sub-score names a grader reports: `multi`'s graders, none for the others."""
+    return list(grader.graders) if isinstance(grader, Multi) else []

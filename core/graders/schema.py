@@ -1,0 +1,77 @@
+"""The `json_schema` grader: the completion is JSON that a JSON schema accepts."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from core.graders.base import Grader, Record, field_value
+from core.graders.config import JsonSchemaGrader
+
+MAX_CACHED_VALIDATORS = 256
+"""Validators kept per process, by schema text: a batch holds a few distinct schemas, each
+answered by a group of completions."""
+
+
+class JsonSchema(Grader):
+    """1 when the stripped completion parses as JSON and validates, else 0.
+
+    The schema's draft is the one its `$schema` names (2020-12 when unset). Formats (`"format":
+    "email"`) are annotations only, as the JSON Schema spec's default says, and no remote `$ref`
+    is ever fetched. A schema's `pattern` is a Python regex that can backtrack without bound, so
+    this grader runs in the grading server. jsonschema is imported on first use."""
+
+    def __init__(self, cfg: JsonSchemaGrader, where: str) -> None:
+        self.field = cfg.field
+        self.fixed = cfg.json_schema
+        self._validators: OrderedDict[str, Any] = OrderedDict()
+        if self.fixed is not None:
+            problem = schema_problem(self.fixed)
+            if problem:
+                raise ValueError(f"{where}.schema is not a valid JSON schema: {problem}")
+
+    def check(self, record: Record) -> None:
+        if self.fixed is None:
+            problem = schema_problem(field_value(record, self.field))
+            if problem:
+                raise ValueError(f"field {self.field!r} is not a valid JSON schema: {problem}")
+
+    def score(self, completion: str, record: Record) -> float:
+        schema = self.fixed if self.fixed is not None else field_value(record, self.field)
+        try:
+            instance = json.loads(completion.strip())
+        # a completion is the model's text: not JSON (or JSON nested past the parser's
+        # recursion) is a wrong answer, not a grader failure
+        except (ValueError, RecursionError):
+            return 0.0
+        return float(self._validator(schema).is_valid(instance))
+
+    def _validator(self, schema: Any) -> Any:
+        key = json.dumps(schema, sort_keys=True)
+        validator = self._validators.get(key)
+        if validator is None:
+            from jsonschema.validators import validator_for
+
+            validator = validator_for(schema)(schema)
+            self._validators[key] = validator
+            if len(self._validators) > MAX_CACHED_VALIDATORS:
+                self._validators.popitem(last=False)
+        else:
+            self._validators.move_to_end(key)
+        return validator
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why `schema` is not a JSON schema (checked against its draft's metaschema), or None."""
+    if not isinstance(schema, dict | bool):
+        return f"a schema is an object (or true/false), not {type(schema).__name__}"
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path)
+        return f"{e.message[:300]} (at '/{where}')"
+    return None

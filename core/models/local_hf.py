@@ -1,0 +1,141 @@
+"""Small Hugging Face models built on this machine, no hub download: for tests and the examples.
+
+Both are `LlamaForCausalLM`s with a character-level tokenizer (`tokenizers` WordLevel over single
+characters, wrapped in `PreTrainedTokenizerFast`), saved with `save_pretrained` so that they load
+through `hf:<folder>` exactly like a downloaded model. One character per token suits the digit
+tasks these models learn: every digit is its own token, as in the built-in byte tokenizer.
+
+- `make_tiny_hf`: random weights, a few hundred filler tokens so that a top-K view of the
+  behavior policy is a real truncation; no chat template (text prompts only).
+- `make_chat_hf`: a Llama-3-like chat template (`<|start_header_id|>role<|end_header_id|>`,
+  turns ended by `<|eot_id|>`, the EOS), so records with `messages` render as with a real
+  instruct model; heads of 64 dimensions, which vLLM's CPU attention kernels support.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LLAMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] }}<|eot_id|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+"""Llama 3's instruct layout, without its date and tool preamble."""
+
+CHAT_SPECIALS = ("<|pad|>", "<|begin_of_text|>", "<|eot_id|>", "<|unk|>")
+CHAT_HEADERS = ("<|start_header_id|>", "<|end_header_id|>")
+PRINTABLE = ("\n", *(chr(c) for c in range(32, 127)))
+"""Newline (chat templates put it after every header) and printable ASCII."""
+
+
+def char_tokenizer(
+    specials: tuple[str, str, str, str],
+    chars: tuple[str, ...],
+    *,
+    extra_specials: tuple[str, ...] = (),
+    fillers: int = 0,
+    chat_template: str | None = None,
+    add_bos: bool = False,
+) -> Any:
+    """A `PreTrainedTokenizerFast` with one token per character.
+
+    `specials` are (pad, bos, eos, unk), ids 0-3; `extra_specials` (chat headers) come next and
+    are matched whole before characters are split; then `chars`, then `fillers` tokens `<wN>`
+    that no text encodes to. `add_bos`: plain-text prompts start with the BOS token, as Llama's
+    do (a chat template that writes `{{ bos_token }}` itself is not given a second one:
+    `apply_chat_template` tokenizes without special tokens).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    pad, bos, eos, unk = specials
+    vocab = [*specials, *extra_specials, *chars, *(f"<w{i}>" for i in range(fillers))]
+    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=unk))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    if add_bos:
+        tk.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, 1)]
+        )
+    kwargs: dict[str, Any] = {"chat_template": chat_template} if chat_template else {}
+    if extra_specials:
+        kwargs["additional_special_tokens"] = list(extra_specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token=pad, bos_token=bos, eos_token=eos, unk_token=unk, **kwargs
+    )
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The dimensions of a locally built Llama."""
+
+    hidden: int = 128
+    heads: int = 2
+    kv_heads: int = 2
+    layers: int = 2
+    intermediate: int = 512
+    max_positions: int = 256
+
+
+def _save_llama(path: Path, tokenizer: Any, shape: LlamaShape, seed: int) -> Path:
+    """Random Llama weights for `tokenizer`'s vocabulary, both saved into `path`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=shape.max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:
+    """Save a tiny random Llama and a character tokenizer to `path`, built locally (no hub).
+
+    The tokenizer knows single characters, digits and enough filler tokens to make
+    `vocab_words` entries besides its specials, so that top-K truncation is real.
+    """
+    chars = PRINTABLE[1:]  # no newline: ids stay what tests written against them expect
+    tok = char_tokenizer(
+        ("<pad>", "<s>", "</s>", "<unk>"), chars, fillers=max(0, vocab_words - len(chars))
+    )
+    shape = LlamaShape(hidden=32, heads=4, kv_heads=2, layers=2, intermediate=64, max_positions=128)
+    return _save_llama(path, tok, shape, seed)
+
+
+def make_chat_hf(path: Path, *, shape: LlamaShape | None = None, seed: int = 0) -> Path:
+    """Save a small random Llama with a Llama-3-like chat template to `path` (no hub).
+
+    The default shape (hidden 128, 2 heads of 64, 2 layers, 0.5M parameters) learns small
+    arithmetic in minutes on a laptop CPU. The EOS is `<|eot_id|>`, the end of a turn, so a
+    completion stops where the assistant's reply ends.
+    """
+    tok = char_tokenizer(
+        CHAT_SPECIALS,
+        PRINTABLE,
+        extra_specials=CHAT_HEADERS,
+        chat_template=LLAMA3_CHAT_TEMPLATE,
+        add_bos=True,
+    )
+    return _save_llama(path, tok, shape or LlamaShape(), seed)

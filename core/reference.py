@@ -1,0 +1,60 @@
+"""The reference policy of the KL penalty (`algorithm.kl_beta`): the model as it was loaded.
+
+The penalty (`core.loss`) needs `log pi_ref(a)` of every sampled token. The reference is the
+policy before any update of this run, format warm-up included, so that it is the same whether the
+run is fresh or resumed from a checkpoint (a resumed run rebuilds it by loading the model again;
+nothing of it is checkpointed):
+
+- with LoRA, the base model with its adapters disabled: no copy, the base weights never train;
+- otherwise a frozen copy of the weights, in the training dtype, made before the first update.
+
+The reference's log-probs are computed once per step, for the whole rollout batch, under
+no_grad and in chunks of one micro-batch (its forward pass costs no more memory than the
+update's); the reference never changes, so the epochs and minibatches of a step share them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from core.models.base import CausalLM
+from core.rollout import RolloutBatch, response_logits
+
+
+class ReferencePolicy:
+    """Log-probs of sampled tokens under the initial policy (see the module docstring)."""
+
+    def __init__(self, lm: CausalLM) -> None:
+        """Build it from the freshly loaded policy `lm`, before any update."""
+        self.lm: CausalLM
+        self._context: Callable[[], contextlib.AbstractContextManager[Any]]
+        if lm.has_adapters:
+            self.lm, self._context = lm, lm.adapters_disabled
+        else:
+            self.lm, self._context = lm.copy_as(lm.dtype), contextlib.nullcontext
+        self.shares_weights = lm.has_adapters  # False: `lm` is a copy of its own
+
+    @torch.no_grad()
+    def token_logprobs(self, batch: RolloutBatch, temperature: float, rows: int) -> Tensor:
+        """(B, T) fp32 `log pi_ref(a)` at every response token (0 elsewhere), at the sampling
+        temperature like the trained policy's log-probs, `rows` sequences per forward pass."""
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        mask = batch.response_mask  # (B, T)
+        out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        for start in range(0, mask.shape[0], rows):
+            idx = torch.arange(start, min(start + rows, mask.shape[0]), device=mask.device)
+            part = batch.select(idx)
+            with self._context():
+                logits = response_logits(self.lm, part, temperature)  # (N_part, V) fp32
+            # the same expression as the policy's log pi(a) in core.loss: equal weights, equal
+            # values, so the penalty is exactly 0 before the first update
+            logp = -F.cross_entropy(logits, part.tokens, reduction="none")
+            out[idx[0] : idx[-1] + 1][part.response_mask] = logp
+        return out

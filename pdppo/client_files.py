@@ -1,0 +1,116 @@
+"""The client's uploaded-file methods (`/v1/files`), mixed into `pdppo.client.Client`.
+
+Kept apart from `pdppo.client` (jobs, events, artifacts) so that each module stays about one
+resource. Uploads stream the file from disk (httpx reads it in pieces), so a dataset of any size
+the server takes costs the client no memory; so do downloads.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    import httpx
+
+JSONL_CONTENT_TYPE = "application/x-ndjson"
+
+
+class File(BaseModel):
+    """An uploaded file as the server describes it; unknown fields are kept, not rejected."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    filename: str = ""
+    bytes: int = 0
+    records: int = 0
+    sha256: str = ""
+    created_at: datetime | None = None
+    purpose: str | None = None
+    created: bool = True
+    """False when the server already had this content (it answered 200, not 201)."""
+
+
+class FilePage(BaseModel):
+    """One page of `GET /v1/files`; pass `next_cursor` back to get the next page."""
+
+    items: builtins.list[File]
+    next_cursor: str | None = None
+
+
+class FilesMixin:
+    """File methods of `Client`: it supplies `_http` and `_request`."""
+
+    if TYPE_CHECKING:
+        _http: httpx.Client
+
+        def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response: ...
+
+    def upload_file(self, path: Path | str, purpose: str | None = None) -> File:
+        """Uploads a JSONL dataset; its `id` goes in a spec's `train.task.file` (or
+        `validation_file`). Uploading the same content again returns the same file (`created`
+        False). The server checks every line and refuses the file whole (`ApiError` 422, the
+        bad lines by number) if one is not a valid record."""
+        path = Path(path)
+        data = {"purpose": purpose} if purpose is not None else None
+        with path.open("rb") as fh:
+            response = self._request(
+                "POST",
+                "/v1/files",
+                files={"file": (path.name, fh, JSONL_CONTENT_TYPE)},
+                data=data,
+            )
+        return File.model_validate({**response.json(), "created": response.status_code == 201})
+
+    def list_files(self, limit: int = 20, cursor: str | None = None) -> FilePage:
+        """One page of this tenant's files, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor:
+            params["cursor"] = cursor
+        return FilePage.model_validate(self._request("GET", "/v1/files", params=params).json())
+
+    def iter_files(self, page_size: int = 100) -> Iterator[File]:
+        """Every file, walking the cursor pages (an iterator of `File`)."""
+        cursor: str | None = None
+        while True:
+            page = self.list_files(limit=page_size, cursor=cursor)
+            yield from page.items
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def get_file(self, file_id: str) -> File:
+        return File.model_validate(self._request("GET", f"/v1/files/{file_id}").json())
+
+    def file_content(self, file_id: str) -> bytes:
+        """The file's bytes, as uploaded (`download_file` streams a large one to disk)."""
+        return self._request("GET", f"/v1/files/{file_id}/content").content
+
+    def download_file(self, file_id: str, dest: Path) -> Path:
+        """Saves the file's content to `dest` (a file, or a folder: `<dest>/<file id>.jsonl`).
+        The file appears under its name only once complete."""
+        from pdppo.client import _raise_for_status
+
+        target = dest / f"{file_id}.jsonl" if dest.is_dir() else dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        with self._http.stream("GET", f"/v1/files/{file_id}/content") as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for_status(response)
+            with partial.open("wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+        partial.replace(target)
+        return target
+
+    def delete_file(self, file_id: str) -> None:
+        """Deletes the file. Jobs that have started keep their copy; a queued job that names it
+        fails when it starts (`invalid_input`)."""
+        self._request("DELETE", f"/v1/files/{file_id}")

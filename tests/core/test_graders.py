@@ -1,0 +1,440 @@
+"""Graders on hand-written cases, and the grading server under graders that hang, raise, crash
+or print.
+
+Plugins are real entry points: a tiny distribution (a module and its `*.dist-info`) written to a
+folder that is put on `sys.path` (for this process) and on `PYTHONPATH` (for the grading server),
+the same way an operator can serve an unpackaged plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+
+from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
+from core.graders.config import GraderConfig
+
+CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
+
+
+def grader_config(spec: dict[str, Any]) -> GraderConfig:
+    return CONFIG.validate_python(spec)
+
+
+def score(spec: dict[str, Any], completion: str, record: dict[str, Any] | None = None) -> float:
+    return build_grader(grader_config(spec)).score(completion, record or {})
+
+
+# -- plugins: a real entry point ---------------------------------------------------------------
+
+PLUGIN_MODULE = """
+import math, os, sys, time
+
+def half(completion, record, **options):
+    return 0.5
+
+def scaled(completion, record, factor=1.0):
+    return len(completion) * factor
+
+def nan(completion, record):
+    return math.nan
+
+def text(completion, record):
+    return "1"
+
+def boom(completion, record):
+    raise RuntimeError("plugin exploded on " + completion)
+
+def sleep_forever(completion, record):
+    if completion == "hang":
+        time.sleep(3600)
+    return 1.0
+
+def chatty(completion, record):
+    print("not a protocol line", flush=True)
+    os.write(1, b"{\\"i\\": 99}\\n")
+    return 1.0
+
+def die(completion, record):
+    if completion == "die":
+        os._exit(3)
+    return 1.0
+
+def torch_loaded(completion, record):
+    return float("torch" in sys.modules)
+"""
+
+PLUGINS = ["boom", "chatty", "die", "half", "nan", "scaled", "sleep", "text", "torch_loaded"]
+
+
+@pytest.fixture(scope="session")
+def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("plugins")
+    (root / "pdppo_test_graders.py").write_text(PLUGIN_MODULE)
+    info = root / "pdppo_test_graders-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pdppo-test-graders\nVersion: 0.1\n"
+    )
+    functions = {name: name for name in PLUGINS} | {"sleep": "sleep_forever"}
+    entries = "".join(f"{name} = pdppo_test_graders:{fn}\n" for name, fn in functions.items())
+    (info / "entry_points.txt").write_text("[pdppo.graders]\n" + entries)
+    return root
+
+
+@pytest.fixture
+def plugins(plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugin_dir), path])))
+
+
+# -- the graders, one by one -------------------------------------------------------------------
+
+
+def test_string_check() -> None:
+    record = {"answer": " Paris "}
+    assert score({"type": "string_check"}, "Paris\n", record) == 1.0
+    assert score({"type": "string_check"}, "paris", record) == 0.0
+    assert score({"type": "string_check", "case_sensitive": False}, "PARIS", record) == 1.0
+    contains = {"type": "string_check", "operation": "contains"}
+    assert score(contains, "It is Paris.", record) == 1.0
+    assert score(contains, "It is Lyon.", record) == 0.0
+    assert score({"type": "string_check", "field": "n"}, "42", {"n": 42}) == 1.0
+
+
+def test_regex_fixed_or_from_the_record() -> None:
+    fixed = {"type": "regex", "pattern": r"\d+ apples"}
+    assert score(fixed, " 12 apples ") == 1.0
+    assert score(fixed, "I have 12 apples") == 0.0  # fullmatch
+    assert score(fixed | {"mode": "search"}, "I have 12 apples") == 1.0
+    assert score(fixed | {"case_sensitive": False}, "12 APPLES") == 1.0
+    record = {"answer": "h(i|ello)!?"}
+    assert score({"type": "regex"}, "hello!", record) == 1.0
+    assert score({"type": "regex"}, "oh hi", record) == 0.0
+    with pytest.raises(ValueError, match=r"task\.grader\.pattern='\(' is not a regex"):
+        build_grader(grader_config({"type": "regex", "pattern": "("}))
+    with pytest.raises(ValueError, match="field 'answer' is not a regex"):
+        build_grader(grader_config({"type": "regex"})).check({"answer": "(a"})
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        ("The total is 1,234 dollars.", "1234", 1.0),
+        ("1,234,567", 1234567, 1.0),
+        ("first 3, then 4", "4", 1.0),  # the last number
+        ("first 4, then 3", "4", 0.0),
+        ("x = 5-3 = 2", 2, 1.0),  # "-3" is not a negative number here
+        ("it is -2.5e1", "-25", 1.0),
+        ("The answer is 42.", "42", 1.0),
+        ("no number at all", "0", 0.0),
+        ("it is .5", 0.5, 1.0),
+    ],
+)
+def test_numeric_takes_the_last_number(completion: str, reference: Any, expected: float) -> None:
+    assert score({"type": "numeric"}, completion, {"answer": reference}) == expected
+
+
+def test_numeric_tolerances_and_extract() -> None:
+    record = {"answer": 100}
+    assert score({"type": "numeric", "tolerance": 0.5}, "100.4", record) == 1.0
+    assert score({"type": "numeric", "tolerance": 0.5}, "100.6", record) == 0.0
+    assert score({"type": "numeric", "relative_tolerance": 0.01}, "101", record) == 1.0
+    assert score({"type": "numeric", "relative_tolerance": 0.01}, "101.5", record) == 0.0
+    extract = {"type": "numeric", "extract": r"ANSWER: ([\d,.]+)"}
+    assert score(extract, "ANSWER: 1,000 then 100 more", {"answer": 1000}) == 1.0
+    assert score(extract, "100", record) == 0.0  # the pattern does not match: no answer
+    with pytest.raises(ValueError, match=r"task\.grader\.extract='\[0-9\]\+' must have exactly"):
+        build_grader(grader_config({"type": "numeric", "extract": "[0-9]+"}))
+    with pytest.raises(ValueError, match=r"field 'answer'='1/2' is not a finite number"):
+        build_grader(grader_config({"type": "numeric"})).check({"answer": "1/2"})
+    assert not build_grader(grader_config({"type": "numeric"})).isolated
+    assert build_grader(grader_config(extract)).isolated
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        ("0.5", "1/2", 1.0),
+        ("\\frac{1}{2}", "0.5", 1.0),
+        ("1/2", "\\frac{1}{2}", 1.0),
+        ("So the probability is $\\boxed{\\frac12}$.", "0.5", 1.0),
+        ("We get \\boxed{(x+1)^2}", "x^2+2x+1", 1.0),  # a bare expression reference
+        ("The answer is \\boxed{3}, not 1/2", "1/2", 0.0),  # the boxed answer is final
+        ("\\boxed{0.25}", "1/2", 0.0),
+        ("I do not know", "1/2", 0.0),
+    ],
+)
+def test_math_equivalence(completion: str, reference: str, expected: float) -> None:
+    assert score({"type": "math"}, completion, {"answer": reference}) == expected
+
+
+def test_math_reference_without_an_answer_is_an_error() -> None:
+    with pytest.raises(ValueError, match="math-verify reads no answer in field 'answer'"):
+        score({"type": "math"}, "\\boxed{1}", {"answer": "  "})
+
+
+def test_json_schema() -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    fixed = {"type": "json_schema", "schema": schema}
+    assert score(fixed, ' {"n": 3} ') == 1.0
+    assert score(fixed, '{"n": "3"}') == 0.0
+    assert score(fixed, "{n: 3}") == 0.0  # not JSON
+    assert score(fixed, "[" * 100_000) == 0.0  # too deep for the parser: still just wrong
+    assert score({"type": "json_schema"}, "[1, 2]", {"schema": {"type": "array"}}) == 1.0
+    with pytest.raises(ValueError, match=r"task\.grader\.schema is not a valid JSON schema"):
+        build_grader(grader_config({"type": "json_schema", "schema": {"type": 12}}))
+    grader = build_grader(grader_config({"type": "json_schema"}))
+    with pytest.raises(ValueError, match=r"field 'schema' is not a valid JSON schema: .*'/type'"):
+        grader.check({"schema": {"type": "integr"}})
+    with pytest.raises(ValueError, match="has no field 'schema'"):
+        grader.check({"answer": "x"})
+
+
+def test_length_penalty() -> None:
+    spec = {"type": "length_penalty", "max_chars": 10}
+    assert [score(spec, "x" * n) for n in (0, 10, 15, 20, 30)] == [1.0, 1.0, 0.5, 0.0, 0.0]
+
+
+def test_multi_weighted_mean_and_parts() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "right": {"type": "string_check", "operation": "contains"},
+            "short": {"type": "length_penalty", "max_chars": 10},
+            "exact": {"type": "string_check"},
+        },
+        "weights": {"right": 3.0, "short": 1.0, "exact": 0.0},  # watched, not rewarded
+    }
+    grader = build_grader(grader_config(spec))
+    scored = grader.grade("it is 4 , ok", {"answer": "4"})  # 12 chars: length score 0.8
+    assert scored.parts == pytest.approx({"right": 1.0, "short": 0.8, "exact": 0.0})
+    assert scored.value == pytest.approx((3 * 1.0 + 0.8) / 4)
+    with BatchGrader(grader_config(spec), 5.0) as batch:
+        assert batch.server is None  # only in-process graders
+        graded = batch.grade(["4", "it is 5 , ok"], [{"answer": "4"}, {"answer": "4"}])
+    assert graded.rewards == pytest.approx([1.0, 0.8 / 4])
+    assert graded.metrics == pytest.approx(
+        {
+            "grader_errors": 0.0,
+            "grader_timeouts": 0.0,
+            "grader/right": 0.5,
+            "grader/short": 0.9,
+            "grader/exact": 0.5,
+        }
+    )
+
+
+def test_in_process_errors_score_0_and_count() -> None:
+    with BatchGrader(grader_config({"type": "string_check"}), 5.0) as batch:
+        graded = batch.grade(["a", "a", "b", "a"], [{"answer": "a"}, {}, {"answer": "a"}, {}])
+    assert graded.rewards == [1.0, 0.0, 0.0, 0.0]
+    assert graded.metrics == {"grader_errors": 0.5, "grader_timeouts": 0.0}
+
+
+# -- plugins -----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("plugins")
+def test_unknown_plugin_lists_the_installed_ones() -> None:
+    assert set(PLUGINS) <= set(installed_plugins())
+    spec = {"type": "multi", "graders": {"code": {"type": "plugin", "name": "nope"}}}
+    with pytest.raises(ValueError) as e:
+        build_grader(grader_config(spec))
+    message = str(e.value)
+    assert message.startswith(
+        "task.grader.graders.code.name='nope': no grader plugin of that name is installed "
+        "(entry point group 'pdppo.graders'; installed: ["
+    )
+    assert "'sleep'" in message and "'half'" in message
+
+
+@pytest.mark.usefixtures("plugins")
+def test_plugins_in_the_grading_server() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "half": {"type": "plugin", "name": "half"},
+            "scaled": {"type": "plugin", "name": "scaled", "options": {"factor": 0.25}},
+            "no_torch": {"type": "plugin", "name": "torch_loaded"},
+        },
+    }
+    with BatchGrader(grader_config(spec), 10.0) as batch:
+        assert batch.server is not None
+        graded = batch.grade(["ab", "abcdefgh"], [{}, {}])
+    # scaled: 0.5, then 2.0 clipped to 1; the server never imported torch
+    assert graded.rewards == pytest.approx([(0.5 + 0.5 + 0) / 3, (0.5 + 1.0 + 0) / 3])
+    assert graded.metrics["grader/no_torch"] == 0.0
+    assert graded.metrics["grader/scaled"] == pytest.approx(0.75)
+    assert graded.metrics["grader_errors"] == 0.0
+
+
+@pytest.mark.usefixtures("plugins")
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("boom", "RuntimeError: plugin exploded on x"),
+        ("nan", "ValueError: plugin 'nan' returned nan, not a finite number"),
+        ("text", "TypeError: plugin 'text' returned str, not a number"),
+    ],
+)
+def test_a_failing_plugin_counts_in_grader_errors(name: str, message: str) -> None:
+    server = GradingServer(grader_config({"type": "plugin", "name": name}), 10.0)
+    with server:
+        [outcome] = server.grade([("x", {})])
+    assert (outcome.value, outcome.failure, outcome.message) == (0.0, "error", message)
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_hanging_plugin_times_out_and_the_rest_is_graded() -> None:
+    with BatchGrader(grader_config({"type": "plugin", "name": "sleep"}), 2.0) as batch:
+        assert batch.server is not None
+        t0 = time.monotonic()
+        graded = batch.grade(["ok", "hang", "ok", "ok"], [{}] * 4)
+        elapsed = time.monotonic() - t0
+        assert batch.server.starts == 2  # killed once, restarted once
+    assert graded.rewards == [1.0, 0.0, 1.0, 1.0]
+    assert graded.metrics == {"grader_errors": 0.0, "grader_timeouts": 0.25}
+    assert 2.0 <= elapsed < 15.0
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_plugin_that_kills_the_server_or_prints() -> None:
+    with GradingServer(grader_config({"type": "plugin", "name": "die"}), 10.0) as server:
+        outcomes = server.grade([("die", {}), ("fine", {})])
+    assert [o.value for o in outcomes] == [0.0, 1.0]
+    assert outcomes[0].failure == "error"
+    assert outcomes[0].message == "the grading server died (exit status 3)"
+    with GradingServer(grader_config({"type": "plugin", "name": "chatty"}), 10.0) as server:
+        outcomes = server.grade([("a", {}), ("b", {})])
+    assert [(o.value, o.failure) for o in outcomes] == [(1.0, None), (1.0, None)]
+
+
+# -- the grading server ------------------------------------------------------------------------
+
+
+def test_catastrophic_regex_times_out_and_the_next_item_is_graded() -> None:
+    spec = {"type": "regex", "pattern": "(a+)+$", "mode": "search"}
+    with BatchGrader(grader_config(spec), 1.0) as batch:
+        assert batch.server is not None
+        items = ["aaa", "a" * 40 + "!", "b", "xa"]
+        graded = batch.grade(items, [{}] * 4)
+        assert graded.rewards == [1.0, 0.0, 0.0, 1.0]
+        assert graded.metrics == {"grader_errors": 0.0, "grader_timeouts": 0.25}
+        first = batch.server.pid
+        assert first is not None
+        assert batch.grade(["aa"], [{}]).rewards == [1.0]
+        assert batch.server.pid == first  # reused across batches
+    assert batch.server.pid is None  # closed
+
+
+def test_server_start_failure_is_a_grader_error_of_every_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # a child that exits at once
+    with GradingServer(grader_config({"type": "regex", "pattern": "a"}), 5.0) as server:
+        outcomes = server.grade([("a", {}), ("b", {})])
+    assert [(o.value, o.failure) for o in outcomes] == [(0.0, "error"), (0.0, "error")]
+    assert outcomes[0].message == "the grading server exited while starting (exit status 1)"
+
+
+PARENT = """
+import sys, types
+core = types.ModuleType("core"); core.__path__ = ["core"]; sys.modules["core"] = core  # no torch
+from pydantic import TypeAdapter
+from core.graders import GradingServer
+from core.graders.config import GraderConfig
+cfg = TypeAdapter(GraderConfig).validate_python({"type": "regex", "pattern": "(a+)+$"})
+server = GradingServer(cfg, 600.0)
+server.grade([("a", {})])
+print(server.pid, flush=True)
+server.grade([("a" * 60 + "!", {})])  # hangs for ever
+"""
+
+
+def test_the_server_dies_with_its_parent_even_while_grading() -> None:
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # the child is now deep inside the regex
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_records_shared_by_a_group_are_sent_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[bytes] = []
+    server = GradingServer(grader_config({"type": "regex", "field": "answer"}), 5.0)
+    with server:
+        write = server._child.write
+
+        def spy(data: bytes, deadline: float) -> bool:
+            sent.append(data)
+            return write(data, deadline)
+
+        monkeypatch.setattr(server._child, "write", spy)
+        record = {"prompt": "p", "answer": "a+"}
+        outcomes = server.grade([("aa", record), ("b", record), ("a", {"answer": "b"})])
+    assert [o.value for o in outcomes] == [1.0, 0.0, 0.0]
+    batch = json.loads(sent[-1])
+    assert batch == {
+        "records": [{"prompt": "p", "answer": "a+"}, {"answer": "b"}],
+        "items": [[0, "aa"], [0, "b"], [1, "a"]],
+    }
+
+
+def test_graders_package_imports_nothing_heavy() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, types
+        core = types.ModuleType("core"); core.__path__ = ["core"]; sys.modules["core"] = core
+        import core.graders
+        heavy = {"torch", "math_verify", "sympy", "jsonschema"} & set(sys.modules)
+        print(sorted(heavy))
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_grader_that_hangs_on_every_completion_costs_a_step_the_batch_limit() -> None:
+    cfg = grader_config({"type": "plugin", "name": "sleep"})
+    with BatchGrader(cfg, 1.0, batch_timeout_seconds=2.5) as batch:
+        t0 = time.monotonic()
+        graded = batch.grade(["hang"] * 50, [{}] * 50)
+        elapsed = time.monotonic() - t0
+    # without the batch limit: 50 timeouts of 1 s (and 50 restarts)
+    assert 2.5 <= elapsed < 8.0
+    assert graded.rewards == [0.0] * 50
+    assert graded.metrics == {"grader_errors": 0.0, "grader_timeouts": 1.0}

@@ -33,52 +33,23 @@ from typing import Any
 
 import torch
 
+from core.callbacks import TrainerCallback
 from core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from core.config import TrainConfig
-from core.evaluation import RunResults, Sample, StepRollout
+from core.evaluation import RunResults, StepRollout
 from core.models import CausalLM, load_model
-from core.models.base import encode_example
+from core.models.base import check_chat_prompts, encode_example
 from core.reference import ReferencePolicy
-from core.rollout import RolloutBatch, StopRequested, generate, left_pad, response_logits
+from core.rollout import RolloutBatch, StopRequested, generate
 from core.schedule import lr_at
 from core.silence import SilenceWatch, zero_adv_groups
 from core.tasks import Example, Task, make_task
 from core.update import group_advantages, update_policy
+from core.warmup import supervised_warmup
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class TrainerCallback:
-    """Hooks for a caller (CLI progress bar, Celery worker). Defaults do nothing."""
-
-    def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        """After step `step`'s update, before that step's checkpoint is written."""
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        """A complete checkpoint for `step` now exists at `path`."""
-
-    def on_log(self, message: str) -> None:
-        """A human-readable line about the run (warm-up, resume, final model)."""
-
-    def on_warning(self, message: str) -> None:
-        """Something the user should act on although the run goes on (nothing is learned)."""
-        self.on_log(f"warning: {message}")
-
-    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        """The held-out evaluation of the policy after step `step` (`core.evaluation`); after
-        that step's `on_step` and before its checkpoint."""
-
-    def on_samples(self, step: int, samples: list[Sample]) -> None:
-        """A few prompt/completion/reward triples of step `step`'s rollout, after `on_step`."""
-
-    def should_stop(self) -> bool:
-        """True ends the run cleanly. Asked between steps, before every generated token and
-        before every minibatch update, so it must be cheap (no network round trip). A stop
-        between steps or during a rollout checkpoints the last completed step; a stop in the
-        middle of a step's updates discards that step and keeps the latest checkpoint."""
-        return False
 
 
 @dataclass
@@ -133,7 +104,11 @@ class _Run:
         # touch it, so a resumed run rebuilds the same one (nothing of it is checkpointed)
         self.reference = ReferencePolicy(self.lm) if cfg.algorithm.kl_beta > 0 else None
         self.silence = SilenceWatch(cfg.silent_steps, jsonl_task=cfg.task.name == "jsonl")
-        self.task: Task = make_task(cfg.task, data_roots=data_roots, file_paths=file_paths)
+        self.task: Task = make_task(
+            cfg.task, data_roots=data_roots, file_paths=file_paths, seed=cfg.seed
+        )
+        dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
+        check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
         params = [p for _, p in self.lm.trainable()]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -209,56 +184,8 @@ class _Run:
     # -- warm-up ------------------------------------------------------------------------
 
     def warmup(self) -> bool:
-        """Supervised steps before RL: on right-shaped, random-content completions (`format`:
-        the task is left for RL to learn), or on the true answers (`answer`: a head start that
-        RL improves, the only kind a dataset has). Prompts are encoded as the rollout encodes
-        them (chat turns through the model's chat template), and every target ends with EOS so
-        the model learns where to stop.
-
-        False when the callback asked to stop midway: nothing is checkpointed then, so a
-        resumed run finds no checkpoint and starts over, warm-up included."""
-        from core.models.base import encode_example  # here, not at the top: a shared import
-
-        t = self.cfg.task
-        if not t.warmup_steps:
-            return True
-        rng = random.Random(self.cfg.seed + 3)
-        opt = torch.optim.AdamW([p for _, p in self.lm.trainable()], lr=t.warmup_lr)
-        tok = self.lm.tokenizer
-        t0 = time.perf_counter()
-        loss = torch.tensor(0.0)
-        for _ in range(t.warmup_steps):
-            if self.cb.should_stop():
-                self.cb.on_log("stopped during the warm-up")
-                return False
-            exs = [self.task.sample(rng) for _ in range(t.warmup_batch_size)]
-            if t.name == "jsonl":
-                # a dataset record without a reference has nothing to imitate (graders may
-                # score records without one, so the task itself does not require it)
-                missing = next((e for e in exs if "answer" not in e.record), None)
-                if missing is not None:
-                    raise ValueError(
-                        "task.warmup_target='answer' trains on the records' 'answer', but a "
-                        f"record has none: {json.dumps(dict(missing.record))[:200]}"
-                    )
-            prompts = [encode_example(tok, e) for e in exs]
-            texts = [
-                e.answer if t.warmup_target == "answer" else self.task.warmup_completion(e, rng)
-                for e in exs
-            ]
-            comps = [[*tok.encode(text), tok.eos_id] for text in texts]
-            batch = _pack(prompts, comps, tok.pad_id, self.device)
-            logits = response_logits(self.lm, batch, 1.0)
-            loss = torch.nn.functional.cross_entropy(logits, batch.tokens)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        self.cb.on_log(
-            f"{t.warmup_target} warm-up: {t.warmup_steps} steps, "
-            f"final loss {float(loss.detach()):.3f}, "
-            f"{time.perf_counter() - t0:.1f}s"
-        )
-        return True
+        """The supervised warm-up the task asks for (`core.warmup`); False if stopped midway."""
+        return supervised_warmup(self.cfg, self.lm, self.task, self.cb, self.device)
 
     # -- one RL step --------------------------------------------------------------------
 
@@ -379,6 +306,14 @@ def train(
     out_dir.mkdir(parents=True, exist_ok=True)
     cb = callback or TrainerCallback()
     run = _Run(config, out_dir, cb, data_roots, file_paths, model_dir)
+    try:
+        return _train_run(run, resume)
+    finally:
+        run.task.close()  # its grading server, if it has one
+
+
+def _train_run(run: _Run, resume: bool) -> TrainResult:
+    config, out_dir, cb = run.cfg, run.out_dir, run.cb
     results = RunResults(config, out_dir, run.task, run.lm, cb)  # eval.jsonl, samples.jsonl
     metrics_path = out_dir / "metrics.jsonl"
     ckpt = latest_checkpoint(out_dir) if resume else None
@@ -441,31 +376,6 @@ def train(
     run.lm.save_final(final)
     cb.on_log(f"final model saved to {final}")
     return TrainResult(step=run.step, stopped=False, final_model=final)
-
-
-def _pack(
-    prompts: list[list[int]], completions: list[list[int]], pad: int, device: torch.device
-) -> RolloutBatch:
-    """Prompt + given completion in the rollout layout (for the supervised warm-up)."""
-    from core.behavior import BehaviorView
-
-    ids, mask = left_pad(prompts, pad, device)
-    t = max(len(c) for c in completions)
-    resp = torch.full((len(prompts), t), pad, dtype=torch.long)
-    rmask = torch.zeros((len(prompts), t), dtype=torch.bool)
-    for i, c in enumerate(completions):
-        resp[i, : len(c)] = torch.tensor(c)
-        rmask[i, : len(c)] = True
-    n = int(rmask.sum())
-    empty = BehaviorView(torch.zeros(n), torch.zeros(n, 1, dtype=torch.long), torch.zeros(n, 1))
-    return RolloutBatch(
-        input_ids=torch.cat([ids, resp.to(device)], 1),
-        attention_mask=torch.cat([mask, rmask.to(device)], 1),
-        prompt_len=ids.shape[1],
-        response_mask=rmask.to(device),
-        behavior=empty,
-        completions=completions,
-    )
 
 
 def _evaluate(run: _Run, results: RunResults, last_saved: int) -> TrainResult | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +48,15 @@ def encode_example(tok: Tokenizer, example: Example) -> list[int]:
     if example.messages is not None:
         return tok.encode_chat(example.messages)
     return tok.encode_prompt(example.prompt)
+
+
+def check_chat_prompts(tok: Tokenizer, examples: Iterable[Example]) -> None:
+    """Renders the first example that has chat turns, so that a model which cannot (no chat
+    template, or one that refuses these turns) fails when the run is set up, with the
+    template's own message, instead of after the warm-up at the first step that draws one."""
+    first = next((e for e in examples if e.messages is not None), None)
+    if first is not None and first.messages is not None:
+        tok.encode_chat(first.messages)
 
 
 class CausalLM(abc.ABC):

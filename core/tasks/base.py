@@ -55,6 +55,11 @@ class Task(abc.ABC):
         the task has none."""
         return ()
 
+    def close(self) -> None:
+        """Frees what the task holds beyond memory (a JSONL task's grading server); the
+        trainer calls it when the run ends, however it ends."""
+        return None
+
     def warmup_completion(self, example: Example, rng: random.Random) -> str:
         """A completion with the answer's shape but not its content, for the format warm-up."""
         raise NotImplementedError(f"task {self.name!r} has no format warm-up")

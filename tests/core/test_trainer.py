@@ -621,3 +621,56 @@ def test_job_model_starts_from_the_saved_final_in_its_family(tmp_path: Path) -> 
     assert isinstance(hf_run.lm, HFLM)
     with pytest.raises(ValueError, match="names the final model of a service job"):
         train(small_config(model={"name": "job:a1"}), tmp_path / "d")
+
+
+def _grading_children() -> set[int]:
+    """Live child processes of this one that run the grading server (`python -P -c ...`)."""
+    import os
+
+    pids: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and b"-P" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def test_a_run_stops_its_grading_server_when_it_ends(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}", "answer": f"{i}"}) + "\n" for i in range(8))
+    )
+    cfg = small_config(
+        steps=2,
+        checkpoint_every=0,
+        task={"name": "jsonl", "path": str(data), "grader": {"type": "regex", "pattern": "[0-9]+"}},
+    )
+    before = _grading_children()
+    seen: list[set[int]] = []
+
+    class Watch(TrainerCallback):
+        def on_step(self, step: int, metrics: dict[str, float]) -> None:
+            seen.append(_grading_children() - before)
+
+    from core.tasks.jsonl import JsonlTask
+
+    closed: list[set[int]] = []
+    real_close = JsonlTask.close
+
+    def close(task: JsonlTask) -> None:
+        real_close(task)
+        closed.append(_grading_children() - before)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(JsonlTask, "close", close)
+        assert train(cfg, tmp_path / "out", callback=Watch()).step == 2
+    assert len(seen[0]) == 1  # the regex grader ran in a server of its own
+    # the run closed its task (not left to the garbage collector), which stopped the server
+    assert closed[:1] == [set()]
+    assert _grading_children() - before == set()

@@ -1,0 +1,39 @@
+"""The hooks a caller of `core.trainer.train` gets: progress, checkpoints, logs, evaluations,
+samples, and the stop question asked inside every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.evaluation import Sample
+
+
+class TrainerCallback:
+    """Hooks for a caller (CLI progress bar, Celery worker). Defaults do nothing."""
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        """After step `step`'s update, before that step's checkpoint is written."""
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        """A complete checkpoint for `step` now exists at `path`."""
+
+    def on_log(self, message: str) -> None:
+        """A human-readable line about the run (warm-up, resume, final model)."""
+
+    def on_warning(self, message: str) -> None:
+        """Something the user should act on although the run goes on (nothing is learned)."""
+        self.on_log(f"warning: {message}")
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """The held-out evaluation of the policy after step `step` (`core.evaluation`); after
+        that step's `on_step` and before its checkpoint."""
+
+    def on_samples(self, step: int, samples: list[Sample]) -> None:
+        """A few prompt/completion/reward triples of step `step`'s rollout, after `on_step`."""
+
+    def should_stop(self) -> bool:
+        """True ends the run cleanly. Asked between steps, before every generated token and
+        before every minibatch update, so it must be cheap (no network round trip). A stop
+        between steps or during a rollout checkpoints the last completed step; a stop in the
+        middle of a step's updates discards that step and keeps the latest checkpoint."""
+        return False

@@ -212,6 +212,14 @@ class Settings(BaseSettings):
             "but did not claim within max(this, lease_seconds) is put back in the queue"
         ),
     )
+    api_publish_tasks: bool = Field(
+        default=True,
+        description=(
+            "the API publishes a new job's task right after creating it (from a thread, off the "
+            "request path); false leaves every job to the workers' outbox dispatcher, which "
+            "sends it PDPPO_OUTBOX_GRACE_SECONDS later (an API that cannot reach the broker)"
+        ),
+    )
     metrics_token: str = Field(
         default="",
         description=(

@@ -232,7 +232,8 @@ async def create_job(
             )
         response.headers["Idempotent-Replayed"] = "true"
         return to_job(record)
-    publisher.submit(record.id, queue)  # off the request path: see api/publisher.py
+    if settings.api_publish_tasks:
+        publisher.submit(record.id, queue)  # off the request path: see api/publisher.py
     JOBS_SUBMITTED.labels(queue).inc()
     return to_job(record)
 

@@ -238,19 +238,19 @@ class TaskConfig(_Strict):
         ge=0,
         le=100_000,
         description=(
-            "Supervised format warm-up before RL, on completions of the right shape but random "
-            "content (the task itself is left for RL to learn). 0 disables."
+            "Supervised warm-up steps before RL, on what task.warmup_target says. 0 disables."
         ),
     )
     warmup_target: Literal["format", "answer"] = Field(
         default="format",
         description=(
             "What the warm-up teaches: 'format' = answer-shaped random digits (RL learns the "
-            "whole task), 'answer' = the true answers (a partial head start that RL improves)."
+            "whole task; built-in tasks only), 'answer' = the true answers (a partial head start "
+            "that RL improves; for jsonl, every record's 'answer')."
         ),
     )
     warmup_lr: FiniteFloat = Field(
-        default=3e-3, gt=0, le=1, description="Learning rate of the format warm-up."
+        default=3e-3, gt=0, le=1, description="Learning rate of the warm-up."
     )
     warmup_batch_size: int = Field(
         default=32, ge=1, le=65536, description="Examples per warm-up step."

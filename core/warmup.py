@@ -28,7 +28,7 @@ def supervised_warmup(
     the task is left for RL to learn), or on the true answers (`answer`: a head start that
     RL improves, the only kind a dataset has). Prompts are encoded as the rollout encodes
     them (chat turns through the model's chat template), and every target ends with EOS so
-    the model learns where to stop.
+    the model learns where to stop, unless it is cut at `rollout.max_new_tokens` tokens.
 
     False when the callback asked to stop midway: nothing is checkpointed then, so a
     resumed run finds no checkpoint and starts over, warm-up included."""
@@ -58,7 +58,9 @@ def supervised_warmup(
         texts = [
             e.answer if t.warmup_target == "answer" else task.warmup_completion(e, rng) for e in exs
         ]
-        comps = [[*tok.encode(text), tok.eos_id] for text in texts]
+        # cut to a rollout's length: a dataset's answer may be as long as its line, which would
+        # make sequences longer than any the job is sized for, to teach text no rollout produces
+        comps = [[*tok.encode(text), tok.eos_id][: cfg.rollout.max_new_tokens] for text in texts]
         batch = _pack(prompts, comps, tok.pad_id, device)
         logits = response_logits(lm, batch, 1.0)
         loss = torch.nn.functional.cross_entropy(logits, batch.tokens)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import csv
+import io
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Protocol
+
+from fastapi.responses import Response
 
 from api.schemas import Job, JobError, Progress
 from pdppo.store import JobRecord
@@ -34,4 +40,28 @@ def to_job(record: JobRecord) -> Job:
             "cancel_requested": record.cancel_requested,
             "attempts": record.attempts,
         }
+    )
+
+
+class StepRow(Protocol):
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+
+def steps_csv(rows: Sequence[StepRow], filename: str) -> Response:
+    """Per-step rows as a CSV download: a `step` column, then one column per metric name seen in
+    any row (sorted), empty where a row lacks it. Metrics and evaluations share it."""
+    names = sorted({name for row in rows for name in row.metrics})
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["step", *names])
+    for row in rows:
+        writer.writerow([row.step, *(row.metrics.get(name, "") for name in names)])
+    return Response(
+        buffer.getvalue(),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )

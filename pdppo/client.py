@@ -414,7 +414,10 @@ class Client(FilesMixin):
                 known = ", ".join(c.name for c in listing.items) or "none"
                 raise ApiError(404, f"job {job_id} has no checkpoint {name!r} (has: {known})")
             url = match[0].download_url
-        target = dest / f"{job_id}-{name}.tar" if dest.is_dir() else dest
+        return self._save(url, dest / f"{job_id}-{name}.tar" if dest.is_dir() else dest)
+
+    def _save(self, url: str, target: Path) -> Path:
+        """Streams `url` to `target`, which appears under its name only once complete."""
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         with self._http.stream("GET", url) as response:

@@ -45,12 +45,14 @@ class FilePage(BaseModel):
 
 
 class FilesMixin:
-    """File methods of `Client`: it supplies `_http` and `_request`."""
+    """File methods of `Client`: it supplies `_http`, `_request` and `_save`."""
 
     if TYPE_CHECKING:
         _http: httpx.Client
 
         def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response: ...
+
+        def _save(self, url: str, target: Path) -> Path: ...
 
     def upload_file(self, path: Path | str, purpose: str | None = None) -> File:
         """Uploads a JSONL dataset; its `id` goes in a spec's `train.task.file` (or
@@ -95,20 +97,8 @@ class FilesMixin:
     def download_file(self, file_id: str, dest: Path) -> Path:
         """Saves the file's content to `dest` (a file, or a folder: `<dest>/<file id>.jsonl`).
         The file appears under its name only once complete."""
-        from pdppo.client import _raise_for_status
-
         target = dest / f"{file_id}.jsonl" if dest.is_dir() else dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".part")
-        with self._http.stream("GET", f"/v1/files/{file_id}/content") as response:
-            if response.status_code >= 400:
-                response.read()
-                _raise_for_status(response)
-            with partial.open("wb") as fh:
-                for chunk in response.iter_bytes():
-                    fh.write(chunk)
-        partial.replace(target)
-        return target
+        return self._save(f"/v1/files/{file_id}/content", target)
 
     def delete_file(self, file_id: str) -> None:
         """Deletes the file. Jobs that have started keep their copy; a queued job that names it

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +11,7 @@ import anyio
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response, StreamingResponse
 
+from api.convert import steps_csv
 from api.deps import JobDep, SettingsDep, StoreDep
 from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
 from api.tarstream import tar_stream
@@ -35,17 +34,7 @@ async def metrics_history(
     rows = [MetricsRow.model_validate(r) for r in await store.metrics_history(job.id)]
     if format == "json":
         return MetricsHistory(job_id=job.id, items=rows)
-    names = sorted({name for row in rows for name in row.metrics})
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["step", *names])
-    for row in rows:
-        writer.writerow([row.step, *(row.metrics.get(name, "") for name in names)])
-    return Response(
-        buffer.getvalue(),
-        media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition": f'attachment; filename="{job.id}-metrics.csv"'},
-    )
+    return steps_csv(rows, f"{job.id}-metrics.csv")
 
 
 def _job_dir(settings_dir: Path, job_id: str) -> Path:

@@ -7,13 +7,12 @@ JSON by default, CSV for the evaluations (one row per evaluated step).
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 
+from api.convert import steps_csv
 from api.deps import JobDep, StoreDep
 from api.schemas import EvalHistory, EvalRow, SamplesHistory, SamplesRow
 from pdppo.store.jobs_worker import SAMPLES_KEPT
@@ -40,17 +39,7 @@ async def eval_history(
     rows = [EvalRow.model_validate(r) for r in await store.events.eval_history(job.id)]
     if (format or _format_from(accept)) == "json":
         return EvalHistory(job_id=job.id, items=rows)
-    names = sorted({name for row in rows for name in row.metrics})
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["step", *names])
-    for row in rows:
-        writer.writerow([row.step, *(row.metrics.get(name, "") for name in names)])
-    return Response(
-        buffer.getvalue(),
-        media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition": f'attachment; filename="{job.id}-eval.csv"'},
-    )
+    return steps_csv(rows, f"{job.id}-eval.csv")
 
 
 def _format_from(accept: str | None) -> Literal["json", "csv"]:

@@ -17,11 +17,12 @@ from typing import Any, cast
 import httpx
 import redis
 
-from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, now_iso
+from pdppo.store import JobStore, StoreRetry, events_key, job_key
 from pdppo.store.keys import eval_key, samples_key
 from tests.integration.conftest import read_events, wait_status
 from tests.integration.stack import KEYS, Service, pdppo_command, smoke_spec
 from tests.store.conftest import client, server
+from tests.workers.test_publisher import running_job
 from workers.job_process import EventPublisher, backfill
 
 __all__ = ["client", "server"]  # the store tests' own redis-server, for the publisher test
@@ -143,17 +144,6 @@ def test_a_job_without_evaluation_serves_empty_results(
 # -- the worker's publishing, on a Redis of its own ---------------------------------------------
 
 
-def running_job(client: redis.Redis, job_id: str) -> JobRecord:
-    fields = {"id": job_id, "tenant": "t", "status": "queued", "queue": "cpu", "spec": "{}",
-              "created_at": now_iso(), "total_steps": "12"}  # fmt: skip
-    client.hset(job_key(job_id), mapping=cast(dict[Any, Any], fields))
-    store = JobStore(client)
-    assert store.claim(job_id, "w1")
-    record = store.get(job_id)
-    assert record is not None
-    return record
-
-
 def stream(client: redis.Redis, job_id: str) -> list[tuple[str, Any]]:
     entries = cast(list[tuple[str, dict[str, str]]], client.xrange(events_key(job_id)))
     return [(f["type"], json.loads(f["data"]).get("step")) for _, f in entries]
@@ -171,7 +161,7 @@ def test_publishing_is_once_per_step_and_a_resume_backfills_what_redis_missed(
     metrics (its samples and evaluation were still queued when the run was killed): the resumed
     run publishes step 2's samples and evaluation, then steps 3-4 with theirs, once each."""
     store = JobStore(client)
-    job = running_job(client, "evaljob")
+    job = running_job(client, "evaljob", total_steps=12)
     assert store.publish_eval(job.id, 1, 12, {"eval_reward_mean": 0.25})
     assert not store.publish_eval(job.id, 1, 12, {"eval_reward_mean": 0.99})  # a retry
     assert store.publish_samples(job.id, 1, [sample(1)])

@@ -19,7 +19,8 @@ from workers.job_process import EventPublisher, JobCallback, backfill
 TOTAL = 40
 
 
-def running_job(client: redis.Redis, job_id: str = "j1") -> JobRecord:
+def running_job(client: redis.Redis, job_id: str = "j1", total_steps: int = TOTAL) -> JobRecord:
+    """A job record claimed by worker w1, as the job process finds its job."""
     fields = {
         "id": job_id,
         "tenant": "t",
@@ -27,7 +28,7 @@ def running_job(client: redis.Redis, job_id: str = "j1") -> JobRecord:
         "queue": "cpu",
         "spec": "{}",
         "created_at": now_iso(),
-        "total_steps": str(TOTAL),
+        "total_steps": str(total_steps),
     }
     client.hset(job_key(job_id), mapping=cast(dict[Any, Any], fields))
     store = JobStore(client)

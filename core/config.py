@@ -455,6 +455,13 @@ class TrainConfig(_Strict):
             "(0: never). Needs a validation file or task.validation_fraction."
         ),
     )
+    eval_on_start: bool = Field(
+        default=False,
+        description=(
+            "With eval_every, also evaluate the starting policy (after any warm-up, before the "
+            "first RL step), as step 0: the baseline the later evaluations compare with."
+        ),
+    )
     eval_samples: int = Field(
         default=1,
         ge=1,

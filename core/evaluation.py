@@ -291,7 +291,7 @@ class RunResults:
         self.eval_path = out_dir / "eval.jsonl"
         self.samples_path = out_dir / "samples.jsonl"
         self.evaluator = Evaluator(cfg, task, lm, sink.should_stop) if cfg.eval_every else None
-        self.last_eval_step = 0
+        self.last_eval_step = -1  # step 0 is the starting policy (`eval_on_start`)
         if self.evaluator is not None and not self.evaluator.examples:
             sink.on_warning(
                 f"eval_every={cfg.eval_every}: the task's held-out set is empty (too few "
@@ -304,7 +304,7 @@ class RunResults:
         """A fresh run owns its output dir: results of an earlier run there are dropped."""
         self.eval_path.write_text("", encoding="utf-8")
         self.samples_path.write_text("", encoding="utf-8")
-        self.last_eval_step = 0
+        self.last_eval_step = -1
 
     def resume(self, step: int) -> None:
         """Forget what was written past the checkpoint `step` (those steps run again)."""
@@ -314,8 +314,10 @@ class RunResults:
 
     def eval_due(self, step: int) -> bool:
         every = self.cfg.eval_every
-        if self.evaluator is None or not every or step < 1:
+        if self.evaluator is None or not every or step < 0:
             return False
+        if step == 0:
+            return self.cfg.eval_on_start
         return step % every == 0 or step == self.cfg.steps
 
     def evaluate_if_owed(self, step: int) -> dict[str, float] | None:
@@ -363,10 +365,11 @@ def truncate_rows(path: Path, step: int) -> None:
 
 
 def last_row_step(path: Path) -> int:
-    """The step of the last row of a `{"step": ...}` JSONL file; 0 when it has none."""
+    """The step of the last row of a `{"step": ...}` JSONL file; -1 when it has none (a row
+    of step 0 is the starting policy's evaluation)."""
     if not path.exists():
-        return 0
-    last = 0
+        return -1
+    last = -1
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             last = int(json.loads(line)["step"])

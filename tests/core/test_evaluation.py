@@ -278,7 +278,7 @@ class Recorder(TrainerCallback):
     def __init__(self, stop_in_eval_of: int | None = None) -> None:
         self.events: list[tuple[str, int]] = []
         self.stop_in_eval_of = stop_in_eval_of
-        self.evaluating: int | None = None
+        self.evaluating: int | None = 0  # before step 1: the starting policy's (eval_on_start)
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         self.events.append(("step", step))
@@ -370,6 +370,30 @@ def test_a_stop_during_an_evaluation_resumes_to_the_uninterrupted_files(tmp_path
     assert resumed.step == 4 and not resumed.stopped
     assert resumed_rec.events[:2] == [("eval", 3), ("step", 4)]  # the owed evaluation first
     for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
+        assert untimed(rows(tmp_path / "part" / name)) == untimed(rows(tmp_path / "full" / name))
+
+
+@pytest.mark.usefixtures("held_out_task")
+def test_eval_on_start_scores_the_starting_policy_as_step_0(tmp_path: Path) -> None:
+    cfg = run_config(tmp_path, steps=2, eval_every=2, eval_on_start=True)
+    rec = Recorder()
+    train(cfg, tmp_path / "full", callback=rec)
+    assert rec.events[:2] == [("eval", 0), ("step", 1)]
+    evals = rows(tmp_path / "full" / "eval.jsonl")
+    assert [r["step"] for r in evals] == [0, 2]
+    # the baseline is the untrained policy's: the same number a run without RL steps reports
+    untrained = run_config(tmp_path, steps=1, eval_every=1, eval_on_start=True)
+    train(untrained, tmp_path / "untrained")
+    assert untimed(rows(tmp_path / "untrained" / "eval.jsonl"))[0] == untimed(evals)[0]
+
+    stopping = Recorder(stop_in_eval_of=0)
+    stopped = train(cfg, tmp_path / "part", callback=stopping)
+    assert stopped.stopped and stopped.step == 0
+    assert stopping.events == [("checkpoint", 0)]
+    resumed = Recorder()
+    train(cfg, tmp_path / "part", resume=True, callback=resumed)
+    assert resumed.events[:2] == [("eval", 0), ("step", 1)]  # the owed baseline first
+    for name in ("metrics.jsonl", "eval.jsonl"):
         assert untimed(rows(tmp_path / "part" / name)) == untimed(rows(tmp_path / "full" / name))
 
 

@@ -61,8 +61,9 @@ def test_chat_math_example_runs_through_the_service(service: Service, alice: htt
     metrics = [e["data"]["metrics"] for e in events if e["event"] == "metrics"]
     assert len(metrics) == 2
     assert all({"grader/answer", "grader/short"} <= set(m) for m in metrics)
-    evals = [e["data"]["metrics"] for e in events if e["event"] == "eval"]
-    assert len(evals) == 1 and evals[0]["eval_prompts"] == 50  # the whole validation file
+    evals = [e["data"] for e in events if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2]  # the warm-up's model (eval_on_start), the last
+    assert all(e["metrics"]["eval_prompts"] == 50 for e in evals)  # the whole validation file
     samples = [s for e in events if e["event"] == "samples" for s in e["data"]["samples"]]
     assert samples and all(s["prompt"].startswith("system: You are a calculator.") for s in samples)
     assert all(s["answer"].isdigit() for s in samples)

@@ -13,7 +13,6 @@ import torch
 from core.config import ModelConfig, TrainConfig
 from core.models import load_model
 from core.models.hf import make_tiny_hf
-from core.models.tiny import load_tiny_final
 from core.trainer import train
 
 
@@ -86,23 +85,6 @@ def test_hf_model_trains_two_steps_and_saves_safetensors(
 def test_hf_bfloat16_policy_loads_in_bfloat16(hf_dir: Path) -> None:
     lm = load_model(ModelConfig(name=f"hf:{hf_dir}", dtype="bfloat16"), torch.device("cpu"))
     assert lm.dtype == torch.bfloat16
-
-
-def test_tiny_final_model_reloads(tmp_path: Path) -> None:
-    cfg = TrainConfig.model_validate(
-        {
-            "model": {"tiny": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 32}},
-            "task": {"name": "copy", "min_len": 1, "max_len": 2},
-            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3},
-            "steps": 1,
-            "device": "cpu",
-        }
-    )
-    result = train(cfg, tmp_path)
-    assert result.final_model is not None
-    lm = load_tiny_final(result.final_model)
-    saved = dict(lm.module.named_parameters())
-    assert lm.tokenizer.vocab_size == 512 and saved["head.weight"].shape == (512, 16)
 
 
 def test_hf_rollout_with_cache_matches_the_training_forward(hf_dir: Path) -> None:

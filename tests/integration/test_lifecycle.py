@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.integration.conftest import metric_steps, read_events, wait_status
+from tests.integration.conftest import TERMINAL, metric_steps, read_events, wait_status
 from tests.integration.stack import Service, smoke_spec
 
 
@@ -75,9 +75,14 @@ def test_checkpoints_and_final_model_download(alice: httpx.Client) -> None:
 
 
 def test_sse_resume_with_last_event_id_has_no_gap_and_no_duplicate(alice: httpx.Client) -> None:
+    """Protects resuming from stored events (`api.events` backlog after `Last-Event-ID`): the
+    client reconnects only after the job has published the rest of its events and ended, so
+    every event it gets comes from the stored stream; one resumed a frame late (or early)
+    misses (or repeats) an event here. `test_sse_resume_stored.py` resumes a running job."""
     job = alice.post("/v1/jobs", json=smoke_spec(steps=40, checkpoint_every=10)).json()
 
     first = read_events(alice, job["id"], limit=5)  # then drop the connection
+    assert wait_status(alice, job["id"], TERMINAL)["status"] == "succeeded"
     rest = read_events(alice, job["id"], last_event_id=first[-1]["id"])
     assert rest[-1]["event"] == "done"
 

@@ -14,21 +14,28 @@ and SIGTERM (its worker decides when it stops) and exits as soon as that pipe sa
 gone, so a worker killed with -9 never leaves a job writing behind it.
 
 Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
-trainer's callback only appends to an ordered outgoing queue (`EventPublisher`), which one thread
-publishes with retries and backoff through a stall. Steps, evaluations, samples and checkpoints
-are idempotent by step number, so a retry after a lost reply is safe; a log line goes through a
-script that adds it only if it is not among the stream's latest entries, so it lands exactly
-once. Only when Redis stays away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop, cleanly:
-it checkpoints and reports `stopped` (`why: store_unreachable`), and its worker hands it back.
-The worker may also kill the job on a lost lease with events still queued: a resumed job first
-publishes, from `metrics.jsonl` (and `samples.jsonl`, `eval.jsonl`), the steps up to its
-checkpoint that never made it to Redis, so no step is lost.
+trainer's callback only appends to an ordered outgoing queue (`workers.job_events`), which one
+thread publishes with retries and backoff through a stall. Steps, evaluations, samples and
+checkpoints are idempotent by step number, so a retry after a lost reply is safe; a log line goes
+through a script that adds it only if it is not among the stream's latest entries, so it lands
+exactly once. Only when Redis stays away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop,
+cleanly: it checkpoints and reports `stopped` (`why: store_unreachable`), and its worker hands it
+back. The worker may also kill the job on a lost lease with events still queued: a resumed job first
+publishes, from `metrics.jsonl` (and `samples.jsonl`, `eval.jsonl`), the steps up to its checkpoint
+that never made it to Redis, so no step is lost.
+
+Only the current holder of the job's lease may write (issue 12, `workers.lease`): the worker may
+be frozen past its lease while this process, in a session of its own, trains on, and a second
+worker resumes the job meanwhile. Every event passes the claim's lease token and the store
+refuses a stale one (`FencedOut`); a `LeaseFence` watches the lease from here and gates every
+checkpoint. The first refusal or lapse stops the job at once with `LeaseLost` (not the trainer's
+`StopRequested`, which would checkpoint): nothing more is published or written to the job folder,
+and the result says `lease_lost`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing
 import os
@@ -36,8 +43,6 @@ import resource
 import signal
 import threading
 import traceback
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection
@@ -47,9 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from core.budget import Limits
-from core.checkpoint import checkpoint_step, latest_checkpoint
-from core.evaluation import Sample
-from core.trainer import TrainerCallback
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model
 from pdppo.spec import JobSpec
@@ -62,7 +64,12 @@ from pdppo.store import (
     StoreUnavailable,
     store_client,
 )
-from pdppo.store.retry import add_event_once, log_fields
+
+# EventPublisher and backfill are re-exported: callers that predate the split import them here.
+from workers.job_events import EventPublisher as EventPublisher
+from workers.job_events import JobCallback
+from workers.job_events import backfill as backfill
+from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000
@@ -93,6 +100,8 @@ class JobOptions:
     limits: Limits  # the job's queue's budget, checked again here: the API may not see files
     store: StoreConfig  # timeouts and outage bound of the job's Redis client
     artifact_dir: str  # uploaded files (task.file) are under <artifact_dir>/files (pdppo.files)
+    lease_token: str  # the claim's fencing token: its worker's lease token (workers.lease)
+    lease_seconds: float
 
 
 @lru_cache(maxsize=1)
@@ -113,207 +122,6 @@ def job_context() -> ForkServerContext:
         finally:
             signal.signal(signal.SIGTERM, previous)
     return ctx
-
-
-class EventPublisher:
-    """The job's outgoing events, in order, published by one thread so that the trainer never
-    waits on Redis.
-
-    Each event is retried (`StoreRetry`) until Redis takes it; the next one waits behind it, so
-    the stream keeps the trainer's order. When Redis stays away past the outage bound
-    (`unavailable`) or answers with an error that waiting does not cure (`error`), the publisher
-    stops: `failed` tells the callback to stop the job, and the events still queued are dropped
-    (a resumed job publishes its missing steps again, see `backfill`)."""
-
-    def __init__(self, store: JobStore, job: JobRecord, retry: StoreRetry) -> None:
-        self.store = store
-        self.job = job
-        self.retry = retry
-        self.unavailable: StoreUnavailable | None = None
-        self.error: Exception | None = None
-        self._queue: deque[tuple[str, Callable[[], object]]] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._drain, name="pdppo publisher", daemon=True)
-
-    @property
-    def failed(self) -> bool:
-        return self.unavailable is not None or self.error is not None
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        job = self.job
-        self._put(
-            f"publish step {step} of job {job.id}",
-            lambda: self.store.publish_step(job.id, step, job.total_steps, metrics),
-        )
-
-    def checkpoint(self, step: int, name: str) -> None:
-        job = self.job
-        self._put(
-            f"publish checkpoint {step} of job {job.id}",
-            lambda: self.store.publish_checkpoint(job.id, step, name),
-        )
-
-    def eval(self, step: int, metrics: dict[str, float]) -> None:
-        job = self.job
-        self._put(
-            f"publish the evaluation of step {step} of job {job.id}",
-            lambda: self.store.publish_eval(job.id, step, job.total_steps, metrics),
-        )
-
-    def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
-        job = self.job
-        self._put(
-            f"publish samples of step {step} of job {job.id}",
-            lambda: self.store.publish_samples(job.id, step, samples),
-        )
-
-    def log(self, message: str, level: str | None = None) -> None:
-        """A `log` event; `level` ("warning") joins its data so clients can set it apart."""
-        fields = log_fields(message)  # stamped now, however late Redis takes it
-        if level is not None:
-            fields["data"] = json.dumps({**json.loads(fields["data"]), "level": level})
-        client, retry, job_id = self.store.redis, self.retry, self.job.id
-        self._put(f"log to job {job_id}", lambda: add_event_once(client, retry, job_id, fields))
-
-    def close(self) -> bool:
-        """Wait until every queued event is published; False if the publisher gave up first."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread.ident is not None:  # started
-            self._thread.join()
-        return not self.failed and not self._queue
-
-    def _put(self, what: str, publish: Callable[[], object]) -> None:
-        with self._cond:
-            if self.failed or self._closed:
-                return
-            self._queue.append((what, publish))
-            self._cond.notify_all()
-
-    def _drain(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                what, publish = self._queue[0]
-            try:
-                # add_event_once retries by itself; steps and checkpoints are idempotent.
-                self.retry.call(what, publish)
-            except StoreUnavailable as exc:
-                self._give_up(exc, None)
-                return
-            except Exception as exc:
-                log.exception("could not %s", what)
-                self._give_up(None, exc)
-                return
-            with self._cond:
-                self._queue.popleft()
-
-    def _give_up(self, unavailable: StoreUnavailable | None, error: Exception | None) -> None:
-        with self._cond:
-            self.unavailable, self.error = unavailable, error
-            dropped = len(self._queue)
-            self._queue.clear()
-        log.error("stopped publishing; %d events not published", dropped)
-
-
-class JobCallback(TrainerCallback):
-    """Hands the trainer's progress to the publisher; stops when the worker sets the event, or
-    when the publisher gave up on Redis."""
-
-    def __init__(self, publisher: EventPublisher, stop: Event, conn: Connection) -> None:
-        self.publisher = publisher
-        self.stop = stop
-        self.conn = conn
-        self._told = False
-
-    def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        self.publisher.step(step, clean_metrics(metrics))
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        self.publisher.checkpoint(step, path.name)
-
-    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        self.publisher.eval(step, clean_metrics(metrics))
-
-    def on_samples(self, step: int, samples: list[Sample]) -> None:
-        self.publisher.samples(step, samples)
-
-    def on_log(self, message: str) -> None:
-        self.publisher.log(message)
-
-    def on_warning(self, message: str) -> None:
-        """A `log` event with `"level": "warning"` (a run that learns nothing, say)."""
-        log.warning("%s", message)
-        self.publisher.log(message, level="warning")
-
-    def should_stop(self) -> bool:
-        """Asked before every token: in-memory flags only. The first True for the worker's stop
-        tells the worker that the stop was heard, so it waits for the checkpoint instead of
-        killing the job."""
-        if self.publisher.failed:
-            return True
-        if not self.stop.is_set():
-            return False
-        if not self._told:
-            self._told = True
-            with contextlib.suppress(OSError):
-                self.conn.send({"kind": "stopping"})
-        return True
-
-
-def clean_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The step is the event's own field; metrics are the numbers measured at it."""
-    return {k: float(v) for k, v in metrics.items() if k != "step"}
-
-
-def backfill(publisher: EventPublisher, out_dir: Path, job: JobRecord) -> int:
-    """Queue the steps up to the checkpoint this run resumes from that Redis never got (the last
-    run was stopped with events still queued), from its metrics.jsonl; returns how many. Each
-    with its samples and evaluation (samples.jsonl, eval.jsonl), in the order the trainer made
-    them.
-
-    Steps past the checkpoint are not: the resumed run trains them again and publishes them.
-    Events are published in order, so everything queued before the last published step (the
-    record's `step`) is in Redis; that step's own samples and evaluation, queued after it, may
-    not be, and are queued again (publishing is idempotent by step)."""
-    ckpt = latest_checkpoint(out_dir)
-    if ckpt is None:
-        return 0
-    upto = checkpoint_step(ckpt)
-    queued = 0
-    samples = dict(_rows(out_dir / "samples.jsonl"))
-    evals = dict(_rows(out_dir / "eval.jsonl"))
-    for step, row in _rows(out_dir / "metrics.jsonl"):
-        if step > upto:
-            continue
-        if job.step < step:
-            publisher.step(step, clean_metrics(row))
-            queued += 1
-        if job.step <= step and step in samples:
-            publisher.samples(step, samples[step].get("samples", []))
-        if job.step <= step and step in evals:
-            publisher.eval(step, clean_metrics(evals[step]))
-    publisher.checkpoint(upto, ckpt.name)
-    return queued
-
-
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(step, row) of each line of a trainer's `{"step": ...}` JSONL file."""
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    for line in lines:
-        try:
-            row = json.loads(line)
-            yield int(row["step"]), row
-        except (ValueError, KeyError, TypeError):
-            continue  # a line torn by a kill mid-write
 
 
 def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
@@ -346,10 +154,22 @@ def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
         spec = JobSpec.model_validate_json(job.spec_json)
     except ValueError as exc:
         return _failure("invalid_spec", exc)
-    publisher = EventPublisher(store, job, retry)
+    fence = LeaseFence(store.redis, job.id, options.lease_token, options.lease_seconds)
+    fence.start()
+    publisher = EventPublisher(store, job, retry, fence)
     publisher.start()
-    result = _train(options, conn, stop, spec, job, publisher)
+    try:
+        result = _train(options, conn, stop, spec, job, publisher, fence)
+    except LeaseLost as lost:
+        publisher.abandon()
+        log.warning("%s; stopped without a checkpoint, leaving the job to its next holder", lost)
+        return {"outcome": "lease_lost", "message": str(lost), "unreachable": lost.unreachable}
+    finally:
+        fence.stop()
     flushed = publisher.close()  # the worker's finish must come after the last event
+    if publisher.fenced is not None:
+        message = f"{publisher.fenced}; its last events were not published"
+        return {"outcome": "lease_lost", "message": message, "unreachable": False}
     if publisher.error is not None and result["outcome"] != "failed":
         return _failure("store_error", publisher.error)
     if not flushed and result["outcome"] in ("succeeded", "stopped"):
@@ -365,7 +185,9 @@ def _train(
     spec: JobSpec,
     job: JobRecord,
     publisher: EventPublisher,
+    fence: LeaseFence,
 ) -> dict[str, Any]:
+    """Raises `LeaseLost` when the claim loses its lease (and the trainer stops mid-way)."""
     from core.trainer import resolve_device, train
 
     try:
@@ -407,12 +229,14 @@ def _train(
         result = train(
             spec.train,
             Path(options.out_dir),
-            callback=JobCallback(publisher, stop, conn),
+            callback=JobCallback(publisher, stop, conn, fence),
             resume=options.resume,
             data_roots=list(options.data_roots),
             file_paths=file_paths,
             model_dir=model_dir,
         )
+    except LeaseLost:
+        raise
     except Exception as exc:
         code = error_code(exc)
         log.exception("failed (%s)", code)

@@ -12,6 +12,14 @@ begin just before a renewal was due. A stall longer than the lease does lose it:
 in Redis, and the holder, which cannot know whether another worker took the job meanwhile, must
 give it up. `LeaseLost` then says whether Redis was unreachable (`unreachable`), so that the job
 is handed back with that reason rather than counted as a lost worker.
+
+The job process is fenced by the same lease (issue 12). It runs in a session of its own, so a
+worker frozen past its lease (SIGSTOP of its process group, a VM pause, a swap stall) leaves it
+training while a second worker resumes the job. Two things stop it: every write it makes to the
+store passes its claim's token, the lease token, which the store's scripts refuse once the lease
+is no longer that token (`pdppo.store.jobs_worker.FencedOut`); and `LeaseFence` watches the lease
+from the job process itself, so it stops within moments of the lease lapsing, and refuses to let
+a checkpoint be written unless the lease is sure to outlast it.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 RENEWALS_PER_LEASE = 6
+# A checkpoint starts only while the lease is sure to last this part of its lifetime longer: the
+# write must end before the lease could pass to another worker that resumes from the folder.
+CHECKPOINT_SHARE = 0.5
 
 
 class LeaseLost(RuntimeError):
@@ -180,3 +191,104 @@ class Lease:
             failures = 0
             self._failing_since = None
             wait = interval
+
+
+class LeaseFence:
+    """The job process's own view of its claim's lease: the lease key must still hold `token`.
+
+    A thread reads the key and its remaining lifetime (one round trip, MULTI of GET and PTTL) at
+    the heartbeat's own cadence, and sets `lost` as soon as the key names someone else or nobody
+    (expired: a frozen worker stopped renewing it, and a reaper may hand the job on). From each
+    reply it also knows a time until which nobody else can hold the lease (`held_until`: the
+    request's send time plus the TTL; only the holder deletes the key early). `ensure_held` is
+    the gate before a checkpoint: in memory while that time is far enough ahead (always, while
+    the worker renews), else it asks Redis, waits for a late renewal, and raises `LeaseLost`
+    once the lease has lapsed or is too short to outlast a checkpoint write. So the training
+    thread waits on Redis only when its lease is in doubt."""
+
+    def __init__(self, client: redis.Redis, job_id: str, token: str, seconds: float) -> None:
+        self.redis = client
+        self.job_id = job_id
+        self.key = lease_key(job_id)
+        self.token = token
+        self.seconds = seconds
+        self.margin = seconds * CHECKPOINT_SHARE
+        self.lost = threading.Event()
+        self.reason = ""
+        self.unreachable = False
+        self._held_until = time.monotonic()  # unknown yet: the first gate asks Redis
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def held_for(self) -> float:
+        """Seconds the lease is known to stay this claim's (negative: it may have passed)."""
+        return self._held_until - time.monotonic()
+
+    def check(self) -> bool:
+        """Ask Redis once; True while the key holds the token. Raises RedisError."""
+        sent = time.monotonic()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.get(self.key)
+        pipe.pttl(self.key)
+        owner, ttl_ms = pipe.execute()
+        if owner != self.token:
+            self.lose("taken over" if owner else "expired or released")
+            return False
+        with self._lock:
+            self._held_until = max(self._held_until, sent + max(int(ttl_ms), 0) / 1000)
+        return True
+
+    def lose(self, reason: str, *, unreachable: bool = False) -> None:
+        with self._lock:
+            if self.lost.is_set():
+                return
+            self.reason, self.unreachable = reason, unreachable
+            self.lost.set()
+        log.warning(
+            "lease %s no longer this job's (%s): stopping, not one more write", self.key, reason
+        )
+
+    def raise_if_lost(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(
+                f"lease {self.key} was lost ({self.reason}); another worker may run the job",
+                unreachable=self.unreachable,
+            )
+
+    def ensure_held(self) -> None:
+        """Return once the lease is sure to stay this claim's for `margin` seconds more; raise
+        `LeaseLost` when it has passed (or may have: Redis silent past `held_until`)."""
+        while True:
+            self.raise_if_lost()
+            if self.held_for >= self.margin:
+                return
+            try:
+                self.check()
+            except redis.RedisError as exc:
+                if self.held_for <= 0:
+                    self.lose(f"could not be read past its expiry ({exc})", unreachable=True)
+            self.raise_if_lost()
+            if self.held_for >= self.margin:
+                return
+            if self.held_for <= 0:
+                self.lose("expired without a renewal")
+                continue
+            time.sleep(min(0.1, self.seconds / 20))  # a renewal is late: wait for it
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name=f"fence {self.key}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()  # not joined: a read stuck on a stalled Redis ends with its timeout
+
+    def _watch(self) -> None:
+        interval = self.seconds / RENEWALS_PER_LEASE
+        while not self.lost.is_set() and not self._stop.wait(interval):
+            try:
+                self.check()
+            except redis.RedisError as exc:
+                if self.held_for <= 0:
+                    self.lose(f"could not be read past its expiry ({exc})", unreachable=True)

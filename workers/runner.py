@@ -222,6 +222,8 @@ def _supervise(
         limits=settings.budget_limits("gpu" if job.queue == "gpu" else "cpu"),
         store=StoreConfig.from_settings(settings),
         artifact_dir=str(settings.artifact_dir),
+        lease_token=lease.token,  # the claim's fencing token: every write of the job passes it
+        lease_seconds=lease.seconds,
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()
@@ -336,6 +338,11 @@ def _conclude(
     a stall, but never past the lease: `LeaseLost` from `lease.check` ends the retries."""
     result = watch.result or {}
     outcome = result.get("outcome")
+    lease.check()  # frozen past the lease while the job ended: not one write from here
+    if outcome == "lease_lost":
+        # The job process saw the lease lapse (or a write refused) before this worker did.
+        message = f"the job process stopped: {result.get('message')}"
+        raise LeaseLost(message, unreachable=bool(result.get("unreachable")))
 
     def call(what: str, fn: Callable[[], T]) -> T:
         return retry.call(f"{what} job {job.id}", fn, before_retry=lease.check)

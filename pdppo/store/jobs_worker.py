@@ -7,6 +7,15 @@ whoever crashes when. The API's `AsyncJobStore.fail` runs the same `_FINISH` scr
 keep the enqueue outbox (`pdppo.store.outbox`) in step: a claimed or finished job leaves it, a
 requeued one enters it in the same script that flips it to `queued`, so a requeuer that dies
 before it re-sends the task strands nothing.
+
+Fencing (DESIGN §3, issue 12). A job process runs apart from the worker that holds its lease, so
+a worker frozen past its lease (SIGSTOP, a VM pause, a swap stall) leaves a job process that goes
+on training while a second worker resumes the job. Each claim's token is the lease token of the
+worker that claimed (`workers.lease`: random per claim, and the lease key names the holder), and
+every write a job process makes passes it: each publishing script first compares it with the
+lease key, in the same script as the write, and refuses a stale token with `STALE` (which the
+methods raise as `FencedOut`). So a stale process's writes are refused from the moment its lease
+expires, before anybody else even claims the job, at no extra round trip.
 """
 
 from __future__ import annotations
@@ -33,6 +42,38 @@ from pdppo.store.keys import (
 )
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.records import JobRecord, _record_or_none
+from pdppo.store.retry import _ADD_ONCE, LOG_RECOVERY_WINDOW
+
+STALE = -1
+"""What a fenced script returns for a write whose lease token no longer holds the job's lease."""
+
+
+class FencedOut(RuntimeError):
+    """A write refused: the writer's lease token no longer holds the job's lease (it expired,
+    or another worker took the job). Not transient: the writer must stop, without a checkpoint."""
+
+    def __init__(self, job_id: str, what: str) -> None:
+        super().__init__(
+            f"{what} of job {job_id} refused: this claim no longer holds the job's lease"
+        )
+        self.job_id = job_id
+
+
+def _fenced(script: str, lease: int, token: int) -> str:
+    """`script`, run only while KEYS[lease] holds ARGV[token] (an empty token: no fence, for a
+    caller that holds no lease, such as a test seeding a record); else it returns STALE."""
+    fence = (
+        f"if ARGV[{token}] ~= '' and redis.call('GET', KEYS[{lease}]) ~= ARGV[{token}] then "
+        f"return {STALE} end\n"
+    )
+    return fence + script
+
+
+def _checked(job_id: str, what: str, result: object) -> bool:
+    if result == STALE:
+        raise FencedOut(job_id, what)
+    return bool(result)
+
 
 # KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data. Queued (or running
 # whose worker died, lease since taken over by the caller) becomes running and leaves the outbox
@@ -51,8 +92,9 @@ if st ~= 'running' then redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data
 return 1
 """
 
-# KEYS: job, events, metrics list; ARGV: step, now, metrics json, event data, row json.
-# Publishes only past the last published step: a resumed run redoes steps it already reported.
+# KEYS: job, events, metrics list, lease; ARGV: step, now, metrics json, event data, row json,
+# lease token. Publishes only past the last published step: a resumed run redoes steps it
+# already reported.
 _PUBLISH_STEP = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
 local last = redis.call('HGET', KEYS[1], 'step')
@@ -62,10 +104,12 @@ redis.call('RPUSH', KEYS[3], ARGV[5])
 redis.call('XADD', KEYS[2], '*', 'type', 'metrics', 'data', ARGV[4])
 return 1
 """
+_PUBLISH_STEP = _fenced(_PUBLISH_STEP, lease=4, token=6)
 
-# KEYS: job, events, rows list; ARGV: step, now, event data, row json, the hash field holding the
-# last published step of this kind, event type, rows kept (0: all). A step's `eval` or `samples`:
-# same once-only rule as metrics, by a step field of its own; the list keeps its newest rows.
+# KEYS: job, events, rows list, lease; ARGV: step, now, event data, row json, the hash field
+# holding the last published step of this kind, event type, rows kept (0: all), lease token. A
+# step's `eval` or `samples`: same once-only rule as metrics, by a step field of its own; the
+# list keeps its newest rows.
 _PUBLISH_RESULT = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
 local last = redis.call('HGET', KEYS[1], ARGV[5])
@@ -77,13 +121,15 @@ if keep > 0 then redis.call('LTRIM', KEYS[3], -keep, -1) end
 redis.call('XADD', KEYS[2], '*', 'type', ARGV[6], 'data', ARGV[3])
 return 1
 """
+_PUBLISH_RESULT = _fenced(_PUBLISH_RESULT, lease=4, token=8)
 
 SAMPLES_KEPT = 1000
 """Newest `samples` rows a job keeps for `GET /v1/jobs/{id}/samples` (each up to
 log_samples_count triples of a few KB): samples show what the model writes now, not a full
 history, and a long run logging every step must not grow Redis without bound."""
 
-# KEYS: job, events; ARGV: step, now, event data. Same once-only rule for checkpoint events.
+# KEYS: job, events, lease; ARGV: step, now, event data, lease token. Same once-only rule for
+# checkpoint events.
 _PUBLISH_CHECKPOINT = """
 local last = redis.call('HGET', KEYS[1], 'checkpoint_step')
 if last and tonumber(ARGV[1]) <= tonumber(last) then return 0 end
@@ -91,6 +137,11 @@ redis.call('HSET', KEYS[1], 'checkpoint_step', ARGV[1], 'updated_at', ARGV[2])
 redis.call('XADD', KEYS[2], '*', 'type', 'checkpoint', 'data', ARGV[3])
 return 1
 """
+_PUBLISH_CHECKPOINT = _fenced(_PUBLISH_CHECKPOINT, lease=3, token=4)
+
+# KEYS: events, lease; ARGV: type, data, entries looked through, lease token. A job process's log
+# line, exactly once through a stall (`pdppo.store.retry.add_event_once`), and only while fenced.
+_ADD_LOG_ONCE = _fenced(_ADD_ONCE, lease=2, token=4)
 
 # KEYS: job, events, tenant active, running, outbox; ARGV: id, status, now, status data, done
 # data, then field/value pairs (error, final model). A finished job never changes again.
@@ -164,6 +215,7 @@ class JobStore:
         self._publish_step = client.register_script(_PUBLISH_STEP)
         self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)
         self._publish_result = client.register_script(_PUBLISH_RESULT)
+        self._add_log_once = client.register_script(_ADD_LOG_ONCE)
         self._finish = client.register_script(_FINISH)
         self._requeue = client.register_script(_REQUEUE)
 
@@ -178,30 +230,59 @@ class JobStore:
     def cancel_requested(self, job_id: str) -> bool:
         return self.redis.hget(job_key(job_id), "cancel_requested") == "1"
 
-    def publish_step(self, job_id: str, step: int, total: int, metrics: dict[str, float]) -> bool:
+    def publish_step(
+        self,
+        job_id: str,
+        step: int,
+        total: int,
+        metrics: dict[str, float],
+        *,
+        lease_token: str = "",
+    ) -> bool:
+        """Step `step`'s metrics, once; `lease_token`: the writer's claim (a job process always
+        passes it), whose lease must still be held (`FencedOut` otherwise)."""
         metrics_json = json.dumps(metrics)
         event = json.dumps({"step": step, "total": total, "metrics": metrics})
         row = json.dumps({"step": step, "metrics": metrics})
-        keys = [job_key(job_id), events_key(job_id), metrics_key(job_id)]
-        return bool(self._publish_step(keys=keys, args=[step, now_iso(), metrics_json, event, row]))
+        keys = [job_key(job_id), events_key(job_id), metrics_key(job_id), lease_key(job_id)]
+        args: list[str | int] = [step, now_iso(), metrics_json, event, row, lease_token]
+        return _checked(job_id, f"step {step}", self._publish_step(keys=keys, args=args))
 
-    def publish_checkpoint(self, job_id: str, step: int, name: str) -> bool:
+    def publish_checkpoint(
+        self, job_id: str, step: int, name: str, *, lease_token: str = ""
+    ) -> bool:
         data = json.dumps({"step": step, "name": name})
-        keys = [job_key(job_id), events_key(job_id)]
-        return bool(self._publish_checkpoint(keys=keys, args=[step, now_iso(), data]))
+        keys = [job_key(job_id), events_key(job_id), lease_key(job_id)]
+        result = self._publish_checkpoint(keys=keys, args=[step, now_iso(), data, lease_token])
+        return _checked(job_id, f"checkpoint {step}", result)
 
-    def publish_eval(self, job_id: str, step: int, total: int, metrics: dict[str, float]) -> bool:
+    def publish_eval(
+        self,
+        job_id: str,
+        step: int,
+        total: int,
+        metrics: dict[str, float],
+        *,
+        lease_token: str = "",
+    ) -> bool:
         """The held-out evaluation after `step`: an `eval` event and a row of `/eval`, once."""
         event = json.dumps({"step": step, "total": total, "metrics": metrics})
         row = json.dumps({"step": step, "metrics": metrics})
-        keys = [job_key(job_id), events_key(job_id), eval_key(job_id)]
-        args: list[str | int] = [step, now_iso(), event, row, "eval_step", "eval", 0]
-        return bool(self._publish_result(keys=keys, args=args))
+        keys = [job_key(job_id), events_key(job_id), eval_key(job_id), lease_key(job_id)]
+        args: list[str | int] = [step, now_iso(), event, row, "eval_step", "eval", 0, lease_token]
+        return _checked(job_id, f"evaluation {step}", self._publish_result(keys=keys, args=args))
 
-    def publish_samples(self, job_id: str, step: int, samples: Sequence[Mapping[str, Any]]) -> bool:
+    def publish_samples(
+        self,
+        job_id: str,
+        step: int,
+        samples: Sequence[Mapping[str, Any]],
+        *,
+        lease_token: str = "",
+    ) -> bool:
         """A few triples of `step`'s rollout: a `samples` event and a row of `/samples`, once."""
         data = json.dumps({"step": step, "samples": list(samples)})
-        keys = [job_key(job_id), events_key(job_id), samples_key(job_id)]
+        keys = [job_key(job_id), events_key(job_id), samples_key(job_id), lease_key(job_id)]
         args: list[str | int] = [
             step,
             now_iso(),
@@ -210,8 +291,17 @@ class JobStore:
             "samples_step",
             "samples",
             SAMPLES_KEPT,
+            lease_token,
         ]
-        return bool(self._publish_result(keys=keys, args=args))
+        return _checked(job_id, f"samples {step}", self._publish_result(keys=keys, args=args))
+
+    def add_log_once(self, job_id: str, fields: dict[str, str], *, lease_token: str) -> bool:
+        """A job process's `log` entry (`pdppo.store.retry.log_fields`), added once however often
+        it is retried (False: it was there already), and only while `lease_token` holds the
+        lease (`FencedOut` otherwise). One attempt: the caller retries."""
+        keys = [events_key(job_id), lease_key(job_id)]
+        args: list[str | int] = [fields["type"], fields["data"], LOG_RECOVERY_WINDOW, lease_token]
+        return _checked(job_id, "a log line", self._add_log_once(keys=keys, args=args))
 
     def publish_log(self, job_id: str, message: str) -> None:
         self.events.publish_log(job_id, message)

@@ -14,7 +14,7 @@ import redis
 from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, metrics_key, now_iso
 from tests.integration.stack import RedisServer
 from tests.store.conftest import stall
-from workers.job_process import EventPublisher, JobCallback, backfill
+from workers.job_events import EventPublisher, JobCallback, backfill
 
 TOTAL = 40
 

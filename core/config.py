@@ -21,7 +21,7 @@ One spec must not be able to take a shared worker down, so validation is strict:
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -315,8 +315,11 @@ class RolloutConfig(_Strict):
         ge=1e-6,
         le=1,
         description=(
-            "Nucleus sampling; mu is the truncated, renormalized policy. At least 1e-6 (below "
-            "fp32's resolution every token would be cut and the log-probs become NaN)."
+            "Nucleus sampling; mu is the truncated, renormalized policy, and the trained policy "
+            "is truncated the same way (its own nucleus plus the sampled token), so on-policy "
+            "the ratio is 1 for any top_p. Prefer algorithm.kind 'tv' with top_p < 1: a KL "
+            "between nuclei that differ is infinite. At least 1e-6 (below fp32's resolution "
+            "every token would be cut and the log-probs become NaN)."
         ),
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -329,6 +332,10 @@ class RolloutConfig(_Strict):
         le=1000,
         description="Rollouts come from the policy as it was this many steps ago (async RL).",
     )
+
+
+LossAgg = Literal["token_mean", "seq_mean", "minibatch_token_mean"]
+LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
 
 
 class AlgorithmConfig(_Strict):
@@ -371,10 +378,42 @@ class AlgorithmConfig(_Strict):
             "GRPO. 0 (the default) keeps no reference model and costs nothing."
         ),
     )
+    loss_agg: LossAgg = Field(
+        default="token_mean",
+        description=(
+            "How token losses add up. 'token_mean' (the default, DAPO's): every response token "
+            "of the rollout batch weighs the same; with M minibatches each divides its token "
+            "sum by (batch tokens / M). 'seq_mean': each sequence's token mean, averaged over "
+            "the minibatch's sequences (a short answer weighs as much as a long one). "
+            "'minibatch_token_mean': each minibatch divides by its own token count. With one "
+            "minibatch 'token_mean' and 'minibatch_token_mean' are the same."
+        ),
+    )
+
+
+LR_FROM_SCRATCH = 1e-3
+"""Default `optim.lr` for `builtin:tiny`, a model trained from random weights."""
+
+LR_FULL_FINETUNE = 1e-6
+"""Default `optim.lr` for full fine-tuning of a pretrained model (`hf:`, `job:`); TRL's GRPO
+and verl default to 1e-6 (1e-3 collapsed a pretrained Llama to one-token answers in 5 steps)."""
+
+LR_LORA = 1e-5
+"""Default `optim.lr` with LoRA adapters: 10x full fine-tuning (adapters start at zero and
+have far fewer parameters to move)."""
 
 
 class OptimConfig(_Strict):
-    lr: FiniteFloat = Field(default=1e-3, gt=0, le=1, description="AdamW learning rate.")
+    lr: Annotated[float, Field(gt=0, le=1), FINITE] | None = Field(
+        default=None,
+        description=(
+            "AdamW learning rate (peak of optim.schedule). Unset (null), it follows the model: "
+            f"{LR_FROM_SCRATCH:g} for builtin:tiny (trained from scratch), {LR_FULL_FINETUNE:g} "
+            f"for full fine-tuning of hf: and job: models, {LR_LORA:g} with model.lora. A job: "
+            "model that continues a builtin:tiny run gets the fine-tuning rate too: set lr to "
+            "keep the from-scratch one. The validated spec holds the resolved value."
+        ),
+    )
     weight_decay: FiniteFloat = Field(default=0.0, ge=0, le=10, description="AdamW weight decay.")
     beta1: FiniteFloat = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     beta2: FiniteFloat = Field(default=0.999, ge=0, lt=1, description="AdamW beta2.")
@@ -415,6 +454,23 @@ class OptimConfig(_Strict):
             "this many pieces (same update, less activation memory)."
         ),
     )
+
+    @property
+    def peak_lr(self) -> float:
+        """`lr`, resolved: a TrainConfig fills an unset lr from its model (`default_lr`)."""
+        if self.lr is None:
+            raise ValueError(
+                "optim.lr is unset: it is resolved from model.name when validated as part of a "
+                "TrainConfig; give optim.lr to use an OptimConfig alone"
+            )
+        return self.lr
+
+
+def default_lr(model: ModelConfig) -> float:
+    """The learning rate an unset `optim.lr` means for `model` (see `OptimConfig.lr`)."""
+    if model.name == "builtin:tiny":
+        return LR_FROM_SCRATCH
+    return LR_LORA if model.lora is not None else LR_FULL_FINETUNE
 
 
 class TrainConfig(_Strict):
@@ -495,6 +551,10 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
+        if self.optim.lr is None:
+            # resolved once, here: the trainer, the budget, `--dry-run` and the stored spec
+            # all read the same number
+            self.optim.lr = default_lr(self.model)
         batch = self.rollout.prompts_per_step * self.rollout.group_size
         if batch % self.algorithm.minibatches:
             raise ValueError(

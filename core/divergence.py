@@ -10,8 +10,16 @@ moves at the rate
     dlogp_i = A * ([i == a] - pi_i - c),      c = pi_a - q,   q = sum_j pi_j^2,
 
 so the only full-vocabulary quantities a truncated (top-K) view needs are the log-partition
-function and `q`; both come out of one chunked pass over the logits (`softmax_stats`). The
-estimators then differ only in the categories they compare:
+function and sums of masses and squares; they come out of one chunked pass over the logits
+(`softmax_stats`). Near pi_a = 1 those sums must be taken without cancellation: the sampled
+token's own rate `1 - pi_a - c = 1 - 2 pi_a + q` is rounding noise in fp32 when written that way
+(at pi_a = 0.9994 its sign comes out wrong), so it is computed as `(1 - pi_a)^2 + q_a` with
+`1 - pi_a` and `q_a = sum_{j != a} pi_j^2` summed over the other tokens directly, and
+`c = pi_a (1 - pi_a) - q_a`; the bucket R's mass and sum of squares are likewise summed over R
+itself rather than taken as 1 (or `q`) minus the explicit categories', and mu's `1 - sum_S mu`
+goes through log1p/expm1. Log-probabilities are `(z - max z) - log sum exp(z - max z)`, never
+`z - lse`, which at logits of magnitude 60 rounds at 4e-6. The estimators then differ only in
+the categories they compare:
 
 - `exact`: the whole vocabulary, with the full `mu` (chunked over rows: O(chunk * V) memory).
 - `binary`: {a, rest}. On two categories every kind's `g` has the sign of `A * (pi_a - mu_a)`,
@@ -56,11 +64,32 @@ BUCKET_FLOOR = 1e-6
 
 @dataclass(frozen=True)
 class SoftmaxStats:
-    """Per-row reductions of the current policy that every estimator needs."""
+    """Per-row reductions of the current policy that every estimator needs.
 
-    lse: Tensor  # (N,) log-partition function of the fp32 logits
+    The log-partition function is kept as its two parts, the row's largest logit and the log of
+    the sum of exponentials below it, so that a log-probability is `(z - zmax) - log_norm`:
+    with logits of magnitude 30-60 (language models), `z - (zmax + log_norm)` would round at
+    ulp(60) = 4e-6 and so would every probability and ratio built on it.
+    """
+
+    zmax: Tensor  # (N,) each row's largest finite logit (0 where there is none)
+    log_norm: Tensor  # (N,) log sum_i exp(z_i - zmax)
     sum_sq: Tensor  # (N,) q = sum_i pi_i^2
     entropy: Tensor | None  # (N,) H(pi), when asked for
+    rest_mass: Tensor | None = None  # (N,) 1 - pi_a = sum_{j != a} pi_j, given the tokens
+    rest_sq: Tensor | None = None  # (N,) q_a = sum_{j != a} pi_j^2, given the tokens
+    tail_mass: Tensor | None = None  # (N,) pi_R: the mass outside the view's ids and a
+    tail_sq: Tensor | None = None  # (N,) sum of pi_j^2 over R
+
+    @property
+    def lse(self) -> Tensor:
+        """(N,) the log-partition function of the fp32 logits."""
+        return self.zmax + self.log_norm
+
+    def log_probs(self, logits: Tensor, ids: Tensor) -> Tensor:
+        """(N, S) fp32 log pi at the columns `ids` (N, S) of `logits`."""
+        z = logits.gather(-1, ids).float()
+        return (z - self.zmax.unsqueeze(-1)) - self.log_norm.unsqueeze(-1)
 
 
 def _row_chunks(n: int, v: int) -> Iterator[slice]:
@@ -70,8 +99,20 @@ def _row_chunks(n: int, v: int) -> Iterator[slice]:
 
 
 @torch.no_grad()
-def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
+def softmax_stats(
+    logits: Tensor,
+    *,
+    entropy: bool = False,
+    tokens: Tensor | None = None,
+    view_ids: Tensor | None = None,
+) -> SoftmaxStats:
     """One chunked pass over the logits: log-partition, sum of squared probabilities, entropy.
+
+    Given the sampled `tokens` (N,) it also sums the mass and squares of every other token
+    (`rest_mass`, `rest_sq`), and given `view_ids` (N, K) the mass and squares outside the view
+    and the token (`tail_mass`, `tail_sq`, the bucket R): each summed directly, with the
+    excluded columns zeroed in the scratch, never as a total minus a part, which near pi_a = 1
+    (or with a view holding nearly all the mass) would be all rounding (module docstring).
 
     Cheaper than `log_softmax`: nothing of size (N, V) is written back, and every chunk's
     exponentials go to one reused scratch buffer, so no fresh pages are faulted in per chunk.
@@ -79,9 +120,18 @@ def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
     relative error over 32k entries.)
     """
     n, v = logits.shape
-    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-    sum_sq = torch.empty_like(lse)
-    ent = torch.empty_like(lse) if entropy else None
+    if view_ids is not None and tokens is None:
+        raise ValueError("softmax_stats: view_ids needs the sampled tokens too")
+    zmax_out = torch.empty(n, dtype=torch.float32, device=logits.device)
+    log_norm = torch.empty_like(zmax_out)
+    sum_sq = torch.empty_like(zmax_out)
+    ent = torch.empty_like(zmax_out) if entropy else None
+    with_rest = tokens is not None
+    with_tail = view_ids is not None
+    rest_mass = torch.empty_like(zmax_out) if with_rest else None
+    rest_sq = torch.empty_like(zmax_out) if with_rest else None
+    tail_mass = torch.empty_like(zmax_out) if with_tail else None
+    tail_sq = torch.empty_like(zmax_out) if with_tail else None
     chunks = list(_row_chunks(n, v))
     rows_max = chunks[0].stop if chunks else 0
     scratch = torch.empty(rows_max, v, device=logits.device)
@@ -93,13 +143,50 @@ def softmax_stats(logits: Tensor, *, entropy: bool = False) -> SoftmaxStats:
         zmax = torch.where(torch.isfinite(zmax), zmax, torch.zeros_like(zmax))
         torch.sub(z, zmax, out=e).exp_()  # (C, V), each row's largest entry is 1
         s1 = e.sum(dim=-1)
-        lse[rows] = zmax.squeeze(-1) + s1.log()
+        zmax_out[rows] = zmax.squeeze(-1)
+        log_norm[rows] = s1.log()
         if ent is not None and scratch_z is not None:
             # H = lse - sum_i pi_i z_i; entries with z = -inf have e = 0 and contribute nothing.
             ez = torch.mul(e, z, out=scratch_z[: z.shape[0]]).nan_to_num_(nan=0.0)
-            ent[rows] = lse[rows] - ez.sum(dim=-1) / s1
-        sum_sq[rows] = e.square_().sum(dim=-1) / (s1 * s1)
-    return SoftmaxStats(lse=lse, sum_sq=sum_sq, entropy=ent)
+            ent[rows] = zmax.squeeze(-1) + s1.log() - ez.sum(dim=-1) / s1
+        s2 = s1 * s1
+        if tokens is None or rest_mass is None or rest_sq is None:
+            sum_sq[rows] = e.square_().sum(dim=-1) / s2
+            continue
+        a = tokens[rows].unsqueeze(-1)  # (C, 1)
+        e_a = e.gather(-1, a).squeeze(-1)
+        e.scatter_(-1, a, 0.0)  # everything but the sampled token
+        rest_mass[rows] = e.sum(dim=-1) / s1
+        if view_ids is not None and tail_mass is not None and tail_sq is not None:
+            ids = view_ids[rows]
+            e_ids = e.gather(-1, ids)  # the view's entries (a's is 0 by now)
+            e.scatter_(-1, ids, 0.0)  # the bucket R alone
+            tail_mass[rows] = e.sum(dim=-1) / s1
+            tail_sq[rows] = e.square_().sum(dim=-1) / s2
+            e.scatter_(-1, ids, e_ids * e_ids)  # back to everything but a, squared
+        else:
+            e.square_()
+        others_sq = e.sum(dim=-1)
+        rest_sq[rows] = others_sq / s2
+        sum_sq[rows] = (others_sq + e_a * e_a) / s2
+    return SoftmaxStats(zmax_out, log_norm, sum_sq, ent, rest_mass, rest_sq, tail_mass, tail_sq)
+
+
+def estimator_stats(
+    logits: Tensor,
+    behavior: BehaviorView,
+    tokens: Tensor,
+    estimator: str,
+    *,
+    entropy: bool = False,
+) -> SoftmaxStats:
+    """The `softmax_stats` an estimator needs (`binary`: the sums over everything but `a`;
+    `topk`: also the bucket R's mass and squares), for callers that share one pass between the
+    loss and the trust region."""
+    if estimator not in ("binary", "topk"):  # the full-vocabulary estimators sum their own
+        return softmax_stats(logits, entropy=entropy)
+    view_ids = behavior.topk_ids if estimator == "topk" else None
+    return softmax_stats(logits, entropy=entropy, tokens=tokens, view_ids=view_ids)
 
 
 def _check(
@@ -137,7 +224,12 @@ def _category_terms(
     logp: Tensor, logm: Tensor, dlogp: Tensor | None, weight: Tensor | None, kind: str
 ) -> tuple[Tensor, Tensor | None]:
     """D and its derivative summed over the last dim's categories, given each one's log-probs
-    under pi and mu and the rate `dlogp` at which log pi moves along the step."""
+    under pi and mu and the rate `dlogp` at which log pi moves along the step.
+
+    Where pi is floored (below 1e-30; 0 outside a top-p nucleus) its term of D is a constant,
+    so it adds nothing to the change: TV's and reverse KL's terms carry a factor pi there
+    already, KL(mu || pi)'s term -mu_i dlogp_i is dropped explicitly."""
+    floored = logp < LOG_FLOOR if kind == "kl" and dlogp is not None else None
     logp = logp.clamp_min(LOG_FLOOR)
     logm = logm.clamp_min(LOG_FLOOR)
     p, m = logp.exp(), logm.exp()
@@ -146,7 +238,9 @@ def _category_terms(
         g_terms = None if dlogp is None else 0.5 * torch.sign(p - m) * p * dlogp
     elif kind == "kl":
         d_terms = m * (logm - logp)
-        g_terms = None if dlogp is None else -m * dlogp
+        g_terms = None
+        if dlogp is not None and floored is not None:
+            g_terms = torch.where(floored, 0.0, -m * dlogp)
     else:  # kl_reverse
         ratio = logp - logm
         d_terms = p * ratio
@@ -188,12 +282,24 @@ class _Bucketed:
     m_r: Tensor  # (N,)
 
 
-def _bucket(logp_s: Tensor, logm_s: Tensor, w: Tensor) -> _Bucketed:
+def _bucket(logp_s: Tensor, logm_s: Tensor, w: Tensor, p_tail: Tensor) -> _Bucketed:
+    """S's weighted probabilities and R's masses: pi_R as summed over R (`p_tail`), mu_R from
+    the view alone as 1 - sum_S mu through log1p/expm1, so neither is a difference of nearly
+    equal numbers."""
     p_s = logp_s.clamp_min(LOG_FLOOR).exp() * w
     m_s = logm_s.clamp_min(LOG_FLOOR).exp() * w
-    p_r = (1.0 - p_s.sum(-1)).clamp_min(BUCKET_FLOOR)
-    m_r = (1.0 - m_s.sum(-1)).clamp_min(BUCKET_FLOOR)
+    p_r = p_tail.clamp_min(BUCKET_FLOOR)
+    m_r = _mass_outside(logm_s, w).clamp_min(BUCKET_FLOOR)
     return _Bucketed(p_s, m_s, p_r, m_r)
+
+
+def _mass_outside(logm_s: Tensor, w: Tensor) -> Tensor:
+    """1 - sum_i w_i exp(logm_i) per row, as -expm1(log sum): the largest term is factored out
+    and the rest enters through log1p, exact to rounding however close the sum is to 1."""
+    lm = torch.where(w > 0, logm_s.clamp_min(LOG_FLOOR), float("-inf"))  # (N, S)
+    top, arg = lm.max(dim=-1, keepdim=True)
+    others = (lm - top).exp().scatter(-1, arg, 0.0).sum(-1)
+    return -torch.expm1(top.squeeze(-1) + torch.log1p(others))
 
 
 def _lumped(
@@ -206,9 +312,15 @@ def _lumped(
     stats: SoftmaxStats,
 ) -> tuple[Tensor, Tensor | None]:
     """`binary` and `topk`: categories S (explicit) plus one bucket R for the rest."""
+    if stats.rest_mass is None or (estimator == "topk" and stats.tail_mass is None):
+        stats = estimator_stats(logits, behavior, tokens, estimator)
+    assert stats.rest_mass is not None and stats.rest_sq is not None
+    binary = estimator == "binary"  # R is everything but a
+    p_tail = stats.rest_mass if binary else stats.tail_mass
+    assert p_tail is not None
     ids, logm_s, w = _view_categories(behavior, tokens, estimator)
-    logp_s = logits.gather(-1, ids).float() - stats.lse.unsqueeze(-1)  # (N, S)
-    b = _bucket(logp_s, logm_s, w)
+    logp_s = stats.log_probs(logits, ids)  # (N, S)
+    b = _bucket(logp_s, logm_s, w, p_tail)
     p_s, p_r, m_r = b.p_s, b.p_r, b.m_r
     log_ratio_r = p_r.log() - m_r.log()
 
@@ -216,13 +328,16 @@ def _lumped(
     dp_r = None
     if advantages is not None:
         adv = advantages.float()
-        p_a = (logits.gather(-1, tokens.unsqueeze(-1)).float().squeeze(-1) - stats.lse).exp()
-        c = p_a - stats.sum_sq
-        is_a = (ids == tokens.unsqueeze(-1)).float() * w
-        dlogp_s = adv.unsqueeze(-1) * (is_a - p_s - c.unsqueeze(-1))
-        # Mass leaving R: dp_R = -A (sum_{i in R} pi_i^2 + c pi_R), with the tail's sum of squares
-        # clamped into its feasible range [0, pi_R^2] against rounding.
-        tail_sq = (stats.sum_sq - (p_s * p_s).sum(-1)).clamp(min=0.0)
+        p_a = stats.log_probs(logits, tokens.unsqueeze(-1)).squeeze(-1).exp()
+        rest, rest_sq = stats.rest_mass, stats.rest_sq
+        c = p_a * rest - rest_sq  # pi_a - q, with no cancellation near pi_a = 1
+        is_a = ids == tokens.unsqueeze(-1)
+        own = rest * rest + rest_sq  # 1 - pi_a - c, the sampled token's rate, as a sum of squares
+        dlogp_s = adv.unsqueeze(-1) * torch.where(is_a, own.unsqueeze(-1), -p_s - c.unsqueeze(-1))
+        # Mass leaving R: dp_R = -A (sum_{i in R} pi_i^2 + c pi_R), the tail's squares summed over
+        # R itself (binary: R is everything but a) and clamped into [0, pi_R^2] against rounding.
+        tail_sq = rest_sq if binary else stats.tail_sq
+        assert tail_sq is not None
         tail_sq = torch.minimum(tail_sq, p_r * p_r)
         dp_r = -adv * (tail_sq + c * p_r)
 
@@ -265,16 +380,27 @@ def _full_vocab(
             logm = behavior.full_logprobs[rows].float()
         else:
             ids_c = ids[rows]
-            b = _bucket(logp.gather(-1, ids_c), logm_s[rows], w[rows])
+            p_tail = logp.exp().scatter_(-1, ids_c, 0.0).sum(-1)  # pi_R, summed over R
+            b = _bucket(logp.gather(-1, ids_c), logm_s[rows], w[rows], p_tail)
             logm = logp + (b.m_r.log() - b.p_r.log()).unsqueeze(-1)
             logm.scatter_(-1, ids_c, logm_s[rows])
         dlogp = None
         if advantages is not None:
             adv = advantages[rows].float().unsqueeze(-1)
             p = logp.exp()
-            c = p.gather(-1, a) - torch.linalg.vecdot(p, p).unsqueeze(-1)
-            dlogp = p.add_(c).mul_(-adv)  # reuses p's buffer: -A (pi_i + c)
-            dlogp.scatter_add_(-1, a, adv)
+            p_a = p.gather(-1, a)
+            p.scatter_(-1, a, 0.0)  # the others' mass and squares, summed without cancellation
+            rest = p.sum(-1, keepdim=True)
+            rest_sq = torch.linalg.vecdot(p, p).unsqueeze(-1)
+            # Near pi_a = 1 the rates come from the others' sums (no cancellation); elsewhere
+            # from 1 - pi_a, exact enough there (>= 1/4) and free of log_softmax's rounding of
+            # the partition function, which shifts the sum of these p by up to ~4e-7.
+            near_one = p_a > 0.5
+            plain_c = p_a - (rest_sq + p_a * p_a)
+            c = torch.where(near_one, p_a * rest - rest_sq, plain_c)  # pi_a - q
+            own = torch.where(near_one, rest * rest + rest_sq, 1.0 - p_a - plain_c)
+            dlogp = p.add_(c).mul_(-adv)  # reuses p's buffer: -A (pi_i + c) for i != a
+            dlogp.scatter_(-1, a, adv * own)  # A (1 - pi_a - c)
         d, g = _category_terms(logp, logm, dlogp, None, kind)
         d_out[rows] = d
         if g_out is not None and g is not None:
@@ -294,13 +420,14 @@ def divergence_and_change(
 ) -> tuple[Tensor, Tensor | None]:
     """D (N,) and, when advantages are given, its predicted change g (N,) in one pass.
 
-    `stats` lets a caller that already ran `softmax_stats` (the loss, for entropy) share it.
+    `stats` lets a caller that already ran `estimator_stats` (the loss, for entropy) share it;
+    stats without the sums the estimator needs are completed by a pass of their own.
     """
     _check(logits, behavior, tokens, kind, estimator, advantages)
     if estimator in ("exact", "topk_tail"):
         return _full_vocab(logits, behavior, tokens, advantages, kind, estimator)
     if stats is None:
-        stats = softmax_stats(logits)
+        stats = estimator_stats(logits, behavior, tokens, estimator)
     return _lumped(logits, behavior, tokens, advantages, kind, estimator, stats)
 
 

@@ -3,9 +3,10 @@
     loss = - A * sg(min(pi(a) / mu(a), c)) * m * log pi(a)      (DESIGN.md §1, as in DPPO)
          + beta * k3(pi_ref(a), pi(a))                          (optional KL to a reference)
 
-aggregated as a token mean over the response mask. The mask `m` and every logged statistic come
-from one no-grad pass over the detached logits; the only pass with a gradient is the fused
-cross-entropy that yields log pi(a).
+summed over the response tokens and divided by a normalizer the caller picks
+(`algorithm.loss_agg`, `core.update`; by default this piece's own token count). The mask `m`
+and every logged statistic come from one no-grad pass over the detached logits; the only pass
+with a gradient is the fused cross-entropy that yields log pi(a).
 
 The KL penalty is GRPO's (and TRL's): per sampled token the k3 estimator of KL(pi || pi_ref),
 `exp(d) - d - 1` with `d = log pi_ref(a) - log pi(a)`, non-negative, 0 where the two agree, and
@@ -16,7 +17,12 @@ drifts from where it started.
 
 `normalizer` lets a caller split one minibatch into micro-batches (gradient accumulation): each
 piece divides by the token count of the whole minibatch, so the summed gradients equal the
-unsplit one.
+unsplit one. A (N,) normalizer divides each token by its own entry (a per-sequence mean).
+
+Telemetry that can be trusted on-policy: the two direction rules (DPPO's sampled ratio and the
+sign of the predicted change of D) are only compared where D exceeds `DIRECTION_TOLERANCE`, below
+which both signs are fp32 rounding; the comparison past delta, where the two masks actually
+decide differently, is a metric of its own, and so are the two set differences of the masks.
 """
 
 from __future__ import annotations
@@ -28,8 +34,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from core.behavior import BehaviorView
-from core.divergence import Estimator, Kind, softmax_stats
-from core.masks import Mask, ratio_moves_away, trust_region
+from core.divergence import Estimator, Kind, estimator_stats
+from core.masks import Mask, far_from_behavior, ratio_moves_away, trust_region
+
+DIRECTION_TOLERANCE = 1e-4
+"""D below which `direction_disagreement` does not compare the two direction rules.
+
+On-policy in fp32 the estimated D is rounding, of the same size for TV and both KLs (each a sum
+of first-order terms m_i * relative rounding): at most 9e-7 over 512 synthetic positions of a
+2000-token vocabulary for every kind and estimator, with logits shifted by up to 60 (the
+magnitude of language-model logits) alike, and 3e-7 in the trainer's on-policy runs
+(tests/core/test_on_policy.py). Neither the ratio's sign nor the predicted change's means
+anything there. 1e-4 is 100 times that and 500 to 1500 times below the thresholds the masks use
+(published delta 0.05 for KL, 0.15 for TV), so every token that could come near a mask decision
+is still compared. A real model's cached decode and its training forward can differ by more
+than rounding (other kernels, other reduction orders); past 1e-4 that is a genuine pi/mu
+difference and is counted."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,15 @@ class PolicyLossOutput:
     keep: Tensor  # (N,) bool: the trust-region mask
     log_ratio: Tensor  # (N,) log pi(a) - log mu(a), detached
     stats: dict[str, float]
+
+
+def _aggregate(terms: Tensor, rmask: Tensor, normalizer: float | Tensor | None) -> Tensor:
+    """The sum of the response tokens' `terms` (N,) over the normalizer (see `policy_loss`)."""
+    if normalizer is None:
+        return (terms * rmask).sum() / rmask.sum().clamp_min(1)
+    if isinstance(normalizer, Tensor):
+        return (terms * rmask / normalizer).sum()
+    return (terms * rmask).sum() / normalizer
 
 
 def _mean(values: Tensor, where: Tensor) -> float:
@@ -59,20 +88,25 @@ def policy_loss(
     is_cap: float = 1e4,
     ref_logprobs: Tensor | None = None,
     kl_beta: float = 0.0,
-    normalizer: float | None = None,
+    normalizer: float | Tensor | None = None,
 ) -> PolicyLossOutput:
     """Loss and statistics for N response tokens (logits (N, V) with grad, any float dtype).
 
     `ref_logprobs` (N,): log pi_ref(a) of the reference policy; with `kl_beta` > 0 the k3
     penalty is added (β = 0 adds nothing: the loss is bit for bit the unpenalized one).
-    `normalizer`: divide the token sums by this count instead of the response tokens here.
+    `normalizer`: divide the token sums by this count instead of the response tokens here, or,
+    a (N,) tensor, each token's term by its own entry.
 
-    Statistics (fractions over response tokens):
+    Statistics (fractions over response tokens unless said otherwise):
     masked_fraction[_pos|_neg]: tokens whose gradient the mask removed (all, A > 0, A < 0);
-    divergence_mean/max: the estimator's D(mu, pi); direction_disagreement: tokens with A != 0
-    where DPPO's ratio direction and the predictive direction (sign of the predicted change of D,
-    same estimator) disagree; ratio_mean: pi(a)/mu(a); entropy: H(pi) in nats; kl_ref (with
-    `ref_logprobs`): the mean k3 estimate of KL(pi || pi_ref).
+    divergence_mean/max: the estimator's D(mu, pi); direction_disagreement: among tokens with
+    A != 0, the share with D > DIRECTION_TOLERANCE where DPPO's ratio direction and the
+    predictive direction (sign of the predicted change of D, same estimator) disagree;
+    direction_disagreement_far: the same, counting only tokens with D past delta (where the two
+    masks decide differently); masked_only_predictive / masked_only_dppo: tokens the predictive
+    rule masks and DPPO's does not, and the reverse, whatever mask is configured (same D, same
+    deltas); ratio_mean: pi(a)/mu(a); entropy: H(pi) in nats; kl_ref (with `ref_logprobs`): the
+    mean k3 estimate of KL(pi || pi_ref).
     """
     if is_cap <= 0:
         raise ValueError(f"is_cap must be > 0, got {is_cap}")
@@ -90,8 +124,10 @@ def policy_loss(
         raise ValueError(f"response_mask must be (N={n},), got {tuple(rmask.shape)}")
     advantages = advantages.float()
 
+    if isinstance(normalizer, Tensor) and normalizer.shape != (n,):
+        raise ValueError(f"a tensor normalizer must be (N={n},), got {tuple(normalizer.shape)}")
     detached = logits.detach()
-    stats = softmax_stats(detached, entropy=True)
+    stats = estimator_stats(detached, behavior, tokens, estimator, entropy=True)
     region = trust_region(
         detached,
         behavior,
@@ -108,8 +144,7 @@ def policy_loss(
     logp_a = -F.cross_entropy(logits.float(), tokens, reduction="none")  # (N,) with grad
     is_weight = region.log_ratio.exp().clamp(max=is_cap)
     weight = advantages * is_weight * region.keep * rmask
-    denom = rmask.sum().clamp_min(1) if normalizer is None else normalizer
-    loss = -(weight * logp_a).sum() / denom
+    loss = _aggregate(weight * logp_a, rmask, normalizer).neg()
     k3: Tensor | None = None
     if ref_logprobs is not None:
         if ref_logprobs.shape != (n,):
@@ -117,13 +152,18 @@ def policy_loss(
         d = ref_logprobs.float() - logp_a  # (N,) with grad through log pi(a)
         k3 = torch.where(rmask, torch.expm1(d) - d, 0.0)  # expm1: no cancellation near d = 0
         if kl_beta > 0:
-            loss = loss + kl_beta * k3.sum() / denom
+            loss = loss + kl_beta * _aggregate(k3, rmask, normalizer)
 
     assert region.divergence is not None and region.change is not None and stats.entropy is not None
     masked = ~region.keep & rmask
     pos, neg = (advantages > 0) & rmask, (advantages < 0) & rmask
     signed = pos | neg
-    disagree = ratio_moves_away(region.log_ratio, advantages) != (region.change > 0)
+    # the two direction rules and the two masks, from the same D, g and ratio as the mask itself
+    ratio_away = ratio_moves_away(region.log_ratio, advantages)
+    change_away = region.change > 0
+    disagree = ratio_away != change_away
+    far = far_from_behavior(region.divergence, advantages, delta_low, delta_high) & rmask
+    judged = region.divergence > DIRECTION_TOLERANCE
     d_resp = region.divergence[rmask]
     out = {
         "masked_fraction": _mean(masked, rmask),
@@ -131,7 +171,10 @@ def policy_loss(
         "masked_fraction_neg": _mean(masked, neg),
         "divergence_mean": float(d_resp.mean()) if d_resp.numel() else 0.0,
         "divergence_max": float(d_resp.max()) if d_resp.numel() else 0.0,
-        "direction_disagreement": _mean(disagree, signed),
+        "direction_disagreement": _mean(disagree & judged, signed),
+        "direction_disagreement_far": _mean(disagree & far, signed),
+        "masked_only_predictive": _mean(far & change_away & ~ratio_away, rmask),
+        "masked_only_dppo": _mean(far & ratio_away & ~change_away, rmask),
         "ratio_mean": _mean(region.log_ratio.exp(), rmask),
         "entropy": _mean(stats.entropy, rmask),
     }

@@ -24,7 +24,14 @@ import torch
 from torch import Tensor
 
 from core.behavior import BehaviorView
-from core.divergence import Estimator, Kind, SoftmaxStats, divergence_and_change, softmax_stats
+from core.divergence import (
+    Estimator,
+    Kind,
+    SoftmaxStats,
+    divergence_and_change,
+    estimator_stats,
+    softmax_stats,
+)
 
 Mask = Literal["ppo_clip", "dppo", "predictive", "none"]
 MASKS: tuple[str, ...] = get_args(Mask)
@@ -33,6 +40,15 @@ MASKS: tuple[str, ...] = get_args(Mask)
 def ratio_moves_away(log_ratio: Tensor, advantages: Tensor) -> Tensor:
     """DPPO's direction rule: the token's step pushes pi(a) further from mu(a)."""
     return ((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0))
+
+
+def far_from_behavior(
+    divergence: Tensor, advantages: Tensor, delta_low: float, delta_high: float
+) -> Tensor:
+    """The proximity question of `dppo` and `predictive`: D past the threshold of A's sign
+    (tokens with A = 0 are never far: their gradient is zero anyway)."""
+    pos, neg = advantages > 0, advantages < 0
+    return (pos & (divergence > delta_high)) | (neg & (divergence > delta_low))
 
 
 @dataclass(frozen=True)
@@ -70,13 +86,18 @@ def trust_region(
         raise ValueError(
             f"advantages {tuple(advantages.shape)} must match tokens {tuple(tokens.shape)}"
         )
+    estimate = mask in ("dppo", "predictive") or always_estimate
     if stats is None:
-        stats = softmax_stats(logits)
-    logp_a = logits.gather(-1, tokens.unsqueeze(-1)).float().squeeze(-1) - stats.lse
+        stats = (
+            estimator_stats(logits, behavior, tokens, estimator)
+            if estimate
+            else softmax_stats(logits)  # the ratio alone
+        )
+    logp_a = stats.log_probs(logits, tokens.unsqueeze(-1)).squeeze(-1)
     log_ratio = logp_a - behavior.token_logprobs.float()
 
     d = g = None
-    if mask in ("dppo", "predictive") or always_estimate:
+    if estimate:
         d, g = divergence_and_change(
             logits, behavior, tokens, advantages, kind, estimator, stats=stats
         )
@@ -89,7 +110,7 @@ def trust_region(
         masked = torch.zeros_like(pos)
     else:
         assert d is not None and g is not None
-        far = (pos & (d > delta_high)) | (neg & (d > delta_low))
+        far = far_from_behavior(d, advantages, delta_low, delta_high)
         away = ratio_moves_away(log_ratio, advantages) if mask == "dppo" else g > 0
         masked = far & away
     return TrustRegion(keep=~masked, log_ratio=log_ratio, divergence=d, change=g)

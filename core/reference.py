@@ -8,6 +8,9 @@ nothing of it is checkpointed):
 - with LoRA, the base model with its adapters disabled: no copy, the base weights never train;
 - otherwise a frozen copy of the weights, in the training dtype, made before the first update.
 
+With top-p sampling the reference is truncated like the trained policy (`core.truncation`): its
+own nucleus plus the sampled token, so that the penalty is exactly 0 before the first update.
+
 The reference's log-probs are computed once per step, for the whole rollout batch, under
 no_grad and in chunks of one micro-batch (its forward pass costs no more memory than the
 update's); the reference never changes, so the epochs and minibatches of a step share them.
@@ -25,6 +28,7 @@ from torch import Tensor
 
 from core.models.base import CausalLM
 from core.rollout import RolloutBatch, response_logits
+from core.truncation import truncate_to_nucleus
 
 
 class ReferencePolicy:
@@ -41,9 +45,12 @@ class ReferencePolicy:
         self.shares_weights = lm.has_adapters  # False: `lm` is a copy of its own
 
     @torch.no_grad()
-    def token_logprobs(self, batch: RolloutBatch, temperature: float, rows: int) -> Tensor:
+    def token_logprobs(
+        self, batch: RolloutBatch, temperature: float, rows: int, top_p: float = 1.0
+    ) -> Tensor:
         """(B, T) fp32 `log pi_ref(a)` at every response token (0 elsewhere), at the sampling
-        temperature like the trained policy's log-probs, `rows` sequences per forward pass."""
+        temperature and under the sampler's top-p truncation (`core.truncation`) like the
+        trained policy's log-probs, `rows` sequences per forward pass."""
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         mask = batch.response_mask  # (B, T)
@@ -53,6 +60,7 @@ class ReferencePolicy:
             part = batch.select(idx)
             with self._context():
                 logits = response_logits(self.lm, part, temperature)  # (N_part, V) fp32
+            logits = truncate_to_nucleus(logits, part.tokens, top_p)
             # the same expression as the policy's log pi(a) in core.loss: equal weights, equal
             # values, so the penalty is exactly 0 before the first update
             logp = -F.cross_entropy(logits, part.tokens, reduction="none")

@@ -30,7 +30,7 @@ def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
     """The learning rate of RL step `step` (0-based) of a run of `total_steps` steps."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    peak = optim.lr
+    peak = optim.peak_lr
     warm = optim.lr_warmup_steps
     if step < warm:
         return peak * step / warm

@@ -5,26 +5,36 @@ Apart from the loop (`core.trainer`) because it is the part that the knobs of th
 minibatches and epochs (off-policy updates), gradient accumulation (`optim.grad_accumulation`)
 and the KL penalty's reference log-probs (`algorithm.kl_beta`).
 
+How token losses add up is `algorithm.loss_agg` (`loss_normalizer`): `token_mean` (DAPO: every
+response token of the rollout batch weighs the same, each of the M minibatches dividing its
+token sum by batch tokens / M), `seq_mean` (each sequence's token mean, averaged over the
+minibatch's sequences) or `minibatch_token_mean` (each minibatch by its own token count).
+
 Accumulation splits a minibatch of b sequences into pieces of b / accumulation; every piece
-divides its token sums by the whole minibatch's response-token count (`policy_loss`'s
-`normalizer`), so the summed gradient is the unsplit minibatch's, up to fp32 rounding, and
-gradient clipping and the optimizer step see the same gradient either way. With accumulation 1
-the loss keeps its own denominator: bit for bit the path without the knob.
+divides its token sums by the same normalizer the unsplit minibatch would use (`policy_loss`'s
+`normalizer`: a count, or per sequence for `seq_mean`), so the summed gradient is the unsplit
+minibatch's, up to fp32 rounding, and gradient clipping and the optimizer step see the same
+gradient either way. Where the normalizer is the piece's own token count (one piece, one
+minibatch or `minibatch_token_mean`) the loss keeps its own denominator: bit for bit the path
+without the knobs.
+
+With top-p sampling the trained policy is the truncated one (`core.truncation`), so that the
+ratio and the divergence compare like with like.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from core.config import TrainConfig
+from core.config import LOSS_AGGS, LossAgg, TrainConfig
 from core.loss import PolicyLossOutput, policy_loss
 from core.models.base import CausalLM
 from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, response_logits
+from core.truncation import truncate_to_nucleus
 
 
 def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool) -> Tensor:
@@ -60,24 +70,28 @@ def update_policy(
     adv_seq = advantages.to(lm.device)  # (B,)
     ref = None  # (B, T) log pi_ref(a), once per step: the reference never changes
     if reference is not None:
-        ref = reference.token_logprobs(batch, cfg.rollout.temperature, rows=per_mb // accum)
+        ref = reference.token_logprobs(
+            batch, cfg.rollout.temperature, rows=per_mb // accum, top_p=cfg.rollout.top_p
+        )
     sums: dict[str, float] = {"loss": 0.0}
     weight_total = 0.0
     div_max = 0.0
     grad_norms: list[float] = []
-    offpolicy = float("nan")
+    # |log pi(a) - log mu(a)| of every token, measured by the first pass that trains on it
+    # (the first epoch's minibatches partition the batch): how far the sampler was from the
+    # policy each token's own update started from
+    offpolicy_sum, offpolicy_tokens = 0.0, 0
     params = [p for _, p in lm.trainable()]
-    for _epoch in range(a.epochs):
+    for epoch in range(a.epochs):
         order = torch.randperm(b, generator=shuffle_gen).to(lm.device)
         for i in range(a.minibatches):
             if should_stop():
                 raise StopRequested("stopped between minibatch updates")
             rows = order[i * per_mb : (i + 1) * per_mb].sort().values
             n_mb = int(batch.response_mask[rows].sum())  # the minibatch's response tokens
-            norm = None if accum == 1 else float(max(n_mb, 1))
+            norm = loss_normalizer(a.loss_agg, batch.response_mask, rows, a.minibatches, accum)
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
-            first_ratios: list[Tensor] = []
             for piece in rows.chunk(accum):
                 out = _piece_loss(lm, batch, piece, adv_seq, ref, norm, cfg)
                 out.loss.backward()
@@ -87,11 +101,9 @@ def update_policy(
                     if k != "divergence_max":
                         sums[k] = sums.get(k, 0.0) + w * v
                 div_max = max(div_max, out.stats["divergence_max"])
-                if math.isnan(offpolicy):
-                    first_ratios.append(out.log_ratio.abs())
-            if math.isnan(offpolicy):
-                # how far the sampler was from the trained policy before any update on it
-                offpolicy = float(torch.cat(first_ratios).mean())
+                if epoch == 0:
+                    offpolicy_sum += float(out.log_ratio.abs().sum())
+                    offpolicy_tokens += len(out.log_ratio)
             gn = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
             before_step()
             optimizer.step()
@@ -101,8 +113,34 @@ def update_policy(
     metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
     metrics["divergence_max"] = div_max
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["offpolicy_logratio_abs"] = offpolicy
+    metrics["offpolicy_logratio_abs"] = offpolicy_sum / max(offpolicy_tokens, 1)
     return metrics
+
+
+def loss_normalizer(
+    loss_agg: LossAgg, response_mask: Tensor, rows: Tensor, minibatches: int, pieces: int
+) -> float | Tensor | None:
+    """What the pieces of the minibatch `rows` divide their token sums by (`policy_loss`'s
+    `normalizer`), for `algorithm.loss_agg`; `response_mask` (B, T) is the whole batch's.
+
+    - `token_mean`: batch tokens / M for every minibatch, so that over a step every response
+      token weighs the same (DAPO); a count that is not an integer is fine;
+    - `seq_mean`: a (B,) tensor, sequence s's length times the minibatch's sequence count:
+      each token of s then weighs 1 / (len_s * b), a mean of per-sequence token means;
+    - `minibatch_token_mean`: the minibatch's own token count.
+
+    None where that is the piece's own token count (a minibatch in one piece, and for
+    `token_mean` one whose count is batch tokens / M): `policy_loss` then divides by its own
+    count, bit for bit the unsplit, single-minibatch path."""
+    n_mb = int(response_mask[rows].sum())
+    if loss_agg == "seq_mean":
+        return response_mask.sum(-1).float().clamp_min(1.0) * float(len(rows))  # (B,)
+    if loss_agg == "token_mean":
+        share = int(response_mask.sum()) / minibatches
+        return None if pieces == 1 and share == n_mb else share
+    if loss_agg == "minibatch_token_mean":
+        return None if pieces == 1 else float(max(n_mb, 1))
+    raise ValueError(f"algorithm.loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
 
 
 def _piece_loss(
@@ -111,15 +149,20 @@ def _piece_loss(
     rows: Tensor,
     adv_seq: Tensor,
     ref: Tensor | None,
-    normalizer: float | None,
+    normalizer: float | Tensor | None,
     cfg: TrainConfig,
 ) -> PolicyLossOutput:
-    """The loss of the sequences `rows` (sorted) of `batch`, with its gradient graph."""
+    """The loss of the sequences `rows` (sorted) of `batch`, with its gradient graph;
+    a (B,) `normalizer` is per sequence of the batch (`loss_normalizer`)."""
     a = cfg.algorithm
     mb = batch.select(rows)
     keep = mb.response_mask  # (b, T)
     adv_tok = adv_seq[rows][:, None].expand_as(keep)[keep]  # (N,)
+    if isinstance(normalizer, Tensor):
+        normalizer = normalizer[rows][:, None].expand_as(keep)[keep]  # (N,) per token
     logits = response_logits(lm, mb, cfg.rollout.temperature)  # (N, V) fp32, with grad
+    # top-p: the trained policy is the truncated sampler (core.truncation); top_p 1 skips it
+    logits = truncate_to_nucleus(logits, mb.tokens, cfg.rollout.top_p)
     return policy_loss(
         logits=logits,
         tokens=mb.tokens,

@@ -3,6 +3,11 @@
 One small interface so that the rollout engine, the loss and checkpoints never branch on the model
 family: a forward pass with an optional KV cache over left-padded batches, a tokenizer with EOS and
 pad ids, the trainable parameters, and saving in the family's own format.
+
+The `group_size` completions of a prompt share it: a model whose cache can be indexed by row
+(`shares_prefix`) runs each distinct prompt once and gives its keys and values to every row of
+its group (`expand_cache`), in generation and in the training forward (`core.prefix`); decoding
+drops finished rows from its cache (`select_cache`). Other models run every row in full.
 """
 
 from __future__ import annotations
@@ -74,12 +79,33 @@ class CausalLM(abc.ABC):
         position_ids: Tensor,  # (B, T) int64
         cache: Any = None,
         keep_last: int | None = None,
+        use_cache: bool = True,
     ) -> tuple[Tensor, Any]:
         """Logits (B, T, V) in the module's dtype and the updated cache.
 
         `keep_last=n` computes logits for the last n positions only: with a large vocabulary the
-        (B, T, V) logits of the prompt would dominate memory for nothing.
+        (B, T, V) logits of the prompt would dominate memory for nothing. `use_cache=False`
+        builds no cache (None is returned): a training forward over whole sequences needs none.
         """
+
+    @property
+    def shares_prefix(self) -> bool:
+        """True when `expand_cache` works for this model: a prompt's keys and values, computed
+        once, serve every row that starts with it, with the same logits and gradients as
+        running each row in full (tested per family in tests/core/test_shared_prefix.py)."""
+        return False
+
+    def expand_cache(self, cache: Any, rows: Tensor, room: int = 0) -> Any:
+        """The cache `forward` returned for U distinct prompts, as a cache of len(rows) rows:
+        row i holds prompt `rows[i]` (int64 indices into U). `room=0` keeps autograd (the
+        training forward: gradients flow back into the prompt positions); `room=n` returns a
+        decoding cache with space for n more tokens (no autograd). Only when `shares_prefix`."""
+        raise TypeError(f"{type(self).__name__} cannot share prompts across rows")
+
+    def select_cache(self, cache: Any, rows: Tensor) -> Any:
+        """Keep rows `rows` of a decoding cache (`expand_cache` with room): finished rows
+        leave decoding. Only when `shares_prefix`."""
+        raise TypeError(f"{type(self).__name__} cannot drop rows from its cache")
 
     @abc.abstractmethod
     def save_final(self, path: Path) -> None:

@@ -22,6 +22,12 @@ from core.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 
 __all__ = ["HFLM", "HFTokenizer", "make_chat_hf", "make_tiny_hf", "resolve_hf_source"]
 
+SHARED_PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+"""Architectures whose training forward and rollouts run each distinct prompt once
+(`CausalLM.shares_prefix`): the Llama family, with rotary positions from `position_ids` and a
+cache of full-attention layers; tests/core/test_shared_prefix.py checks each one's gradients
+against the full forward. Any other `model_type` runs every row in full."""
+
 NO_CHAT_TEMPLATE = (
     "this model's tokenizer has no chat template, so records with 'messages' cannot be "
     "rendered; use records with 'prompt', or a model whose tokenizer_config.json or "
@@ -155,6 +161,8 @@ class HFLM(CausalLM):
         params = inspect.signature(type(base).forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._attn = getattr(base.config, "_attn_implementation", None)
+        self._shares_prefix = _can_share_prefix(base.config, self._attn)
 
     @property
     def has_adapters(self) -> bool:
@@ -174,21 +182,53 @@ class HFLM(CausalLM):
         position_ids: Tensor,
         cache: Any = None,
         keep_last: int | None = None,
+        use_cache: bool = True,
     ) -> tuple[Tensor, Any]:
         extra: dict[str, Any] = {self._cache_arg: cache}
         if keep_last is not None and self._logits_to_keep:
             extra["logits_to_keep"] = keep_last
+        mask: Tensor = attention_mask.long()
+        if cache is not None and input_ids.shape[1] == 1 and self._shares_prefix:
+            # one new token per row attends to every real key: the padding mask alone, in the
+            # 4D form that a Llama's sdpa or eager attention takes as is, where transformers
+            # would rebuild it (and read it back from the GPU) at every decoded token
+            keys = attention_mask.bool()[:, None, None, :]
+            if self._attn == "sdpa":
+                mask = keys
+            else:  # eager adds the mask to the scores
+                dtype = self.dtype
+                mask = torch.zeros(keys.shape, dtype=dtype, device=keys.device)
+                mask = mask.masked_fill(~keys, torch.finfo(dtype).min)
         out = self.module(
             input_ids=input_ids,
-            attention_mask=attention_mask.long(),
+            attention_mask=mask,
             position_ids=position_ids,
-            use_cache=True,
+            use_cache=use_cache,
             **extra,
         )
         logits = out.logits
         if keep_last is not None and logits.shape[1] > keep_last:
             logits = logits[:, -keep_last:]
-        return logits, getattr(out, self._cache_arg)
+        return logits, getattr(out, self._cache_arg) if use_cache else None
+
+    @property
+    def shares_prefix(self) -> bool:
+        return self._shares_prefix
+
+    def expand_cache(self, cache: Any, rows: Tensor, room: int = 0) -> Any:
+        from core.models import hf_cache
+
+        if not self._shares_prefix or not hf_cache.expandable(cache):
+            return super().expand_cache(cache, rows, room)
+        if room == 0:
+            return hf_cache.expand_rows(cache, rows)
+        return hf_cache.decoding_cache(cache, rows, room)
+
+    def select_cache(self, cache: Any, rows: Tensor) -> Any:
+        if not self._shares_prefix:
+            return super().select_cache(cache, rows)
+        cache.batch_select_indices(rows)
+        return cache
 
     def save_final(self, path: Path) -> None:
         """Safetensors via save_pretrained; LoRA adapters are merged so the result loads alone."""
@@ -200,3 +240,21 @@ class HFLM(CausalLM):
             module = copy.deepcopy(module).merge_and_unload()
         module.save_pretrained(str(path), safe_serialization=True)
         self.hf_tokenizer.tok.save_pretrained(str(path))
+
+
+def _can_share_prefix(config: Any, attn: str | None) -> bool:
+    """A Llama-family model (`SHARED_PREFIX_MODEL_TYPES`) with sdpa or eager attention whose
+    cache, as transformers builds it for this config, is made of plain full-attention layers
+    (no sliding window): what `core.models.hf_cache` can expand. transformers 4 has no
+    per-layer caches: nothing is shared there."""
+    if getattr(config, "model_type", None) not in SHARED_PREFIX_MODEL_TYPES:
+        return False
+    if attn not in ("sdpa", "eager"):
+        return False
+    try:
+        from transformers.cache_utils import DynamicCache
+
+        from core.models import hf_cache
+    except ImportError:
+        return False
+    return hf_cache.expandable(DynamicCache(config=config))

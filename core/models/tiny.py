@@ -26,6 +26,50 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 _BYTE0 = 4
 
 KVCache = list[tuple[Tensor, Tensor]]
+"""Keys and values (B, H, T, Dh) per block: a prefill's, or a training forward's prompt part."""
+
+
+class KVBuffer:
+    """Keys and values of every block in preallocated (B, H, capacity, Dh) tensors, for decoding.
+
+    Each generated token writes one column per block in place, where a `KVCache` would be
+    re-copied whole by `torch.cat` (a cost that grows with the sequence, per token and block).
+    `length` counts the columns written; a forward writes its tokens at `length` in every block
+    and then `advance`s. Decoding only (no autograd through the in-place writes)."""
+
+    def __init__(self, prefill: KVCache, rows: Tensor, room: int) -> None:
+        """The prefill's cache of distinct prompts, row `rows[i]` of it as row i (int64
+        indices), with `room` free columns."""
+        self.length = prefill[0][0].shape[2]
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        for k, v in prefill:
+            for src, dst in ((k, self.keys), (v, self.values)):
+                buf = src.new_empty(len(rows), src.shape[1], self.length + room, src.shape[3])
+                buf[:, :, : self.length] = src[rows]
+                dst.append(buf)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def write(self, block: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store a forward's new columns of `block`; all its keys and values so far (views)."""
+        end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KV buffer of {self.capacity} columns cannot take column {end}")
+        self.keys[block][:, :, self.length : end] = k
+        self.values[block][:, :, self.length : end] = v
+        return self.keys[block][:, :, :end], self.values[block][:, :, :end]
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def select(self, rows: Tensor) -> KVBuffer:
+        """Keep rows `rows` only (finished rows leave decoding): one copy of the buffers."""
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        return self
 
 
 class ByteTokenizer:
@@ -64,13 +108,22 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(
-        self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None
+        self,
+        x: Tensor,
+        mask: Tensor,
+        past: tuple[Tensor, Tensor] | None,
+        buffer: KVBuffer | None = None,
+        index: int = 0,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """`past`: this block's cached keys and values, concatenated in front of the new ones
+        (with autograd); or `buffer`, a decoding buffer this block (number `index`) writes to."""
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Dh)
-        if past is not None:
+        if buffer is not None:
+            k, v = buffer.write(index, k, v)
+        elif past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask (B, 1, T, Tk)
@@ -101,12 +154,17 @@ class TinyTransformer(nn.Module):
         input_ids: Tensor,  # (B, T)
         attention_mask: Tensor,  # (B, Tk) with Tk = T_past + T
         position_ids: Tensor,  # (B, T)
-        cache: KVCache | None = None,
+        cache: KVCache | KVBuffer | None = None,
         keep_last: int | None = None,
-    ) -> tuple[Tensor, KVCache]:
+        use_cache: bool = True,
+    ) -> tuple[Tensor, KVCache | KVBuffer | None]:
+        """Logits and the cache: a `KVCache` of all keys so far, or the given `KVBuffer`
+        advanced past these tokens; None with `use_cache=False` (a training forward)."""
         t = input_ids.shape[1]
         tk = attention_mask.shape[1]
-        if int(position_ids.max()) >= self.cfg.max_seq_len:
+        # positions come from the mask (at most tk - 1): reading them back, a host sync on a
+        # GPU, is only needed when the keys outgrow the table
+        if tk > self.cfg.max_seq_len and int(position_ids.max()) >= self.cfg.max_seq_len:
             raise ValueError(
                 f"sequence of {int(position_ids.max()) + 1} tokens exceeds "
                 f"model.tiny.max_seq_len={self.cfg.max_seq_len}"
@@ -120,12 +178,18 @@ class TinyTransformer(nn.Module):
         keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
         mask = (causal[None, None] & keys) | (kpos == qpos)[None, None]  # (B, 1, T, Tk)
         new_cache: KVCache = []
+        buffer = cache if isinstance(cache, KVBuffer) else None
+        layers = cache if isinstance(cache, list) else None
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, mask, None if cache is None else cache[i])
+            x, kv = block(x, mask, None if layers is None else layers[i], buffer, i)
             new_cache.append(kv)
         if keep_last is not None:
             x = x[:, -keep_last:]
-        return self.head(self.ln_f(x)), new_cache
+        logits = self.head(self.ln_f(x))
+        if isinstance(cache, KVBuffer):
+            cache.advance(t)
+            return logits, cache
+        return logits, new_cache if use_cache else None
 
 
 class TinyLM(CausalLM):
@@ -142,9 +206,26 @@ class TinyLM(CausalLM):
         position_ids: Tensor,
         cache: Any = None,
         keep_last: int | None = None,
+        use_cache: bool = True,
     ) -> tuple[Tensor, Any]:
-        logits, new_cache = self.module(input_ids, attention_mask, position_ids, cache, keep_last)
+        logits, new_cache = self.module(
+            input_ids, attention_mask, position_ids, cache, keep_last, use_cache
+        )
         return logits, new_cache
+
+    @property
+    def shares_prefix(self) -> bool:
+        return True
+
+    def expand_cache(self, cache: Any, rows: Tensor, room: int = 0) -> Any:
+        if room == 0:
+            return [(k[rows], v[rows]) for k, v in cache]
+        return KVBuffer(cache, rows, room)
+
+    def select_cache(self, cache: Any, rows: Tensor) -> Any:
+        if not isinstance(cache, KVBuffer):
+            raise TypeError(f"select_cache takes a decoding KVBuffer, got {type(cache).__name__}")
+        return cache.select(rows)
 
     def save_final(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)

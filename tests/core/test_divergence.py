@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from core import BehaviorView, divergence, predicted_change
 from core.divergence import ESTIMATORS, KINDS, softmax_stats
+from core.rollout import sampling_logprobs
 from core.synthetic import Positions, positions, topk_view
+from core.truncation import truncate_to_nucleus
 from tests.core.references import (
     autograd_change,
     exact_divergence_fn,
@@ -211,3 +215,84 @@ def test_bad_arguments_name_the_problem() -> None:
         divergence(p.logits, p.behavior, p.tokens, kind="tv", estimator="exact")
     with pytest.raises(ValueError, match="tokens"):
         divergence(p.logits, p.behavior, p.tokens[:2], kind="tv", estimator="topk")
+
+
+def _near_one(shift: float) -> tuple[torch.Tensor, BehaviorView, torch.Tensor, torch.Tensor]:
+    """64 positions of a 1000-token vocabulary where pi(a) = 0.9994 and mu(a) = 0.9989, A < 0,
+    the rest of each distribution random; fp32 logits shifted by `shift` (a softmax ignores
+    it, fp32 rounding does not: language models' logits are tens of units)."""
+    gen = torch.Generator().manual_seed(2)
+    n, vocab = 64, 1000
+    rest = torch.randn(n, vocab - 1, generator=gen, dtype=torch.float64)
+    moved = rest + 0.3 * torch.randn(n, vocab - 1, generator=gen, dtype=torch.float64)
+
+    def dist(p_a: float, others: torch.Tensor) -> torch.Tensor:
+        head = torch.full((n, 1), math.log(p_a), dtype=torch.float64)
+        return torch.cat([head, math.log1p(-p_a) + torch.log_softmax(others, -1)], -1)
+
+    logits = (dist(0.9994, rest) + shift).float()
+    logmu = dist(0.9989, moved).float()
+    tokens = torch.zeros(n, dtype=torch.long)
+    return logits, topk_view(logmu, tokens, 5), tokens, -torch.ones(n)
+
+
+def test_the_sampled_tokens_rate_cancels_in_fp32_near_pi_a_one() -> None:
+    """The trap itself: the step factor 1 - pi_a - c = 1 - 2 pi_a + q, written that way in fp32
+    from pi_a = exp(z_a - lse), is rounding noise at pi_a = 0.9994 (its true value is about
+    3.6e-7), and with it the binary/top-K predicted change had the wrong sign. The float64
+    value is (1 - pi_a)^2 + sum_{j != a} pi_j^2."""
+    logits = _near_one(shift=60.0)[0]
+    lse = torch.logsumexp(logits, -1)
+    p_a = (logits[:, 0] - lse).exp()
+    q = (torch.softmax(logits, -1) ** 2).sum(-1)
+    cancelled = 1 - 2 * p_a + q
+    pi = torch.softmax(logits.double(), -1)
+    exact = (1 - pi[:, 0]) ** 2 + (pi[:, 1:] ** 2).sum(-1)
+    assert (exact > 3e-7).all()
+    assert ((cancelled.double() - exact).abs() > exact).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("shift", [10.0, 60.0])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_change_near_pi_a_one_has_the_float64_sign(shift: float, kind: str, estimator: str) -> None:
+    """pi(a) = 0.9994 > mu(a) = 0.9989 with A < 0: every estimator's predicted change against
+    autograd of its own divergence in float64 (tests/core/references.py): the right sign on
+    every row and within 1% (the cancelling form was wrong in sign on 20-100% of the rows for
+    binary and top-K, and 5-15% off for the full-vocabulary estimators)."""
+    logits, view, tokens, adv = _near_one(shift)
+    got = predicted_change(logits, view, tokens, adv, kind=kind, estimator=estimator)
+    if estimator == "exact":
+        fn = exact_divergence_fn(view, kind)
+    else:
+        lumped = "binary" if estimator == "binary" else "topk"
+        fn = lumped_divergence_fn(view, tokens, kind, lumped)
+    want = autograd_change(fn, logits, tokens, adv)
+    assert (torch.sign(got.double()) == torch.sign(want)).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=0.0)
+
+
+@pytest.mark.parametrize("estimator", ["exact", "binary", "topk"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_change_of_a_truncated_policy_matches_autograd(kind: str, estimator: str) -> None:
+    """Top-p on both sides (`core.truncation`): pi is 0 outside its nucleus plus the sampled
+    token, mu outside the sampler's, and the nuclei differ. D's terms where pi is floored are
+    constants: the predicted change is still autograd's of the (floored) divergence."""
+    p = positions(48, 300, k=20, gap=1.0, peak=2.0, seed=13)
+    assert p.behavior.full_logprobs is not None
+    logmu = sampling_logprobs(p.behavior.full_logprobs, 1.0, 0.8)  # the sampler's mu
+    gen = torch.Generator().manual_seed(14)
+    tokens = torch.multinomial(logmu.exp(), 1, generator=gen)[:, 0]
+    view = topk_view(logmu, tokens, 20)
+    logits = truncate_to_nucleus(p.logits, tokens, 0.8)  # pi_p
+    outside = torch.isinf(logits) & torch.isfinite(logmu)
+    assert outside.any(dim=-1).float().mean() > 0.25  # mu samples where pi_p cannot
+    got = predicted_change(logits, view, tokens, p.advantages, kind=kind, estimator=estimator)
+    if estimator == "exact":
+        fn = exact_divergence_fn(view, kind)
+    else:
+        fn = lumped_divergence_fn(view, tokens, kind, estimator)
+    want = autograd_change(fn, logits, tokens, p.advantages)
+    scale = _scale(Positions(logits, view, tokens, p.advantages))
+    assert torch.isfinite(got).all()
+    assert ((got.double() - want).abs() <= 1e-4 * want.abs() + 1e-5 * scale + 1e-12).all()

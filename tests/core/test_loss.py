@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from core import policy_loss, trust_region_mask
-from core.masks import MASKS
-from core.synthetic import positions
+from core.loss import DIRECTION_TOLERANCE
+from core.masks import MASKS, trust_region
+from core.synthetic import Positions, positions, topk_view
+from core.update import loss_normalizer
 
 
 @pytest.mark.parametrize("mask", MASKS)
@@ -178,3 +182,187 @@ def test_normalizer_splits_a_batch_into_pieces_with_the_same_gradient() -> None:
     assert total == pytest.approx(float(whole.loss.detach()), rel=1e-5)
     assert whole_logits.grad is not None and split_logits.grad is not None
     torch.testing.assert_close(split_logits.grad, whole_logits.grad, rtol=1e-5, atol=1e-8)
+
+
+# -- telemetry: direction rules compared only where D means something ----------------------
+
+
+@pytest.mark.parametrize("estimator", ["binary", "topk", "exact", "topk_tail"])
+@pytest.mark.parametrize("kind", ["tv", "kl", "kl_reverse"])
+def test_on_policy_positions_compare_no_directions(kind: str, estimator: str) -> None:
+    """mu = pi exactly (gap 0), logits at language-model magnitude: D is rounding, below the
+    tolerance everywhere, so the rules are never compared (comparing every sign read ~30%)."""
+    p = positions(512, 2000, k=20, gap=0.0, peak=2.0, seed=3)
+    out = policy_loss(
+        logits=p.logits + 40.0,
+        tokens=p.tokens,
+        behavior=p.behavior,
+        advantages=p.advantages,
+        kind=kind,  # type: ignore[arg-type]
+        estimator=estimator,  # type: ignore[arg-type]
+    )
+    s = out.stats
+    assert s["divergence_max"] < DIRECTION_TOLERANCE / 50
+    assert s["direction_disagreement"] == s["direction_disagreement_far"] == 0.0
+    assert s["masked_only_predictive"] == s["masked_only_dppo"] == s["masked_fraction"] == 0.0
+    assert s["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def _region(p: Positions, delta: float) -> tuple[torch.Tensor, ...]:
+    """D, the two 'moves away' rules and 'far', by hand from the trust region's ingredients."""
+    r = trust_region(p.logits, p.behavior, p.tokens, p.advantages, "none", always_estimate=True)
+    assert r.divergence is not None and r.change is not None
+    pos, neg = p.advantages > 0, p.advantages < 0
+    ratio_away = (pos & (r.log_ratio > 0)) | (neg & (r.log_ratio < 0))
+    change_away = r.change > 0
+    far = (pos | neg) & (r.divergence > delta)
+    return r.divergence, ratio_away, change_away, far, pos | neg
+
+
+def test_disagreement_and_mask_differences_have_their_definitions() -> None:
+    """Off-policy positions where every quantity is non-trivial: each metric against its
+    definition, and the same values whichever mask is configured (one pass, no extra work)."""
+    p = positions(2000, 300, k=20, gap=0.6, seed=11)
+    delta = 0.1
+    d, ratio_away, change_away, far, signed = _region(p, delta)
+    disagree = ratio_away != change_away
+    n_signed = float(signed.sum())
+    want = {
+        "direction_disagreement": float((disagree & (d > DIRECTION_TOLERANCE)).sum()) / n_signed,
+        "direction_disagreement_far": float((disagree & far).sum()) / n_signed,
+        "masked_only_predictive": float((far & change_away & ~ratio_away).float().mean()),
+        "masked_only_dppo": float((far & ratio_away & ~change_away).float().mean()),
+    }
+    assert all(v > 0.01 for v in want.values()), want
+    # the tolerance matters here: some disagreeing tokens have D below it, and are not counted
+    assert want["direction_disagreement"] < float(disagree[signed].float().mean())
+    masked = {}
+    for mask in MASKS:
+        out = policy_loss(
+            logits=p.logits,
+            tokens=p.tokens,
+            behavior=p.behavior,
+            advantages=p.advantages,
+            mask=mask,  # type: ignore[arg-type]
+            delta_low=delta,
+            delta_high=delta,
+        )
+        for k, v in want.items():
+            assert out.stats[k] == pytest.approx(v, abs=1e-7), (mask, k)
+        masked[mask] = out.stats["masked_fraction"]
+    # the two masks differ by exactly the two set differences
+    only = want["masked_only_predictive"] - want["masked_only_dppo"]
+    assert masked["predictive"] - masked["dppo"] == pytest.approx(only, abs=1e-6)
+
+
+def test_disagreement_tolerance_in_a_hand_built_case() -> None:
+    """V = 3, pi = (0.1, 0.8, 0.1), the sampled token 0 with A = +1, and mu = pi + t (-1, -1, 2):
+    TV = 2t, pi_a > mu_a (DPPO: the step moves away), yet the step's predicted TV change is
+    negative (most of the mass it takes comes from token 1, where pi > mu). The three rows
+    have t = 1e-5, 0.01, 0.1: D = 2e-5 (below the tolerance: not compared), 0.02 (compared),
+    0.2 (compared, and past delta = 0.05: DPPO masks it, the predictive mask does not)."""
+    pi = torch.tensor([0.1, 0.8, 0.1], dtype=torch.float64)
+    ts = torch.tensor([1e-5, 0.01, 0.1], dtype=torch.float64)
+    mu = pi + ts[:, None] * torch.tensor([-1.0, -1.0, 2.0], dtype=torch.float64)
+    logits = pi.log().expand(3, 3).float().contiguous()
+    tokens = torch.zeros(3, dtype=torch.long)
+    view = topk_view(mu.log().float(), tokens, 3)
+    adv = torch.ones(3)
+    r = trust_region(logits, view, tokens, adv, "none", estimator="exact", always_estimate=True)
+    assert r.divergence is not None and r.change is not None
+    torch.testing.assert_close(r.divergence.double(), 2 * ts, rtol=1e-4, atol=1e-7)
+    # g = A/2 [pi_a (s_a - sbar) - sum_j pi_j^2 (s_j - sbar)], s = sign(pi - mu) = (1, 1, -1),
+    # sbar = 0.1 + 0.8 - 0.1 = 0.8: g = 0.5 [0.1 * 0.2 - (0.01 * 0.2 + 0.64 * 0.2 - 0.01 * 1.8)]
+    g = 0.5 * (0.1 * 0.2 - (0.01 * 0.2 + 0.64 * 0.2 - 0.01 * 1.8))
+    assert g == pytest.approx(-0.046)
+    torch.testing.assert_close(r.change.double(), torch.full((3,), g, dtype=torch.float64))
+    assert (r.log_ratio > 0).all()  # DPPO's direction: away, on every row
+    for mask, masked in [("predictive", 0.0), ("dppo", 1 / 3)]:
+        out = policy_loss(
+            logits=logits,
+            tokens=tokens,
+            behavior=view,
+            advantages=adv,
+            mask=mask,  # type: ignore[arg-type]
+            estimator="exact",
+            delta_low=0.05,
+            delta_high=0.05,
+        )
+        assert out.stats == pytest.approx(
+            out.stats
+            | {
+                "direction_disagreement": 2 / 3,
+                "direction_disagreement_far": 1 / 3,
+                "masked_only_predictive": 0.0,
+                "masked_only_dppo": 1 / 3,
+                "masked_fraction": masked,
+            }
+        )
+
+
+# -- loss aggregation ------------------------------------------------------------------------
+
+
+def test_loss_normalizers_by_hand() -> None:
+    """4 sequences of 1, 3, 2 and 1 response tokens (7 in all) in 2 minibatches of 2:
+    {0, 1} holds 4 tokens, {2, 3} holds 3."""
+    rmask = torch.tensor(
+        [[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.bool
+    )  # (B=4, T=3)
+    first, second = torch.tensor([0, 1]), torch.tensor([2, 3])
+    # token_mean: 7 / 2 = 3.5 tokens per minibatch, every token of the step weighs 1 / 7 * 2
+    assert loss_normalizer("token_mean", rmask, first, 2, 1) == 3.5
+    assert loss_normalizer("token_mean", rmask, second, 2, 2) == 3.5
+    # one minibatch in one piece: the piece's own count, policy_loss's default path
+    assert loss_normalizer("token_mean", rmask, torch.arange(4), 1, 1) is None
+    assert loss_normalizer("token_mean", rmask, torch.arange(4), 1, 2) == 7.0
+    # minibatch_token_mean: each minibatch by its own count
+    assert loss_normalizer("minibatch_token_mean", rmask, first, 2, 1) is None
+    assert loss_normalizer("minibatch_token_mean", rmask, first, 2, 2) == 4.0
+    assert loss_normalizer("minibatch_token_mean", rmask, second, 2, 2) == 3.0
+    # seq_mean: length times the minibatch's 2 sequences, per sequence of the batch
+    per_seq = loss_normalizer("seq_mean", rmask, first, 2, 1)
+    assert isinstance(per_seq, torch.Tensor)
+    assert per_seq.tolist() == [2.0, 6.0, 4.0, 2.0]
+    with pytest.raises(ValueError, match="loss_agg"):
+        loss_normalizer("sum", rmask, first, 2, 1)  # type: ignore[arg-type]
+
+
+def test_loss_aggregations_by_hand() -> None:
+    """Two sequences of 2 and 3 tokens, A = 1 and 0.5, on-policy over V = 2 uniform logits
+    (log pi(a) = -ln 2, ratio 1): loss = ln 2 * sum_i A_i / normalizer_i.
+
+    token mean: ln 2 (2 * 1 + 3 * 0.5) / 5 = 0.7 ln 2; sequence mean: ln 2 (1 + 0.5) / 2 =
+    0.75 ln 2; one minibatch's own count, pieces {seq 1} and {seq 2} each divided by 5: the
+    token mean again, summed over the pieces."""
+    n = 5
+    logits = torch.zeros(n, 2)
+    tokens = torch.tensor([0, 1, 0, 1, 1])
+    logmu = torch.full((n, 2), -math.log(2.0))
+    view = topk_view(logmu, tokens, 2)
+    adv = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.5])
+    args = {"tokens": tokens, "behavior": view, "advantages": adv}
+    ln2 = math.log(2.0)
+    token_mean = policy_loss(logits=logits, **args)
+    assert float(token_mean.loss) == pytest.approx(0.7 * ln2, rel=1e-6)
+    rmask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    per_seq = loss_normalizer("seq_mean", rmask, torch.arange(2), 1, 1)
+    assert isinstance(per_seq, torch.Tensor)
+    per_token = per_seq[:, None].expand_as(rmask)[rmask]  # as core.update expands it
+    assert per_token.tolist() == [4.0, 4.0, 6.0, 6.0, 6.0]
+    seq_mean = policy_loss(logits=logits, normalizer=per_token, **args)
+    assert float(seq_mean.loss) == pytest.approx(0.75 * ln2, rel=1e-6)
+    keep = torch.tensor([True, True, False, False, False])
+    pieces = [
+        policy_loss(
+            logits=logits[idx],
+            tokens=tokens[idx],
+            behavior=view.select(idx),
+            advantages=adv[idx],
+            normalizer=5.0,
+        ).loss
+        for idx in (keep, ~keep)
+    ]
+    assert float(sum(pieces)) == pytest.approx(0.7 * ln2, rel=1e-6)
+    with pytest.raises(ValueError, match="normalizer must be"):
+        policy_loss(logits=logits, normalizer=per_token[:3], **args)

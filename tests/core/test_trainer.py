@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from core.checkpoint import latest_checkpoint, list_checkpoints
-from core.config import TrainConfig
+from core.config import OptimConfig, TrainConfig
 from core.loss import policy_loss
 from core.models import load_model
 from core.schedule import lr_at
@@ -34,6 +34,10 @@ REQUIRED = {
     "divergence_mean",
     "divergence_max",
     "direction_disagreement",
+    "direction_disagreement_far",
+    "masked_only_predictive",
+    "masked_only_dppo",
+    "offpolicy_logratio_abs",
     "entropy",
     "grad_norm",
     *TIMING,
@@ -82,6 +86,7 @@ class Recorder(TrainerCallback):
         return self.stop_after is not None and len(self.steps) >= self.stop_after
 
 
+@pytest.mark.usefixtures("spread_reward")
 def test_short_run_changes_every_parameter_and_logs_finite_metrics(tmp_path: Path) -> None:
     cfg = small_config()
     torch.manual_seed(cfg.seed)
@@ -99,6 +104,7 @@ def test_short_run_changes_every_parameter_and_logs_finite_metrics(tmp_path: Pat
     assert unchanged == []
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["zero_adv_groups"] < 1.0 for r in rows)  # every step had a gradient
     for row in rows:
         assert set(row) >= REQUIRED
         assert all(isinstance(v, float) and math.isfinite(v) for v in row.values())
@@ -361,7 +367,9 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     import core.trainer as trainer_module
     import core.update as update_module
 
-    cfg = small_config(steps=1, checkpoint_every=0)
+    # the aggregation the loss had then (token_mean passes a count to minibatches whose token
+    # counts differ from batch tokens / minibatches)
+    cfg = small_config(steps=1, checkpoint_every=0, algorithm={"loss_agg": "minibatch_token_mean"})
     train(cfg, tmp_path / "now")
 
     def old_call(**kwargs: Any) -> Any:
@@ -392,10 +400,14 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     assert not any(p.requires_grad for p in kl.reference.lm.module.parameters())
 
 
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean", "minibatch_token_mean"])
 @pytest.mark.parametrize("kl_beta", [0.0, 0.3])
-def test_gradient_accumulation_gives_the_same_update(tmp_path: Path, kl_beta: float) -> None:
+def test_gradient_accumulation_gives_the_same_update(
+    tmp_path: Path, kl_beta: float, loss_agg: str
+) -> None:
     """Micro-batches of 8, 4 and 2 sequences (1, 2, 4 pieces of a minibatch of 8) divide by the
-    minibatch's token count, so one step ends with the same weights up to fp32 rounding."""
+    normalizer of the whole minibatch (`algorithm.loss_agg`: a token count, or per sequence),
+    so one step ends with the same weights up to fp32 rounding."""
     finals = []
     losses = []
     for accum in (1, 2, 4):
@@ -403,9 +415,14 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path: Path, kl_beta: fl
         cfg = small_config(
             steps=1,
             checkpoint_every=0,
-            task={"warmup_steps": 3},
-            algorithm={"kl_beta": kl_beta},
-            optim={"grad_accumulation": accum},
+            # peaked enough that the step's samples earn rewards (3 steps left every reward 0
+            # with most sampling streams: no gradient to compare)
+            task={"warmup_steps": 20},
+            algorithm={"kl_beta": kl_beta, "loss_agg": loss_agg},
+            # AdamW's first step moves a weight by lr * g / (|g| + eps): with eps 1e-8 a
+            # gradient element within fp32 rounding of 0 (~1e-9) moves by a noisy fraction of
+            # lr, whichever way the sums were split; 1e-6 keeps the comparison to the gradient
+            optim={"grad_accumulation": accum, "eps": 1e-6},
         )
         train(cfg, out)
         finals.append(load_file(str(out / "final" / "model.safetensors")))
@@ -414,10 +431,65 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path: Path, kl_beta: fl
     for other in finals[1:]:
         for k, t in finals[0].items():
             torch.testing.assert_close(other[k], t, rtol=0, atol=2e-6)
-    # AdamW's first step hardly sees a gradient's scale; the loss and the norm do
+    # AdamW's first step hardly sees a gradient's scale; the loss and the norm do (the loss, a
+    # difference of the policy term and the penalty, to its rounding: 1e-9 absolute)
     assert losses[0][0] != 0.0 and losses[0][1] > 0.0
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-    assert losses[2] == pytest.approx(losses[0], rel=1e-5)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-9)
+    assert losses[2] == pytest.approx(losses[0], rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.usefixtures("spread_reward")
+def test_loss_aggregations_are_different_updates(tmp_path: Path) -> None:
+    """Responses of unequal length in two minibatches of unequal token counts: the three
+    aggregations weigh the tokens differently, three gradient norms for the same rollout (the
+    weights by hand: tests/core/test_loss.py)."""
+    norms, lengths = {}, set()
+    for agg in ("token_mean", "seq_mean", "minibatch_token_mean"):
+        cfg = small_config(
+            steps=1,
+            checkpoint_every=0,
+            task={"warmup_steps": 10, "warmup_lr": 3e-2},  # some answers end early
+            algorithm={"loss_agg": agg, "minibatches": 2},
+        )
+        train(cfg, tmp_path / agg)
+        row = read_metrics(tmp_path / agg)[0]
+        norms[agg] = row["grad_norm"]
+        lengths.add(row["response_len"])
+    assert len(lengths) == 1 and 1.0 < lengths.pop() < 4.0  # one rollout, lengths vary
+    assert len({round(v, 6) for v in norms.values()}) == 3, norms
+
+
+@pytest.mark.usefixtures("spread_reward")
+def test_offpolicy_logratio_covers_every_token_of_the_first_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each token counts once, measured by the pass that first trains on it: the first epoch's
+    two minibatches (the second one after an update, so off-policy), not the second epoch."""
+    import core.update as update_module
+
+    seen: list[torch.Tensor] = []
+
+    def recording(**kwargs: Any) -> Any:
+        out = policy_loss(**kwargs)
+        seen.append(out.log_ratio.abs())
+        return out
+
+    monkeypatch.setattr(update_module, "policy_loss", recording)
+    cfg = small_config(
+        steps=1,
+        checkpoint_every=0,
+        task={"warmup_steps": 3},
+        algorithm={"minibatches": 2, "epochs": 2},
+        optim={"grad_accumulation": 2},
+    )
+    train(cfg, tmp_path)
+    row = read_metrics(tmp_path)[0]
+    assert len(seen) == 8  # 2 epochs x 2 minibatches x 2 pieces
+    first_epoch = torch.cat(seen[:4])
+    assert len(first_epoch) == round(row["response_len"] * 16)  # the whole batch, once
+    assert row["offpolicy_logratio_abs"] == pytest.approx(float(first_epoch.mean()), rel=1e-6)
+    # the first minibatch is on-policy, the second is measured after the first update
+    assert float(torch.cat(seen[2:4]).mean()) > 100 * float(torch.cat(seen[:2]).mean())
 
 
 class ZeroReward(Task):
@@ -439,6 +511,24 @@ class ZeroReward(Task):
 
     def warmup_completion(self, example: Example, rng: random.Random) -> str:
         return self.inner.warmup_completion(example, rng)
+
+
+class SpreadReward(ZeroReward):
+    """A built-in task graded by the length of the decoded completion: an untrained model's
+    completions differ in it (half the byte vocabulary decodes to nothing), so groups have a
+    spread of rewards from the first step whatever the sampler draws, where the task's own
+    digits are a lucky hit or two in a few hundred tokens."""
+
+    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
+        return Grades([min(len(c), 4) / 4 for c in completions], {})
+
+
+@pytest.fixture
+def spread_reward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import core.trainer as trainer_module
+
+    real = trainer_module.make_task
+    monkeypatch.setattr(trainer_module, "make_task", lambda *a, **kw: SpreadReward(real(*a, **kw)))
 
 
 @pytest.fixture
@@ -593,6 +683,43 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tmp_path: Path) -> No
     want = base.gather(-1, batch.tokens[:, None])[:, 0]
     torch.testing.assert_close(ref, want, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(policy.gather(-1, batch.tokens[:, None])[:, 0], want, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("model", "lr"),
+    [
+        ({"name": "builtin:tiny"}, 1e-3),  # trained from scratch
+        ({"name": "hf:/models/m"}, 1e-6),  # full fine-tuning of a pretrained model
+        ({"name": "job:abc"}, 1e-6),
+        ({"name": "hf:/models/m", "lora": {"r": 4}}, 1e-5),
+    ],
+)
+def test_an_unset_lr_follows_the_model(model: dict[str, Any], lr: float) -> None:
+    """Resolved once, when the spec validates: the stored spec, the trainer's optimizer and
+    schedule, the budget and `--dry-run` all read `optim.lr`; a given lr is kept."""
+    for optim in ({}, {"lr": None}):
+        cfg = TrainConfig.model_validate({"model": model, "optim": optim})
+        assert cfg.optim.lr == lr and cfg.optim.peak_lr == lr
+        assert lr_at(0, cfg.optim, cfg.steps) == lr
+        assert TrainConfig.model_validate(cfg.model_dump()).optim.lr == lr  # stored as is
+    given = TrainConfig.model_validate({"model": model, "optim": {"lr": 3e-4}})
+    assert given.optim.lr == 3e-4
+    with pytest.raises(ValueError, match=r"optim\.lr is unset"):
+        _ = OptimConfig().peak_lr
+
+
+def test_the_trainer_uses_the_resolved_lr_of_an_hf_model(tmp_path: Path) -> None:
+    from core.models.hf import make_tiny_hf
+    from core.trainer import _Run
+
+    hf = make_tiny_hf(tmp_path / "llama")
+    data = small_config().model_dump()
+    data["model"] = {"name": f"hf:{hf}"}
+    del data["optim"]["lr"]
+    cfg = TrainConfig.model_validate(data)
+    run = _Run(cfg, tmp_path / "run", TrainerCallback())
+    assert [g["lr"] for g in run.optimizer.param_groups] == [1e-6]
+    assert run.run_step()["lr"] == 1e-6
 
 
 def test_job_model_starts_from_the_saved_final_in_its_family(tmp_path: Path) -> None:

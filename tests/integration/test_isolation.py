@@ -59,16 +59,16 @@ def smoke_succeeds(client: httpx.Client) -> None:
 
 
 def big_rollout() -> dict[str, Any]:
-    """A step whose token loop runs for seconds of CPU: 1024 rows of a wider model, 24 tokens
-    each (some row is still alive at the last token, so no early end)."""
+    """A step whose token loop runs for tens of seconds of CPU: 512 rows of a wider model, 120
+    tokens each (some row is still alive at the last token, so no early end)."""
     spec = smoke_spec(**LONG)
     spec["train"]["model"]["tiny"] = {
         "d_model": 256,
         "n_layers": 4,
         "n_heads": 4,
-        "max_seq_len": 64,
+        "max_seq_len": 160,
     }
-    spec["train"]["rollout"].update(prompts_per_step=32, group_size=32, max_new_tokens=24)
+    spec["train"]["rollout"].update(prompts_per_step=16, group_size=32, max_new_tokens=120)
     return spec
 
 
@@ -78,12 +78,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_cancel_lands_inside_a_long_rollout(alice: httpx.Client, service: Service) -> None:
-    """Model set-up and the prompts' prefill take about 3.5 s of CPU here, each token about
-    0.25 s more: at 5 s the job is in the middle of sampling step 1."""
+    """Imports, model set-up and the prompts' prefill take about 5 s of CPU here, each token
+    about 0.12 s more (two threads), so sampling step 1 runs from about 5 s to 19 s of CPU: at
+    10 s the job is well inside it. (The step's scoring and update that follow check for a stop
+    only between minibatches: a cancel there waits for the grace period.)"""
     job = alice.post("/v1/jobs", json=big_rollout()).json()
     pid = job_pid(service, job["id"], timeout=60)
     deadline = time.monotonic() + 60
-    while cpu_seconds(pid) < 5:
+    while cpu_seconds(pid) < 10:
         assert time.monotonic() < deadline
         time.sleep(0.05)
 

@@ -1,0 +1,162 @@
+"""Running one mutant: cosmic-ray writes it into the copy, pytest runs the tests that reach its
+line (quickest first, stopping at the first failure), and the file is put back.
+
+A timed-out run must not leave servers behind: the integration tests start the API and workers
+in sessions of their own, so killing pytest's process group would orphan them. The whole tree of
+descendants is read from /proc before pytest is interrupted (SIGINT lets its fixtures stop what
+they started), and whatever still lives after a grace period is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import cosmic_ray.plugins
+from cosmic_ray.mutating import use_mutation
+
+from bench.mutation_contexts import descendants
+from bench.mutation_cover import test_env
+from bench.mutation_plan import Mutant, changed_text, describe
+
+KILLED, TIMEOUT, SURVIVED, NOT_COVERED, FLAKY, ERROR = (
+    "killed",
+    "timeout",
+    "survived",
+    "not covered",
+    "flaky",
+    "error",
+)
+GRACE_SECONDS = 30.0
+# pytest's exit codes: 1 tests failed, 2 interrupted (a collection error: the mutant broke an
+# import), 3 internal error; 4 (usage) and 5 (nothing collected) are this tool's fault, except a
+# conftest that no longer imports (4 too): the mutant broke every test.
+KILLING_EXIT_CODES = {1, 2, 3}
+USAGE_ERROR = 4
+CONFTEST_BROKEN = "while loading conftest"
+# "FAILED <nodeid> - <message>" in pytest's short summary; parameters may hold spaces
+_FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[.*?\])?)(?: - |$)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Result:
+    mutant: Mutant
+    outcome: str
+    seconds: float
+    tests: int
+    killer: str
+    detail: str
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.kill(pid, signal.SIGKILL)
+
+
+_running: dict[int, subprocess.Popen[str]] = {}
+STOPPING = threading.Event()
+"""Set on Ctrl-C: no new mutant starts, and what runs is asked to stop (`interrupt_all`)."""
+
+
+def interrupt_all() -> None:
+    """Stops every running test command the way a timeout does, so that no server lives on."""
+    STOPPING.set()
+    procs = list(_running.values())
+    trees = {p.pid: set(descendants(p.pid)) for p in procs}
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for proc in procs:
+        _kill(sorted(trees[proc.pid] | {proc.pid}))
+
+
+def run_command(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[int | None, str]:
+    """(exit code or None on timeout, output); on timeout nothing it started survives."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    _running[proc.pid] = proc
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        tree = set(descendants(proc.pid))
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            tree |= set(descendants(proc.pid))
+            proc.kill()
+            out, _ = proc.communicate()
+        _kill(sorted(tree))
+        return None, out
+    finally:
+        _running.pop(proc.pid, None)
+
+
+def pytest_command(tests: list[str], basetemp: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={basetemp}",
+        *tests,
+    ]
+
+
+def run_mutant(
+    copy: Path, mutant: Mutant, tests: list[str], timeout: float, basetemp: Path, confirm: bool
+) -> Result:
+    """Runs `tests` against `mutant`. With `confirm`, a kill counts only if the same tests, up to
+    the killing one, fail again on a second run: a loaded machine times out integration tests now
+    and then, and one such failure would hide a survivor (a kill that does not repeat is FLAKY,
+    not counted)."""
+    if not tests:
+        return Result(describe(copy, mutant), NOT_COVERED, 0.0, 0, "", "no test runs this line")
+    operator = cosmic_ray.plugins.get_operator(mutant.operator)()
+    started = time.monotonic()
+    with use_mutation(copy / mutant.module, operator, mutant.occurrence) as (original, mutated):
+        if mutated is None:
+            return Result(mutant, ERROR, 0.0, 0, "", "cosmic-ray applied no mutation here")
+        mutant = replace(mutant, mutated=changed_text(original, mutated))
+        env = test_env(copy)
+        code, out = run_command(pytest_command(tests, basetemp), copy, env, timeout)
+        found = _FAILED.search(out)
+        killer = found.group(1) if found and code in KILLING_EXIT_CODES else ""
+        again = None
+        if confirm and "::" in killer:  # a collection error (no "::") repeats for sure
+            # the same tests up to the killer: a kill may need what the earlier ones left behind
+            upto = tests[: tests.index(killer) + 1] if killer in tests else tests
+            again, _ = run_command(pytest_command(upto, basetemp), copy, env, timeout)
+    seconds = time.monotonic() - started
+    if code is None:
+        return Result(mutant, TIMEOUT, seconds, len(tests), "", f"over {timeout:.0f}s")
+    if code == 0:
+        return Result(mutant, SURVIVED, seconds, len(tests), "", "")
+    if code == USAGE_ERROR and CONFTEST_BROKEN in out:
+        return Result(mutant, KILLED, seconds, len(tests), "(a conftest's imports)", "")
+    if code in KILLING_EXIT_CODES:
+        if again == 0:
+            return Result(mutant, FLAKY, seconds, len(tests), killer, "passed when run again")
+        unconfirmed = again is not None and again not in KILLING_EXIT_CODES
+        note = f"not confirmed: the rerun ended with pytest exit {again}" if unconfirmed else ""
+        return Result(mutant, KILLED, seconds, len(tests), killer, note)
+    return Result(mutant, ERROR, seconds, len(tests), "", f"pytest exit {code}: {out[-2000:]}")

@@ -1,0 +1,304 @@
+"""What `bench/mutation.py` mutates: its config, the mutants cosmic-ray generates for a module,
+the reviewed equivalent mutants it subtracts, and the seeded sample CI runs.
+
+Mutants come from cosmic-ray's own operators, positions and occurrence numbering, so that
+`cosmic_ray.mutating.use_mutation` applies exactly the mutant listed here. Two cuts are ours:
+only the operators named in `bench/mutation.toml` (one replacement per arithmetic operator, the
+boundary and the negation of each comparison, instead of cosmic-ray's every-to-every
+replacement: the rest are killed by any test that reaches them and only add run time), and
+nothing inside a type annotation (not evaluated at run time under `from __future__ import
+annotations`; where it is, a changed `X | None` fails at import and proves nothing), and no +-1
+on a tuning constant: a module-level UPPER_CASE name bound to a number of magnitude 10 or more
+(a page size, a buffer, a block time in ms), where one more or less changes nothing a test can
+observe (under 10%); small constants (a lease of 2 s, 4 reads in flight) are still mutated.
+Nor the bare `*` (or `/`) of a signature: cosmic-ray 8.7 takes the keyword-only marker for a
+multiplication, and `def f(a, /, b)` accepts every call the code makes of `def f(a, *, b)`.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import fnmatch
+import random
+import re
+import subprocess
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import cosmic_ray.plugins
+from cosmic_ray.ast import ast_nodes, get_ast_from_path
+from cosmic_ray.mutating import mutate_code
+
+PROVIDER = "core"
+"""cosmic-ray's operator provider; operator names in the config leave out its `core/` prefix."""
+NUMBER_REPLACER = f"{PROVIDER}/NumberReplacer"
+BINARY = f"{PROVIDER}/ReplaceBinaryOperator_"
+SIGNATURES = {"parameters", "lambdef"}  # parso's parents of a bare `*` or `/` marker
+CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+Position = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Modules that one set of tests guards, and those tests (fast files first)."""
+
+    name: str
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+    quick_tests: tuple[str, ...]
+    confirm_kills: bool
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A mutant reviewed as equivalent: no test can tell it from the original, and why."""
+
+    file: str
+    line: int
+    operator: str
+    code: str
+    mutant: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Config:
+    operators: tuple[str, ...]
+    groups: tuple[Group, ...]
+    equivalents: tuple[Equivalent, ...]
+
+    def group(self, name: str) -> Group:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        names = ", ".join(g.name for g in self.groups)
+        raise SystemExit(f"--modules: no group or module {name!r} (groups: {names})")
+
+    def group_of(self, module: str) -> Group | None:
+        """The group whose module patterns match a module path."""
+        return next(
+            (g for g in self.groups if any(fnmatch.fnmatchcase(module, p) for p in g.modules)),
+            None,
+        )
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutation: cosmic-ray's (operator, occurrence) in a module, and the line it changes."""
+
+    module: str
+    operator: str
+    occurrence: int
+    line: int
+    col: int
+    code: str
+    mutated: str = ""  # filled in when known: making it means parsing the module again
+
+    @property
+    def short_operator(self) -> str:
+        return self.operator.split("/", 1)[1]
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.line}:{self.col}:{self.short_operator}:{self.occurrence}"
+
+
+def _strings(table: dict[str, Any], field: str, where: str) -> tuple[str, ...]:
+    value = table.get(field, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SystemExit(f"bench/mutation.toml: {where}.{field} must be a list of strings")
+    return tuple(value)
+
+
+def load_config(path: Path) -> Config:
+    raw = tomllib.loads(path.read_text())
+    groups = []
+    for index, table in enumerate(raw.get("group", [])):
+        where = f"group[{index}]"
+        if not isinstance(table.get("name"), str):
+            raise SystemExit(f"{path}: {where}.name must be a string")
+        tests = _strings(table, "tests", where)
+        groups.append(
+            Group(
+                name=table["name"],
+                modules=_strings(table, "modules", where),
+                tests=tests,
+                quick_tests=_strings(table, "quick_tests", where) or tests,
+                confirm_kills=bool(table.get("confirm_kills", False)),
+            )
+        )
+    equivalents = []
+    for index, table in enumerate(raw.get("equivalent", [])):
+        missing = {"file", "line", "operator", "code", "mutant", "reason"} - set(table)
+        if missing:
+            raise SystemExit(f"{path}: equivalent[{index}] lacks {', '.join(sorted(missing))}")
+        equivalents.append(Equivalent(**{k: table[k] for k in Equivalent.__dataclass_fields__}))
+    operators = _strings(raw.get("operators", {}), "use", "operators")
+    known = [name.split("/", 1)[1] for name in cosmic_ray.plugins.operator_names()]
+    for pattern in operators:
+        if not fnmatch.filter(known, pattern):
+            raise SystemExit(f"{path}: operators.use: {pattern!r} matches no cosmic-ray operator")
+    return Config(
+        operators=operators,
+        groups=tuple(groups),
+        equivalents=tuple(equivalents),
+    )
+
+
+def operator_names(patterns: tuple[str, ...]) -> list[str]:
+    """The full cosmic-ray names (`core/...`) the config's patterns select, in its order."""
+    return [
+        name
+        for name in cosmic_ray.plugins.operator_names()
+        if name.startswith(f"{PROVIDER}/")
+        and not cosmic_ray.plugins.get_operator(name).arguments()
+        and any(fnmatch.fnmatchcase(name.split("/", 1)[1], p) for p in patterns)
+    ]
+
+
+class _Positions:
+    """Where, in parso's (line, column in characters), the mutants we leave out would start."""
+
+    def __init__(self, source: str) -> None:
+        self._lines = source.splitlines()
+        tree = ast.parse(source)
+        self.annotations: list[tuple[Position, Position]] = []
+        for node in ast.walk(tree):
+            found: list[ast.expr | None] = []
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                found.append(node.returns)
+            elif isinstance(node, ast.arg | ast.AnnAssign):
+                found.append(node.annotation)
+            for ann in found:
+                if ann is not None:
+                    self.annotations.append((self._start(ann), self._end(ann)))
+        self.tuning: set[Position] = set()
+        for stmt in tree.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+            if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                targets, value = [stmt.target], stmt.value
+            elif isinstance(stmt, ast.Assign):
+                value = stmt.value
+            else:
+                continue
+            if all(isinstance(t, ast.Name) and CONSTANT_NAME.fullmatch(t.id) for t in targets):
+                for node in ast.walk(value):
+                    number = isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                    if number and abs(node.value) >= 10:  # type: ignore[attr-defined]
+                        self.tuning.add(self._start(node))
+
+    def _chars(self, line: int, byte_col: int) -> int:
+        return len(self._lines[line - 1].encode()[:byte_col].decode(errors="replace"))
+
+    def _start(self, node: ast.AST) -> Position:
+        return node.lineno, self._chars(node.lineno, node.col_offset)  # type: ignore[attr-defined]
+
+    def _end(self, node: ast.expr) -> Position:
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        return node.end_lineno, self._chars(node.end_lineno, node.end_col_offset)
+
+    def left_out(self, operator: str, start: Position, node: Any) -> str | None:
+        if any(a <= start < b for a, b in self.annotations):
+            return "in annotations"
+        if operator == NUMBER_REPLACER and start in self.tuning:
+            return "tuning constants"
+        if operator.startswith(BINARY) and getattr(node.parent, "type", "") in SIGNATURES:
+            return "signature markers"
+        return None
+
+
+def changed_text(original: str, mutated: str) -> str:
+    """The mutated text of the lines a mutation changed, stripped ("/" between lines)."""
+    before, after = original.splitlines(), mutated.splitlines()
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(a=before, b=after).get_opcodes():
+        if tag != "equal":
+            return " / ".join(line.strip() for line in after[j1:j2]) or "<line removed>"
+    return ""
+
+
+def describe(root: Path, mutant: Mutant) -> Mutant:
+    """`mutant` with its mutated line filled in, from the (unmutated) source under `root`."""
+    if mutant.mutated:
+        return mutant
+    source = (root / mutant.module).read_text()
+    operator = cosmic_ray.plugins.get_operator(mutant.operator)()
+    mutated = mutate_code(source, operator, mutant.occurrence)
+    return replace(mutant, mutated=changed_text(source, mutated) if mutated else "<no mutation>")
+
+
+def generate(
+    root: Path, module: str, patterns: tuple[str, ...]
+) -> tuple[list[Mutant], dict[str, int]]:
+    """Every mutant of `module` (relative to `root`) under the selected operators, and how many
+    were left out, by reason (see the module's docstring)."""
+    path = root / module
+    source = path.read_text()
+    where = _Positions(source)
+    lines = source.splitlines()
+    tree = get_ast_from_path(path)
+    mutants: list[Mutant] = []
+    left_out: dict[str, int] = {}
+    for name in operator_names(patterns):
+        operator = cosmic_ray.plugins.get_operator(name)()
+        positions = [
+            (node, start)
+            for node in ast_nodes(tree)
+            for start, _ in operator.mutation_positions(node)
+        ]
+        for occurrence, (node, start) in enumerate(positions):
+            reason = where.left_out(name, start, node)
+            if reason is not None:
+                left_out[reason] = left_out.get(reason, 0) + 1
+                continue
+            code = lines[start[0] - 1].strip()
+            mutants.append(Mutant(module, name, occurrence, start[0], start[1], code))
+    mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
+    return mutants, left_out
+
+
+def split_equivalents(
+    root: Path, mutants: list[Mutant], equivalents: tuple[Equivalent, ...]
+) -> tuple[list[Mutant], list[tuple[Mutant, Equivalent]], list[Equivalent]]:
+    """(mutants to run, (mutant, entry) pairs subtracted, entries that matched nothing).
+
+    An entry matches by file, operator and the original and mutated text, so that it survives
+    edits above it; its line picks among identical lines. A stale entry is printed, not ignored:
+    the list must not quietly excuse a mutant it no longer describes."""
+    matched: dict[str, tuple[Mutant, Equivalent]] = {}
+    stale = []
+    for entry in equivalents:
+        candidates = [
+            described
+            for m in mutants
+            if m.module == entry.file
+            and m.short_operator == entry.operator
+            and m.code == entry.code.strip()
+            and (described := describe(root, m)).mutated == entry.mutant.strip()
+        ]
+        if len(candidates) > 1:
+            candidates = [m for m in candidates if m.line == entry.line] or candidates[:1]
+        if not candidates:
+            stale.append(entry)
+        for mutant in candidates:
+            matched[mutant.key] = (mutant, entry)
+    return [m for m in mutants if m.key not in matched], list(matched.values()), stale
+
+
+def sample(mutants: list[Mutant], n: int | None, seed: int, module: str) -> list[Mutant]:
+    """`n` mutants of one module, the same ones for the same seed and source."""
+    if n is None or n >= len(mutants):
+        return mutants
+    picked = random.Random(f"{seed}:{module}").sample(range(len(mutants)), n)
+    return [mutants[i] for i in sorted(picked)]
+
+
+def changed_files(repo: Path, ref: str, rev: str | None) -> set[str]:
+    """Files that differ between `ref` and `rev` (the working tree when None)."""
+    args = ["git", "-C", str(repo), "diff", "--name-only", ref, *([rev] if rev else [])]
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"--changed {ref}: git diff failed: {done.stderr.strip()}")
+    return set(done.stdout.split())

@@ -1,0 +1,154 @@
+"""bench/mutation.py's parts on a toy project: the mutants it makes and leaves out, the reviewed
+equivalents it subtracts, the baseline that says which test reaches which line, and a mutant
+killed or surviving for the right reason. Needs the `mutation` extra (skipped without it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cosmic_ray")
+pytest.importorskip("coverage")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.mutation_cover import run_baseline  # noqa: E402
+from bench.mutation_exec import KILLED, NOT_COVERED, SURVIVED, run_mutant  # noqa: E402
+from bench.mutation_plan import (  # noqa: E402
+    Equivalent,
+    describe,
+    generate,
+    load_config,
+    sample,
+    split_equivalents,
+)
+
+OPERATORS = ("ReplaceComparisonOperator_Gt_GtE", "ReplaceBinaryOperator_Add_Sub", "NumberReplacer")
+TOY = """\
+from __future__ import annotations
+
+PAGE_SIZE = 1000
+RETRIES = 3
+
+
+def clamp(x: int | None, low: int = 0) -> int:
+    if x is None:
+        return low
+    return x if x > low else low
+
+
+def total(a: int, b: int) -> int:
+    return a + b
+
+
+def unused(a: int) -> int:
+    return a + 1
+"""
+TESTS = """\
+from toy import clamp, total
+
+
+def test_clamp_keeps_what_is_above_the_floor() -> None:
+    assert clamp(5) == 5
+    assert clamp(-3) == 0
+
+
+def test_total_adds() -> None:
+    assert total(2, 3) == 5
+"""
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    (tmp_path / "toy.py").write_text(TOY)
+    (tmp_path / "test_toy.py").write_text(TESTS)
+    return tmp_path
+
+
+def test_mutants_leave_out_annotations_and_tuning_constants(toy: Path) -> None:
+    mutants, left_out = generate(toy, "toy.py", OPERATORS)
+    # `int | None` has no mutant here (BitOr is not selected), but the defaults and constants do:
+    # PAGE_SIZE = 1000 is a tuning constant (both +-1 left out), RETRIES = 3 is not.
+    assert left_out == {"tuning constants": 2}
+    found = {(m.line, m.short_operator) for m in mutants}
+    assert found == {
+        (4, "NumberReplacer"),  # RETRIES = 3
+        (7, "NumberReplacer"),  # low: int = 0
+        (10, "ReplaceComparisonOperator_Gt_GtE"),
+        (14, "ReplaceBinaryOperator_Add_Sub"),
+        (18, "ReplaceBinaryOperator_Add_Sub"),
+        (18, "NumberReplacer"),
+    }
+    assert len(mutants) == 9  # NumberReplacer: +1 and -1 each
+    gt = next(m for m in mutants if m.line == 10)
+    assert gt.code == "return x if x > low else low"
+    assert describe(toy, gt).mutated == "return x if x >= low else low"
+
+
+def test_annotations_and_signature_markers_are_not_mutated(toy: Path) -> None:
+    _, left_out = generate(toy, "toy.py", ("ReplaceBinaryOperator_BitOr_BitAnd",))
+    assert left_out == {"in annotations": 1}  # `x: int | None`
+    (toy / "sig.py").write_text("def f(a, *, b):\n    return a * b\n")
+    mutants, left_out = generate(toy, "sig.py", ("ReplaceBinaryOperator_Mul_Div",))
+    assert left_out == {"signature markers": 1}  # the bare `*`, not a multiplication
+    assert [(m.line, describe(toy, m).mutated) for m in mutants] == [(2, "return a / b")]
+
+
+def test_equivalents_are_subtracted_and_stale_entries_reported(toy: Path) -> None:
+    mutants, _ = generate(toy, "toy.py", OPERATORS)
+    entry = Equivalent(
+        "toy.py", 10, "ReplaceComparisonOperator_Gt_GtE",
+        "return x if x > low else low", "return x if x >= low else low",
+        "x == low returns low either way",
+    )  # fmt: skip
+    stale = Equivalent("toy.py", 99, "NumberReplacer", "gone()", "gone( 1)", "moved away")
+    kept, matched, unmatched = split_equivalents(toy, mutants, (entry, stale))
+    assert [(m.line, e.reason) for m, e in matched] == [(10, "x == low returns low either way")]
+    assert unmatched == [stale]
+    assert len(kept) == len(mutants) - 1
+
+
+def test_sample_is_seeded_per_module(toy: Path) -> None:
+    mutants, _ = generate(toy, "toy.py", OPERATORS)
+    first = sample(mutants, 3, seed=7, module="toy.py")
+    assert first == sample(mutants, 3, seed=7, module="toy.py")
+    assert len(first) == 3 and set(first) <= set(mutants)
+    assert sample(mutants, None, seed=7, module="toy.py") == mutants
+
+
+def test_baseline_reach_and_mutant_outcomes(
+    toy: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    work = tmp_path_factory.mktemp("work")
+    baseline = run_baseline(toy, ("toy.py",), ["test_toy.py"], work)
+    clamp_test = "test_toy.py::test_clamp_keeps_what_is_above_the_floor"
+    assert baseline.tests_for("toy.py", 10) == [clamp_test]
+    assert baseline.tests_for("toy.py", 14) == ["test_toy.py::test_total_adds"]
+    assert baseline.tests_for("toy.py", 18) == []  # `unused` is never called
+    # module-level lines run at import, which no single test owns: charged to both
+    assert len(baseline.tests_for("toy.py", 4)) == 2
+
+    mutants, _ = generate(toy, "toy.py", OPERATORS)
+    by_line = {(m.line, m.short_operator, m.occurrence): m for m in mutants}
+
+    def outcome(line: int, operator: str, occurrence: int = 0) -> str:
+        mutant = by_line[(line, operator, occurrence)]
+        tests = baseline.tests_for("toy.py", line)
+        return run_mutant(toy, mutant, tests, 120, work / "t", confirm=True).outcome
+
+    assert outcome(14, "ReplaceBinaryOperator_Add_Sub") == KILLED  # total(2, 3) == -1
+    # clamp(5), clamp(-3): neither is at the floor, so `>=` cannot be told from `>`
+    assert outcome(10, "ReplaceComparisonOperator_Gt_GtE") == SURVIVED
+    assert outcome(18, "ReplaceBinaryOperator_Add_Sub", 1) == NOT_COVERED
+    assert (toy / "toy.py").read_text() == TOY  # every mutant was put back
+
+
+def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
+    config = load_config(ROOT / "bench" / "mutation.toml")
+    assert {g.name for g in config.groups} == {"trust-region", "workers", "auth", "store", "sse"}
+    for group in config.groups:
+        assert any((ROOT / p).exists() for p in group.modules), group.name
+        assert set(group.quick_tests) <= set(group.tests), group.name

@@ -32,6 +32,8 @@ no time left for anything else (health checks took seconds). So:
   from the start instead would hand it again, under ids older than its own, events it has
   already acted on, and a client that drops ids below its last would drop the `done` too.
 - Memory and pauses: see `freeze_startup_heap` (GC) and `_tidy` (after a storm).
+
+Frames, batches and turns are in `api/sse_frames.py`; one client's stream in `api/sse_stream.py`.
 """
 
 from __future__ import annotations
@@ -41,38 +43,34 @@ import contextlib
 import ctypes
 import functools
 import gc
-import json
 import logging
 import random
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
 import redis.asyncio as aredis
 from prometheus_client import Counter
 from redis.driver_info import DriverInfo
-from sse_starlette import ServerSentEvent
 
 from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
+from api.sse_frames import Batch, Entry, Frame, Page, Turns, encode
 from pdppo.settings import Settings
-from pdppo.store import AsyncJobStore, JobRecord, events_key
+from pdppo.store import AsyncJobStore, events_key
 from pdppo.store.events import AsyncEventStore, EventId, parse_event_id
 
 log = logging.getLogger(__name__)
-Entry = tuple[str, dict[str, str]]
 BLOCK_MS = 5000  # a feed's XREAD BLOCK; its connection's socket timeout is this plus the reply's
 BACKLOG_PAGE = 1000  # entries per backlog read
 FEED_COUNT = 100  # entries per feed read: redis-py parses a reply in one go, on the event loop
 BACKLOG_READS = 4  # backlog reads in flight at once, per API process
 BACKLOG_CACHE_BYTES = 32 * 2**20  # encoded pages kept for subscribers that come a little later
 BACKLOG_CACHE_SECONDS = 30.0
-WRITE_BYTES = 64 * 1024  # one write to a client: uvicorn's high-water mark
 REPLAY_WRITERS = 16  # backlog writes in progress at once, per API process
 REPLAY_TURN_SECONDS = 0.05  # longest a write holds its turn (a slow client's send waits longer)
 GC_THRESHOLDS = (700, 10, 100)  # CPython's, but full passes 10x rarer: `freeze_startup_heap`
-PING = b": ping\r\n\r\n"  # a comment: clients ignore it, proxies see traffic
 RETRY_AFTER_SECONDS = (5, 15)  # a refused stream's Retry-After, drawn per answer
 DONE_FRAMES_KEPT = 1024
 STORM_STREAMS = 200  # this many streams at once, then a quarter of them: memory is tidied up
@@ -122,88 +120,6 @@ def redis_driver_info() -> DriverInfo:
     it opens: 5-10 ms of file reads blocking the event loop each, dozens in a row when a burst
     of requests fills the pool (pass it as `driver_info=` to every pool)."""
     return DriverInfo()
-
-
-class Turns:
-    """At most `width` holders at once, each for at most `lease` seconds.
-
-    Backlog fetches and writes take turns: a write is a burst of CPU (framing, copying 64 KiB)
-    that does not yield to the event loop while the client's socket takes it, and a thousand
-    replaying subscribers woken together by one shared read would run all their writes in one
-    pass of the loop, a health check queued behind them. Taking turns keeps each pass short. A
-    turn is a lease: a write that waits on a slow client gives its turn up after `lease` (the
-    stream itself goes on), so that slow clients cannot stall the others."""
-
-    def __init__(self, width: int, lease: float) -> None:
-        self._free = asyncio.Semaphore(width)
-        self.lease = lease
-
-    @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        await self._free.acquire()
-        held = True
-
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self._free.release()
-
-        expiry = asyncio.get_running_loop().call_later(self.lease, release)
-        try:
-            yield
-        finally:
-            expiry.cancel()
-            release()
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One stream entry as an SSE frame, encoded once for every subscriber."""
-
-    id: EventId
-    event: str
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """Frames read together (a backlog page, a feed reply), cut after `done`, joined once."""
-
-    frames: tuple[Frame, ...]
-    chunk: bytes
-
-    @classmethod
-    def of(cls, entries: Sequence[Entry]) -> Batch:
-        frames: list[Frame] = []
-        for entry in entries:
-            frames.append(encode(entry))
-            if frames[-1].event == "done":
-                break  # the stream ends there, for every subscriber
-        return cls(tuple(frames), b"".join(f.data for f in frames))
-
-    @property
-    def last(self) -> EventId | None:
-        return self.frames[-1].id if self.frames else None
-
-    @property
-    def done(self) -> bool:
-        return bool(self.frames) and self.frames[-1].event == "done"
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """A backlog read, as the frames to send (encoded by Redis: `encoded_events_after`)."""
-
-    chunk: bytes
-    last: EventId | None  # None: nothing after the start
-    full: bool  # it stopped at BACKLOG_PAGE entries: more may follow
-    done: bool
-
-    @property
-    def stable(self) -> bool:
-        """Full pages and pages ending with `done` never change: safe to keep and share."""
-        return self.full or self.done
 
 
 class StreamLimitReached(Exception):
@@ -525,143 +441,3 @@ class EventHub:
         if self._owns_stream_client:
             await self.stream_redis.aclose()
             await self.stream_redis.connection_pool.aclose()
-
-
-async def job_events(
-    hub: EventHub, job: JobRecord, after: EventId | None, ping_seconds: float
-) -> AsyncGenerator[bytes, None]:
-    """Encoded SSE frames after `after`, in writes of at most WRITE_BYTES, ending with `done`
-    (or when the subscriber is cut off: its client resumes from the last id it got). A stream
-    idle for `ping_seconds` gets a comment, so that proxies keep it open.
-
-    A Redis error once the stream has started can only end it (the status is sent): it ends
-    cleanly, with one line in the log, and the client resumes from its last id."""
-    try:
-        async for piece in _job_events(hub, job, after, ping_seconds):
-            yield piece
-    except aredis.RedisError as exc:
-        log.warning("event stream of job %s ended by a Redis error: %s", job.id, exc)
-
-
-async def _job_events(
-    hub: EventHub, job: JobRecord, after: EventId | None, ping_seconds: float
-) -> AsyncIterator[bytes]:
-    origin = after or (0, 0)
-    if job.terminal:
-        # Its whole history, `done` included, is in the stream already: no feed needed.
-        async for piece in _ended(hub, job.id, origin, origin):
-            yield piece
-        return
-
-    async with hub.subscribe(job.id) as sub:
-        # 1. the backlog, up to where the feed took over; 2. if the job ended before the feed
-        # started, the rest of its history; 3. live batches, skipping what 1 already sent.
-        last = origin
-        async for page in hub.backlog(job.id, last, sub.until):
-            async for piece in _replay(hub, page.chunk):
-                yield piece
-            last = page.last or last
-            if page.done:
-                return
-        record = await hub.store.get(job.id)
-        if record is None or record.terminal:
-            async for piece in _ended(hub, job.id, origin, last):
-                yield piece
-            return
-        # The first ping comes at a random point of the interval: streams opened together
-        # (a reconnect storm) would otherwise all be pinged in the same pass of the loop.
-        wait = random.uniform(0.5, 1.0) * ping_seconds
-        while True:
-            try:
-                async with asyncio.timeout(wait):
-                    batches = await sub.take()
-            except TimeoutError:
-                yield PING
-                wait = ping_seconds
-                continue
-            if batches is None:
-                return
-            chunk, last, done = _after(batches, last, origin)
-            for piece in _pieces(chunk):
-                yield piece
-            if done:
-                return
-
-
-async def _ended(
-    hub: EventHub, job_id: str, origin: EventId, last: EventId
-) -> AsyncIterator[bytes]:
-    """The rest of an ended job's stream after `last`, through its `done`.
-
-    A client whose id is past the `done` saw a history this server does not have: it gets the
-    `done` all the same, so that its stream ends with the job (but not a client whose id *is*
-    the `done`: it has it)."""
-    async for page in hub.backlog(job_id, last):
-        async for piece in _replay(hub, page.chunk):
-            yield piece
-        last = page.last or last
-        if page.done:
-            return
-    done = await hub.done_frame(job_id)
-    if done is None:
-        return
-    if done.id > last:  # the pages were read before the job ended (shared reads): read on
-        async for page in hub.backlog(job_id, last, fresh=True):
-            async for piece in _replay(hub, page.chunk):
-                yield piece
-            if page.done:
-                return
-    elif done.id != origin:
-        yield done.data
-
-
-def _after(batches: list[Batch], last: EventId, origin: EventId) -> tuple[bytes, EventId, bool]:
-    """The frames of `batches` after `last`, joined, up to `done`; and the new `last`. A `done`
-    at or before `last` still goes out unless it is the client's own id (see `_ended`):
-    only a client ahead of the stream can meet one."""
-    if len(batches) == 1 and batches[0].frames and batches[0].frames[0].id > last:
-        batch = batches[0]  # the usual case: share the batch's chunk as it is
-        return batch.chunk, batch.last or last, batch.done
-    parts: list[bytes] = []
-    for batch in batches:
-        for frame in batch.frames:
-            if frame.id > last:
-                parts.append(frame.data)
-                last = frame.id
-            elif frame.event == "done" and frame.id != origin:
-                parts.append(frame.data)
-            if frame.event == "done":
-                return b"".join(parts), last, True
-    return b"".join(parts), last, False
-
-
-async def _replay(hub: EventHub, chunk: bytes) -> AsyncIterator[bytes]:
-    """A backlog page's writes, each in its turn (see `Turns`)."""
-    for piece in _pieces(chunk):
-        async with hub.turns.turn():
-            yield piece
-
-
-def _pieces(chunk: bytes) -> Iterator[bytes]:
-    """`chunk` in writes of WRITE_BYTES: the server waits for a slow client between writes, so
-    it never holds more than one of them per stream (the chunk itself is shared)."""
-    if len(chunk) <= WRITE_BYTES:
-        if chunk:
-            yield chunk
-        return
-    view = memoryview(chunk)
-    for start in range(0, len(chunk), WRITE_BYTES):
-        yield bytes(view[start : start + WRITE_BYTES])  # ASGI bodies are bytes: one copy
-
-
-def encode(entry: Entry) -> Frame:
-    """The entry as `id:`/`event:`/`data:` lines, exactly as `ServerSentEvent.encode` writes
-    them, without its per-event overhead for the usual one-line JSON data."""
-    entry_id, fields = entry
-    event = fields.get("type", "log")
-    data = fields.get("data", json.dumps({}))
-    if "\n" in data or "\r" in data or "\n" in event or "\r" in event:
-        raw = ServerSentEvent(data=data, event=event, id=entry_id).encode()
-    else:
-        raw = f"id: {entry_id}\r\nevent: {event}\r\ndata: {data}\r\n\r\n".encode()
-    return Frame(parse_event_id(entry_id), event, raw)

@@ -12,8 +12,9 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.deps import HubDep, JobDep, SettingsDep, TenantDep
-from api.events import Slot, StreamLimitReached, job_events
+from api.events import Slot, StreamLimitReached
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
+from api.sse_stream import job_events
 from pdppo.store.events import EventId, EventIdError, parse_event_id
 
 log = logging.getLogger(__name__)

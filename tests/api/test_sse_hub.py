@@ -13,16 +13,8 @@ from typing import Any, cast
 import pytest
 from sse_starlette import ServerSentEvent
 
-from api.events import (
-    BACKLOG_PAGE,
-    Batch,
-    EventHub,
-    StreamLimitReached,
-    Turns,
-    _after,
-    _pieces,
-    encode,
-)
+from api.events import BACKLOG_PAGE, EventHub, StreamLimitReached
+from api.sse_frames import Batch, Turns, encode, frames_after, pieces
 from pdppo.store import AsyncJobStore
 from pdppo.store.events import EncodedPage, EventIdError, parse_event_id
 
@@ -68,21 +60,21 @@ def entries(first: int, count: int, done_at: int | None = None) -> list[Entry]:
 def test_batch_stops_at_done_and_after_skips_what_was_sent() -> None:
     batch = Batch.of(entries(1, 5, done_at=3))
     assert [f.id for f in batch.frames] == [(1, 0), (2, 0), (3, 0)] and batch.done
-    chunk, last, done = _after([Batch.of(entries(1, 4))], (2, 0), (0, 0))
+    chunk, last, done = frames_after([Batch.of(entries(1, 4))], (2, 0), (0, 0))
     assert chunk.count(b"event: ") == 2 and last == (4, 0) and not done
     # A client ahead of the stream (its id 10-0) gets the later `done` all the same...
-    chunk, last, done = _after([Batch.of(entries(5, 3, done_at=7))], (10, 0), (10, 0))
+    chunk, last, done = frames_after([Batch.of(entries(5, 3, done_at=7))], (10, 0), (10, 0))
     assert chunk.count(b"event: done") == 1 and chunk.count(b"event: ") == 1 and done
     # ...but not a `done` that *is* its id: it has seen it.
-    chunk, _, done = _after([Batch.of(entries(5, 3, done_at=7))], (7, 0), (7, 0))
+    chunk, _, done = frames_after([Batch.of(entries(5, 3, done_at=7))], (7, 0), (7, 0))
     assert chunk == b"" and done
 
 
 def test_pieces_are_bounded_and_lose_nothing() -> None:
     big = b"x" * (200 * 1024 + 17)
-    assert b"".join(bytes(p) for p in _pieces(big)) == big
-    assert max(len(p) for p in _pieces(big)) <= 64 * 1024
-    assert list(_pieces(b"")) == []
+    assert b"".join(bytes(p) for p in pieces(big)) == big
+    assert max(len(p) for p in pieces(big)) <= 64 * 1024
+    assert list(pieces(b"")) == []
 
 
 class FakeEvents:

@@ -89,7 +89,19 @@ def test_empty_response_mask_gives_zero_loss() -> None:
         response_mask=torch.zeros(8, dtype=torch.bool),
     )
     assert float(out.loss.detach()) == 0.0
-    assert out.stats["masked_fraction"] == 0.0
+    # no response token: every statistic is 0, not a sentinel (they are averaged across steps)
+    assert len(out.stats) == 11 and set(out.stats.values()) == {0.0}, out.stats
+
+
+def test_negative_kl_beta_and_cap_are_rejected() -> None:
+    """A negative β would reward drifting from the reference; a cap <= 0 zeroes every weight."""
+    p = positions(8, 50, seed=4)
+    args = dict(logits=p.logits, tokens=p.tokens, behavior=p.behavior, advantages=p.advantages)
+    ref = p.behavior.token_logprobs
+    with pytest.raises(ValueError, match=r"kl_beta must be >= 0, got -0\.5"):
+        policy_loss(**args, ref_logprobs=ref, kl_beta=-0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"is_cap must be > 0, got 0\.0"):
+        policy_loss(**args, is_cap=0.0)  # type: ignore[arg-type]
 
 
 def test_kl_gradient_is_the_closed_form_of_k3() -> None:

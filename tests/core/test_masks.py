@@ -7,7 +7,7 @@ import torch
 
 from core import trust_region_mask
 from core.divergence import ESTIMATORS, KINDS
-from core.masks import MASKS
+from core.masks import MASKS, ratio_moves_away
 from core.synthetic import Positions, positions
 from tests.core.references import (
     autograd_change,
@@ -140,3 +140,13 @@ def test_unknown_mask_and_negative_delta_are_rejected() -> None:
         _mask(p, "trpo")
     with pytest.raises(ValueError, match=r"delta_low=-0\.1"):
         trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=-0.1)
+
+
+def test_ratio_direction_at_its_boundaries() -> None:
+    """DPPO's direction rule moves away only with A > 0 and r > 1, or A < 0 and r < 1: a token
+    exactly at r = 1, or with A = 0, moves nowhere (it feeds masked_only_dppo and the
+    disagreement statistics as well as the mask)."""
+    log_ratio = torch.tensor([0.0, 0.0, 0.1, -0.1, 0.1, -0.1, -0.1, 0.1, 0.0])
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 1.0, -1.0, 0.0])
+    want = [False, False, True, True, False, False, False, False, False]
+    assert ratio_moves_away(log_ratio, advantages).tolist() == want

@@ -241,6 +241,10 @@ def test_a_redelivered_task_never_runs_a_job_twice_at_once(
                 assert stopped_after < 2.0, "the stale job process trained on"
                 log_a = svc.worker_log(first)
                 assert "stopped without a checkpoint, leaving the job to its next holder" in log_a
+                # It published steps until its lease lapsed: the second worker's progress is
+                # counted from where the first one's stopped, or a job process that has not
+                # started yet would pass for one that trains.
+                at_freeze = alice.get(f"/v1/jobs/{job_id}").json()["progress"]["step"]
             job = wait_for(
                 alice,
                 job_id,

@@ -72,6 +72,15 @@ class TinyModelConfig(_Strict):
         le=8192,
         description="Longest prompt + response the position table covers.",
     )
+    vocab_size: int = Field(
+        default=512,
+        ge=512,
+        le=262144,
+        description=(
+            "Output vocabulary. Ids past the byte tokenizer's 512 are padding the tokenizer "
+            "never encodes nor decodes, like its reserved ids: an LLM-sized loss on a tiny model."
+        ),
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelConfig:
@@ -376,6 +385,15 @@ class AlgorithmConfig(_Strict):
         description=(
             "Coefficient of a KL penalty to the reference (initial) policy, k3 estimator as in "
             "GRPO. 0 (the default) keeps no reference model and costs nothing."
+        ),
+    )
+    fused_loss: bool = Field(
+        default=True,
+        description=(
+            "Compute the loss from the last hidden states and the output projection in "
+            "vocabulary chunks (core.fused), never holding the [tokens x vocabulary] logits. "
+            "Applies to the binary and topk estimators with top_p 1, on builtin:tiny and "
+            "Llama/Qwen hf: models; elsewhere the unfused loss runs."
         ),
     )
     loss_agg: LossAgg = Field(

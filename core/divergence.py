@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from core.behavior import BehaviorView
+from core.lazy_logits import GatheredLogits
 
 Kind = Literal["tv", "kl", "kl_reverse"]
 Estimator = Literal["exact", "binary", "topk", "topk_tail"]
@@ -86,9 +87,10 @@ class SoftmaxStats:
         """(N,) the log-partition function of the fp32 logits."""
         return self.zmax + self.log_norm
 
-    def log_probs(self, logits: Tensor, ids: Tensor) -> Tensor:
-        """(N, S) fp32 log pi at the columns `ids` (N, S) of `logits`."""
-        z = logits.gather(-1, ids).float()
+    def log_probs(self, logits: Tensor | GatheredLogits, ids: Tensor) -> Tensor:
+        """(N, S) fp32 log pi at the columns `ids` (N, S) of `logits` (or of the columns the
+        fused loss gathered)."""
+        z = logits.at(ids) if isinstance(logits, GatheredLogits) else logits.gather(-1, ids).float()
         return (z - self.zmax.unsqueeze(-1)) - self.log_norm.unsqueeze(-1)
 
 
@@ -190,7 +192,7 @@ def estimator_stats(
 
 
 def _check(
-    logits: Tensor,
+    logits: Tensor | GatheredLogits,
     behavior: BehaviorView,
     tokens: Tensor,
     kind: str,
@@ -201,7 +203,7 @@ def _check(
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    if logits.dim() != 2:
+    if len(logits.shape) != 2:
         raise ValueError(f"logits must be (N, V), got {tuple(logits.shape)}")
     n = logits.shape[0]
     if tokens.shape != (n,):
@@ -303,7 +305,7 @@ def _mass_outside(logm_s: Tensor, w: Tensor) -> Tensor:
 
 
 def _lumped(
-    logits: Tensor,
+    logits: Tensor | GatheredLogits,
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor | None,
@@ -313,6 +315,8 @@ def _lumped(
 ) -> tuple[Tensor, Tensor | None]:
     """`binary` and `topk`: categories S (explicit) plus one bucket R for the rest."""
     if stats.rest_mass is None or (estimator == "topk" and stats.tail_mass is None):
+        if isinstance(logits, GatheredLogits):
+            raise ValueError("gathered logits need stats with the estimator's sums")
         stats = estimator_stats(logits, behavior, tokens, estimator)
     assert stats.rest_mass is not None and stats.rest_sq is not None
     binary = estimator == "binary"  # R is everything but a
@@ -410,7 +414,7 @@ def _full_vocab(
 
 @torch.no_grad()
 def divergence_and_change(
-    logits: Tensor,
+    logits: Tensor | GatheredLogits,
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor | None,
@@ -424,6 +428,10 @@ def divergence_and_change(
     stats without the sums the estimator needs are completed by a pass of their own.
     """
     _check(logits, behavior, tokens, kind, estimator, advantages)
+    if isinstance(logits, GatheredLogits):  # the fused loss: its own pass made the stats
+        if estimator not in ("binary", "topk") or stats is None:
+            raise ValueError("gathered logits serve the binary and topk estimators, with stats")
+        return _lumped(logits, behavior, tokens, advantages, kind, estimator, stats)
     if estimator in ("exact", "topk_tail"):
         return _full_vocab(logits, behavior, tokens, advantages, kind, estimator)
     if stats is None:

@@ -34,8 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from core.behavior import BehaviorView
-from core.divergence import Estimator, Kind, estimator_stats
-from core.masks import Mask, far_from_behavior, ratio_moves_away, trust_region
+from core.divergence import Estimator, Kind, SoftmaxStats, estimator_stats
+from core.lazy_logits import ProjectedLogits
+from core.masks import Mask, TrustRegion, far_from_behavior, ratio_moves_away, trust_region
 
 DIRECTION_TOLERANCE = 1e-4
 """D below which `direction_disagreement` does not compare the two direction rules.
@@ -75,7 +76,7 @@ def _mean(values: Tensor, where: Tensor) -> float:
 
 
 def policy_loss(
-    logits: Tensor,
+    logits: Tensor | ProjectedLogits,
     tokens: Tensor,
     behavior: BehaviorView,
     advantages: Tensor,
@@ -91,6 +92,11 @@ def policy_loss(
     normalizer: float | Tensor | None = None,
 ) -> PolicyLossOutput:
     """Loss and statistics for N response tokens (logits (N, V) with grad, any float dtype).
+
+    `logits` may also be a `ProjectedLogits`, the hidden states and the output projection that
+    make them: the fused path (`core.fused.fused_policy_loss`) then gives the same loss,
+    gradients and statistics without ever holding the (N, V) logits (estimators `binary` and
+    `topk` only).
 
     `ref_logprobs` (N,): log pi_ref(a) of the reference policy; with `kl_beta` > 0 the k3
     penalty is added (β = 0 adds nothing: the loss is bit for bit the unpenalized one).
@@ -108,24 +114,30 @@ def policy_loss(
     deltas); ratio_mean: pi(a)/mu(a); entropy: H(pi) in nats; kl_ref (with `ref_logprobs`): the
     mean k3 estimate of KL(pi || pi_ref).
     """
-    if is_cap <= 0:
-        raise ValueError(f"is_cap must be > 0, got {is_cap}")
-    if kl_beta < 0:
-        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
-    if kl_beta > 0 and ref_logprobs is None:
-        raise ValueError("kl_beta > 0 needs ref_logprobs, the reference policy's log-probs")
-    n = tokens.shape[0]
-    rmask = (
-        torch.ones(n, dtype=torch.bool, device=tokens.device)
-        if response_mask is None
-        else response_mask.bool()
-    )
-    if rmask.shape != (n,):
-        raise ValueError(f"response_mask must be (N={n},), got {tuple(rmask.shape)}")
-    advantages = advantages.float()
+    if isinstance(logits, ProjectedLogits):
+        from core.fused import fused_policy_loss  # core.fused builds on this module
 
-    if isinstance(normalizer, Tensor) and normalizer.shape != (n,):
-        raise ValueError(f"a tensor normalizer must be (N={n},), got {tuple(normalizer.shape)}")
+        return fused_policy_loss(
+            logits.hidden,
+            logits.weight,
+            logits.bias,
+            tokens,
+            behavior,
+            advantages,
+            response_mask,
+            mask,
+            kind,
+            estimator,
+            delta_low,
+            delta_high,
+            is_cap,
+            ref_logprobs,
+            kl_beta,
+            normalizer,
+            temperature=logits.temperature,
+        )
+    rmask = check_loss_inputs(tokens, response_mask, is_cap, kl_beta, ref_logprobs, normalizer)
+    advantages = advantages.float()
     detached = logits.detach()
     stats = estimator_stats(detached, behavior, tokens, estimator, entropy=True)
     region = trust_region(
@@ -142,13 +154,73 @@ def policy_loss(
         stats=stats,
     )
     logp_a = -F.cross_entropy(logits.float(), tokens, reduction="none")  # (N,) with grad
+    return loss_from_logprobs(
+        logp_a,
+        region,
+        stats,
+        advantages,
+        rmask,
+        delta_low,
+        delta_high,
+        is_cap,
+        ref_logprobs,
+        kl_beta,
+        normalizer,
+    )
+
+
+def check_loss_inputs(
+    tokens: Tensor,
+    response_mask: Tensor | None,
+    is_cap: float,
+    kl_beta: float,
+    ref_logprobs: Tensor | None,
+    normalizer: float | Tensor | None,
+) -> Tensor:
+    """The checks both loss paths make before any pass over the vocabulary; the (N,) bool
+    response mask."""
+    if is_cap <= 0:
+        raise ValueError(f"is_cap must be > 0, got {is_cap}")
+    if kl_beta < 0:
+        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
+    if kl_beta > 0 and ref_logprobs is None:
+        raise ValueError("kl_beta > 0 needs ref_logprobs, the reference policy's log-probs")
+    n = tokens.shape[0]
+    rmask = (
+        torch.ones(n, dtype=torch.bool, device=tokens.device)
+        if response_mask is None
+        else response_mask.bool()
+    )
+    if rmask.shape != (n,):
+        raise ValueError(f"response_mask must be (N={n},), got {tuple(rmask.shape)}")
+    if isinstance(normalizer, Tensor) and normalizer.shape != (n,):
+        raise ValueError(f"a tensor normalizer must be (N={n},), got {tuple(normalizer.shape)}")
+    if ref_logprobs is not None and ref_logprobs.shape != (n,):
+        raise ValueError(f"ref_logprobs must be (N={n},), got {tuple(ref_logprobs.shape)}")
+    return rmask
+
+
+def loss_from_logprobs(
+    logp_a: Tensor,
+    region: TrustRegion,
+    stats: SoftmaxStats,
+    advantages: Tensor,
+    rmask: Tensor,
+    delta_low: float,
+    delta_high: float,
+    is_cap: float,
+    ref_logprobs: Tensor | None,
+    kl_beta: float,
+    normalizer: float | Tensor | None,
+) -> PolicyLossOutput:
+    """The loss from log pi(a) (N,), the only term with a gradient, and the statistics from
+    the mask's pass: shared by the unfused and the fused path, which differ only in how they
+    get `logp_a`, `region` and `stats`."""
     is_weight = region.log_ratio.exp().clamp(max=is_cap)
     weight = advantages * is_weight * region.keep * rmask
     loss = _aggregate(weight * logp_a, rmask, normalizer).neg()
     k3: Tensor | None = None
     if ref_logprobs is not None:
-        if ref_logprobs.shape != (n,):
-            raise ValueError(f"ref_logprobs must be (N={n},), got {tuple(ref_logprobs.shape)}")
         d = ref_logprobs.float() - logp_a  # (N,) with grad through log pi(a)
         k3 = torch.where(rmask, torch.expm1(d) - d, 0.0)  # expm1: no cancellation near d = 0
         if kl_beta > 0:

@@ -32,6 +32,7 @@ from core.divergence import (
     estimator_stats,
     softmax_stats,
 )
+from core.lazy_logits import GatheredLogits
 
 Mask = Literal["ppo_clip", "dppo", "predictive", "none"]
 MASKS: tuple[str, ...] = get_args(Mask)
@@ -63,7 +64,7 @@ class TrustRegion:
 
 @torch.no_grad()
 def trust_region(
-    logits: Tensor,
+    logits: Tensor | GatheredLogits,
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor,
@@ -77,7 +78,8 @@ def trust_region(
     stats: SoftmaxStats | None = None,
 ) -> TrustRegion:
     """The mask and its ingredients. `always_estimate` computes D and its change even for masks
-    that do not need them, so a trainer can log them under every mask."""
+    that do not need them, so a trainer can log them under every mask. `logits` may be the
+    columns the fused loss gathered (`core.fused`), with the `stats` of its own pass."""
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     if delta_low < 0 or delta_high < 0:
@@ -88,6 +90,8 @@ def trust_region(
         )
     estimate = mask in ("dppo", "predictive") or always_estimate
     if stats is None:
+        if isinstance(logits, GatheredLogits):
+            raise ValueError("trust_region: gathered logits need the stats of their pass")
         stats = (
             estimator_stats(logits, behavior, tokens, estimator)
             if estimate

@@ -50,9 +50,12 @@ def shared_prefix_logits(
     response_mask: Tensor,  # (B, T)
     first: Tensor,  # (U,) from `distinct_rows` over the prompt part
     rows: Tensor,  # (B,)
+    *,
+    hidden: bool = False,
 ) -> Tensor:
     """(N, V) logits, in the module's dtype, of the response tokens in row-major order of
-    `response_mask`: the logits `lm.forward` gives over whole rows at the same columns."""
+    `response_mask`: the logits `lm.forward` gives over whole rows at the same columns.
+    `hidden`: the final hidden states (N, H) there instead (`lm.forward_hidden`)."""
     if not lm.shares_prefix:
         raise ValueError(f"{type(lm).__name__} cannot share prompts across rows (shares_prefix)")
     p = prompt_len
@@ -63,13 +66,14 @@ def shared_prefix_logits(
     prompt_mask = mask[first, :p]  # (U, P)
     real = prompt_mask.any(0).nonzero()
     start = int(real[0]) if len(real) else 0  # columns before it are padding in every prompt
-    head, cache = lm.forward(
+    run = lm.forward_hidden if hidden else lm.forward
+    head, cache = run(
         input_ids[first, start:p], prompt_mask[:, start:], pos[first, start:p], keep_last=1
     )  # (U, 1, V): the last prompt position predicts response token 0
     logits = head[rows]  # (B, 1, V)
     if t > 1:
         cache = lm.expand_cache(cache, rows)  # (B, ...) keys and values, with grad
-        tail, _ = lm.forward(
+        tail, _ = run(
             input_ids[:, p : p + t - 1],
             mask[:, start : p + t - 1],
             pos[:, p : p + t - 1],

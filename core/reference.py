@@ -14,6 +14,9 @@ own nucleus plus the sampled token, so that the penalty is exactly 0 before the 
 The reference's log-probs are computed once per step, for the whole rollout batch, under
 no_grad and in chunks of one micro-batch (its forward pass costs no more memory than the
 update's); the reference never changes, so the epochs and minibatches of a step share them.
+Where the policy's loss is fused (`core.update.fused_loss_applies`) they come from the hidden
+states and the output projection in vocabulary chunks too (`core.fused`), by the same
+arithmetic as the policy's log pi(a).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from core.fused import projected_token_logprobs
 from core.models.base import CausalLM
-from core.rollout import RolloutBatch, response_logits
+from core.rollout import RolloutBatch, response_logits, response_projection
 from core.truncation import truncate_to_nucleus
 
 
@@ -46,11 +50,18 @@ class ReferencePolicy:
 
     @torch.no_grad()
     def token_logprobs(
-        self, batch: RolloutBatch, temperature: float, rows: int, top_p: float = 1.0
+        self,
+        batch: RolloutBatch,
+        temperature: float,
+        rows: int,
+        top_p: float = 1.0,
+        *,
+        fused: bool = False,
     ) -> Tensor:
         """(B, T) fp32 `log pi_ref(a)` at every response token (0 elsewhere), at the sampling
         temperature and under the sampler's top-p truncation (`core.truncation`) like the
-        trained policy's log-probs, `rows` sequences per forward pass."""
+        trained policy's log-probs, `rows` sequences per forward pass. `fused`: as the fused
+        loss computes log pi(a), without the logits (where the model allows it)."""
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         mask = batch.response_mask  # (B, T)
@@ -59,10 +70,15 @@ class ReferencePolicy:
             idx = torch.arange(start, min(start + rows, mask.shape[0]), device=mask.device)
             part = batch.select(idx)
             with self._context():
-                logits = response_logits(self.lm, part, temperature)  # (N_part, V) fp32
-            logits = truncate_to_nucleus(logits, part.tokens, top_p)
-            # the same expression as the policy's log pi(a) in core.loss: equal weights, equal
-            # values, so the penalty is exactly 0 before the first update
-            logp = -F.cross_entropy(logits, part.tokens, reduction="none")
+                proj = response_projection(self.lm, part, temperature) if fused else None
+                if proj is not None:  # the fused loss's own log pi(a) (core.fused)
+                    logp = projected_token_logprobs(proj, part.tokens)
+                else:
+                    logits = response_logits(self.lm, part, temperature)  # (N_part, V) fp32
+            if proj is None:
+                logits = truncate_to_nucleus(logits, part.tokens, top_p)
+                # the same expression as the policy's log pi(a) in core.loss: equal weights,
+                # equal values, so the penalty is exactly 0 before the first update
+                logp = -F.cross_entropy(logits, part.tokens, reduction="none")
             out[idx[0] : idx[-1] + 1][part.response_mask] = logp
         return out

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from core.behavior import BehaviorView
+from core.lazy_logits import ProjectedLogits
 from core.models.base import CausalLM
 from core.prefix import distinct_rows, shared_prefix_logits
 
@@ -343,20 +344,52 @@ def response_logits(
     the same logits and gradients up to fp32 rounding); `"auto"` shares whenever the model can,
     even in a batch of distinct prompts (no slower there), so that every minibatch and
     micro-batch of a step takes the same path and rounds the same way."""
+    return _response_outputs(lm, batch, prefix, hidden=False).float() / temperature
+
+
+def response_projection(
+    lm: CausalLM,
+    batch: RolloutBatch,
+    temperature: float,
+    *,
+    prefix: Literal["auto", "shared", "full"] = "auto",
+) -> ProjectedLogits | None:
+    """`response_logits` left as the final hidden states (N, H) and the output projection,
+    never multiplied out (the fused loss, `core.fused`); None where the model has no plain
+    output projection (`CausalLM.output_projection`): the caller takes the logits then."""
+    projection = lm.output_projection()
+    if projection is None:
+        return None
+    hidden = _response_outputs(lm, batch, prefix, hidden=True)
+    return ProjectedLogits(hidden, projection[0], projection[1], temperature)
+
+
+def _response_outputs(
+    lm: CausalLM, batch: RolloutBatch, prefix: Literal["auto", "shared", "full"], hidden: bool
+) -> Tensor:
+    """The logits (N, V), or with `hidden` the final hidden states (N, H), at the response
+    tokens, in the module's dtype."""
     p, t = batch.prompt_len, batch.response_mask.shape[1]
     if prefix == "shared" or (prefix == "auto" and lm.shares_prefix):
         first, rows = distinct_rows(batch.input_ids[:, :p], batch.attention_mask[:, :p])
-        logits = shared_prefix_logits(
-            lm, batch.input_ids, batch.attention_mask, p, batch.response_mask, first, rows
+        return shared_prefix_logits(
+            lm,
+            batch.input_ids,
+            batch.attention_mask,
+            p,
+            batch.response_mask,
+            first,
+            rows,
+            hidden=hidden,
         )
-        return logits.float() / temperature
     # column P - 1 + j predicts response token j: the last response token predicts nothing
     width = p + t - 1
-    logits, _ = lm.forward(
+    run = lm.forward_hidden if hidden else lm.forward
+    out, _ = run(
         batch.input_ids[:, :width],
         batch.attention_mask[:, :width],
         batch.position_ids()[:, :width],
         keep_last=t,
         use_cache=False,
-    )  # (B, T, V)
-    return logits[batch.response_mask].float() / temperature
+    )  # (B, T, V) or (B, T, H)
+    return out[batch.response_mask]

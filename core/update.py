@@ -20,6 +20,10 @@ without the knobs.
 
 With top-p sampling the trained policy is the truncated one (`core.truncation`), so that the
 ratio and the divergence compare like with like.
+
+With `algorithm.fused_loss` (`fused_loss_applies`) the loss gets the final hidden states and
+the output projection instead of the logits (`core.rollout.response_projection`) and never
+holds the [tokens x vocabulary] logits (`core.fused`); so do the reference's log-probs.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ import torch
 from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
+from core.fused import FUSED_ESTIMATORS
+from core.lazy_logits import ProjectedLogits
 from core.loss import PolicyLossOutput, policy_loss
 from core.models.base import CausalLM
 from core.reference import ReferencePolicy
-from core.rollout import RolloutBatch, StopRequested, response_logits
+from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
 from core.truncation import truncate_to_nucleus
 
 
@@ -71,7 +77,11 @@ def update_policy(
     ref = None  # (B, T) log pi_ref(a), once per step: the reference never changes
     if reference is not None:
         ref = reference.token_logprobs(
-            batch, cfg.rollout.temperature, rows=per_mb // accum, top_p=cfg.rollout.top_p
+            batch,
+            cfg.rollout.temperature,
+            rows=per_mb // accum,
+            top_p=cfg.rollout.top_p,
+            fused=fused_loss_applies(cfg),
         )
     sums: dict[str, float] = {"loss": 0.0}
     weight_total = 0.0
@@ -143,6 +153,16 @@ def loss_normalizer(
     raise ValueError(f"algorithm.loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
 
 
+def fused_loss_applies(cfg: TrainConfig) -> bool:
+    """`algorithm.fused_loss` where the fused loss computes what the unfused one does: the
+    `binary` and `topk` estimators (`exact` and `topk_tail` need whole rows of mu or pi), and
+    no top-p truncation (the nucleus needs each row's sorted probabilities, `core.truncation`).
+    The model must have a plain output projection too (`CausalLM.output_projection`); where
+    any of it fails the unfused loss runs, with the same results up to fp32 rounding."""
+    a = cfg.algorithm
+    return a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
+
+
 def _piece_loss(
     lm: CausalLM,
     batch: RolloutBatch,
@@ -160,9 +180,13 @@ def _piece_loss(
     adv_tok = adv_seq[rows][:, None].expand_as(keep)[keep]  # (N,)
     if isinstance(normalizer, Tensor):
         normalizer = normalizer[rows][:, None].expand_as(keep)[keep]  # (N,) per token
-    logits = response_logits(lm, mb, cfg.rollout.temperature)  # (N, V) fp32, with grad
-    # top-p: the trained policy is the truncated sampler (core.truncation); top_p 1 skips it
-    logits = truncate_to_nucleus(logits, mb.tokens, cfg.rollout.top_p)
+    logits: Tensor | ProjectedLogits | None = None
+    if fused_loss_applies(cfg):  # hidden states (N, H) and the projection, with grad
+        logits = response_projection(lm, mb, cfg.rollout.temperature)
+    if logits is None:
+        logits = response_logits(lm, mb, cfg.rollout.temperature)  # (N, V) fp32, with grad
+        # top-p: the trained policy is the truncated sampler (core.truncation); top_p 1 skips it
+        logits = truncate_to_nucleus(logits, mb.tokens, cfg.rollout.top_p)
     return policy_loss(
         logits=logits,
         tokens=mb.tokens,

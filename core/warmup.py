@@ -15,9 +15,10 @@ import torch
 from core.behavior import BehaviorView
 from core.callbacks import TrainerCallback
 from core.config import TrainConfig
+from core.fused import projected_token_logprobs
 from core.models import CausalLM
 from core.models.base import encode_example
-from core.rollout import RolloutBatch, left_pad, response_logits
+from core.rollout import RolloutBatch, left_pad, response_logits, response_projection
 from core.tasks import Task
 
 
@@ -29,6 +30,8 @@ def supervised_warmup(
     RL improves, the only kind a dataset has). Prompts are encoded as the rollout encodes
     them (chat turns through the model's chat template), and every target ends with EOS so
     the model learns where to stop, unless it is cut at `rollout.max_new_tokens` tokens.
+    With `algorithm.fused_loss` the cross-entropy is computed without the logits where the
+    model allows it (`core.fused.projected_token_logprobs`).
 
     False when the callback asked to stop midway: nothing is checkpointed then, so a
     resumed run finds no checkpoint and starts over, warm-up included."""
@@ -62,8 +65,12 @@ def supervised_warmup(
         # make sequences longer than any the job is sized for, to teach text no rollout produces
         comps = [[*tok.encode(text), tok.eos_id][: cfg.rollout.max_new_tokens] for text in texts]
         batch = _pack(prompts, comps, tok.pad_id, device)
-        logits = response_logits(lm, batch, 1.0)
-        loss = torch.nn.functional.cross_entropy(logits, batch.tokens)
+        proj = response_projection(lm, batch, 1.0) if cfg.algorithm.fused_loss else None
+        if proj is not None:  # cross-entropy without the logits (core.fused)
+            loss = projected_token_logprobs(proj, batch.tokens).mean().neg()
+        else:
+            logits = response_logits(lm, batch, 1.0)
+            loss = torch.nn.functional.cross_entropy(logits, batch.tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

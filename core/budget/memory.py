@@ -13,7 +13,8 @@ holds, this is the module to update. The estimate is an upper bound:
 - the phases that follow one another: the rollout (KV cache of the whole batch, sampling
   buffers, the per-token behavior record, the `exact` estimator's full log-probs), the update
   (activations and fp32 logits of one micro-batch, a minibatch split in
-  `optim.grad_accumulation` pieces, their gradients and the loss's extra [N, V] tensors, with
+  `optim.grad_accumulation` pieces, their gradients and the loss's extra [N, V] tensors, or
+  the fused loss's chunks of them (`algorithm.fused_loss`, counted for builtin:tiny), with
   the rollout batch still held; with the KL penalty, the reference's no-grad forward pass over
   a micro-batch and its log-probs of the whole batch), the format warm-up, and the checkpoint (a
   serialized copy of the weights). On CUDA only the largest counts (the caching allocator
@@ -49,6 +50,10 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OVERHEAD_BYTES: dict[str, int] = {"cpu": 160 * MIB, "cuda": GIB}
 # Chunk of the full-vocabulary passes in core.divergence (CHUNK_ELEMENTS fp32 entries).
 _CHUNK_BYTES = (1 << 21) * 4
+# The fused loss's chunk of logits and widest vocabulary chunk (core.fused: CHUNK_ELEMENTS,
+# VOCAB_CHUNK; this package imports no torch, so they are restated here).
+_FUSED_CHUNK_BYTES = (1 << 22) * 4
+_FUSED_VOCAB_CHUNK = 4096
 # Python objects per sequence of a rollout (prompt id lists, completions from `tolist()`, the
 # examples): about 40 bytes per token and a few hundred per sequence, measured on CPython 3.11.
 _HOST_BYTES_PER_TOKEN = 40
@@ -216,6 +221,9 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
     chunks = 8 if a.estimator in ("exact", "topk_tail") else 2
     logits = 5 * n_mb * vocab * 4 + 2 * rows_mb * vocab * width
     logits += min(n_mb * vocab * 4, _CHUNK_BYTES) * chunks
+    fused = _fused_loss(cfg, shape)
+    if fused:
+        logits = _fused_bytes(n_mb, vocab, shape.hidden or 0)
     add("logits", "update", logits, batch_f)
     if device == "cuda" and not lora:
         add("optimizer_step", "update", trainable * 4, model_f)  # foreach AdamW temporaries
@@ -223,8 +231,9 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
         # before the updates, one micro-batch at a time under no_grad: its forward pass, its
         # logits (B, T+1, V) in the model's dtype and two fp32 [N, V] (scaled, log-softmax);
         # the (B, T) fp32 log-probs of the whole batch stay for the step
-        ref = _forward_bytes(shape, mb, seq, width, grad=False)
-        ref += rows_mb * vocab * width + 2 * n_mb * vocab * 4 + sequences * new * 4
+        ref = _forward_bytes(shape, mb, seq, width, grad=False) + sequences * new * 4
+        ref += _fused_bytes(n_mb, vocab, 0) if fused else rows_mb * vocab * width
+        ref += 0 if fused else 2 * n_mb * vocab * 4
         add("reference_forward", "update", ref, "train.algorithm.kl_beta")
 
     # the format warm-up: its own AdamW and batches of warmup_batch_size
@@ -239,12 +248,36 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
             _forward_bytes(shape, wb, prompt + wnew, width, grad=True),
             wf,
         )
-        add("warmup_logits", "warmup", 4 * wb * wnew * vocab * 4, wf)
+        warm_logits = 4 * wb * wnew * vocab * 4
+        if cfg.algorithm.fused_loss and shape.tiny:
+            warm_logits = _fused_bytes(wb * wnew, vocab, shape.hidden or 0)
+        add("warmup_logits", "warmup", warm_logits, wf)
 
     # checkpoints and the final model: safetensors serializes into one buffer
     add("serialized_weights", "checkpoint", params * width, _model_field(cfg))
     add("overhead", "overhead", OVERHEAD_BYTES[device], "train")
     return items
+
+
+def _fused_loss(cfg: TrainConfig, shape: ModelShape) -> bool:
+    """Whether the trainer's loss is fused (`core.update.fused_loss_applies`) on a model known
+    to allow it: builtin:tiny; an `hf:` model is counted unfused, an upper bound (its shape
+    does not say whether its output layer is a plain projection)."""
+    a = cfg.algorithm
+    return (
+        a.fused_loss
+        and a.estimator in ("binary", "topk")
+        and cfg.rollout.top_p >= 1.0
+        and shape.tiny
+    )
+
+
+def _fused_bytes(tokens: int, vocab: int, hidden: int) -> int:
+    """What the fused loss holds instead of [N, V] logits: three chunk buffers (two in the
+    statistics pass, one in the backward), the hidden states' fp32 copy and gradient, and one
+    vocabulary chunk of the projection and of its gradient in fp32."""
+    chunk = min(tokens * (vocab + 1) * 4, _FUSED_CHUNK_BYTES)
+    return 3 * chunk + 2 * tokens * hidden * 4 + 2 * min(vocab, _FUSED_VOCAB_CHUNK) * hidden * 4
 
 
 def _peak(items: list[MemoryItem], device: Device) -> tuple[int, tuple[Phase, ...]]:

@@ -63,12 +63,12 @@ def tiny_param_count(d_model: int, n_layers: int, max_seq_len: int, vocab: int =
 
 
 def _tiny_shape(t: TinyModelConfig, name: str = "builtin:tiny") -> ModelShape:
-    params = tiny_param_count(t.d_model, t.n_layers, t.max_seq_len)
+    params = tiny_param_count(t.d_model, t.n_layers, t.max_seq_len, t.vocab_size)
     return ModelShape(
         source=f"{name} (d_model={t.d_model}, n_layers={t.n_layers}, max_seq_len={t.max_seq_len})",
         params=params,
         trainable=params,
-        vocab=TINY_VOCAB,
+        vocab=t.vocab_size,
         hidden=t.d_model,
         layers=t.n_layers,
         heads=t.n_heads,

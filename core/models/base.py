@@ -88,6 +88,27 @@ class CausalLM(abc.ABC):
         builds no cache (None is returned): a training forward over whole sequences needs none.
         """
 
+    def forward_hidden(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: Any = None,
+        keep_last: int | None = None,
+        use_cache: bool = True,
+    ) -> tuple[Tensor, Any]:
+        """`forward` stopped before the output layer: the final hidden states (B, T, H) in the
+        module's dtype, and the cache. Only where `output_projection` is not None."""
+        raise TypeError(f"{type(self).__name__} does not expose its final hidden states")
+
+    def output_projection(self) -> tuple[Tensor, Tensor | None] | None:
+        """(weight (V, H), bias (V,) or None), the output layer's own parameters (a tied
+        embedding's, a frozen one under LoRA), when `forward`'s logits are exactly
+        `forward_hidden`'s states times them plus the bias: all the fused loss (`core.fused`)
+        needs to never form the logits. None (the default) where they are not (scaled or
+        soft-capped logits, an adapted output layer): the trainer keeps the unfused loss."""
+        return None
+
     @property
     def shares_prefix(self) -> bool:
         """True when `expand_cache` works for this model: a prompt's keys and values, computed

@@ -28,6 +28,13 @@ SHARED_PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 cache of full-attention layers; tests/core/test_shared_prefix.py checks each one's gradients
 against the full forward. Any other `model_type` runs every row in full."""
 
+PROJECTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+"""Architectures whose logits are exactly `lm_head(decoder(...).last_hidden_state)`, no scaling
+or soft-capping (Gemma's and Cohere's are not): the fused loss (`core.fused`) computes them
+chunk by chunk from the decoder's states (`HFLM.output_projection`);
+tests/core/test_fused_trainer.py checks each one's loss and gradients against the unfused
+path."""
+
 NO_CHAT_TEMPLATE = (
     "this model's tokenizer has no chat template, so records with 'messages' cannot be "
     "rendered; use records with 'prompt', or a model whose tokenizer_config.json or "
@@ -187,6 +194,61 @@ class HFLM(CausalLM):
         extra: dict[str, Any] = {self._cache_arg: cache}
         if keep_last is not None and self._logits_to_keep:
             extra["logits_to_keep"] = keep_last
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=self._mask(input_ids, attention_mask, cache),
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **extra,
+        )
+        logits = out.logits
+        if keep_last is not None and logits.shape[1] > keep_last:
+            logits = logits[:, -keep_last:]
+        return logits, getattr(out, self._cache_arg) if use_cache else None
+
+    def _base_model(self) -> Any:
+        """The transformers model under peft's wrapper, looked up each time: `copy_as` gives a
+        copy its own module, which a stored reference would not follow."""
+        module: Any = self.module
+        return module.get_base_model() if self.lora else module
+
+    def forward_hidden(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: Any = None,
+        keep_last: int | None = None,
+        use_cache: bool = True,
+    ) -> tuple[Tensor, Any]:
+        """The decoder alone (`get_decoder()`, LoRA layers included): what `forward` feeds to
+        the output layer, with the same masks and cache."""
+        if self.output_projection() is None:
+            return super().forward_hidden(input_ids, attention_mask, position_ids)
+        out = self._base_model().get_decoder()(
+            input_ids=input_ids,
+            attention_mask=self._mask(input_ids, attention_mask, cache),
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **{self._cache_arg: cache},
+        )
+        hidden = out.last_hidden_state
+        if keep_last is not None and hidden.shape[1] > keep_last:
+            hidden = hidden[:, -keep_last:]
+        return hidden, getattr(out, self._cache_arg) if use_cache else None
+
+    def output_projection(self) -> tuple[Tensor, Tensor | None] | None:
+        """`lm_head` of the `PROJECTED_MODEL_TYPES`, when it is a plain linear layer (LoRA
+        leaves it so unless `target_modules` names it; it is then frozen)."""
+        base = self._base_model()
+        if getattr(base.config, "model_type", None) not in PROJECTED_MODEL_TYPES:
+            return None
+        head = base.get_output_embeddings()
+        if type(head) is not torch.nn.Linear:
+            return None
+        return head.weight, head.bias
+
+    def _mask(self, input_ids: Tensor, attention_mask: Tensor, cache: Any) -> Tensor:
         mask: Tensor = attention_mask.long()
         if cache is not None and input_ids.shape[1] == 1 and self._shares_prefix:
             # one new token per row attends to every real key: the padding mask alone, in the
@@ -199,17 +261,7 @@ class HFLM(CausalLM):
                 dtype = self.dtype
                 mask = torch.zeros(keys.shape, dtype=dtype, device=keys.device)
                 mask = mask.masked_fill(~keys, torch.finfo(dtype).min)
-        out = self.module(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            use_cache=use_cache,
-            **extra,
-        )
-        logits = out.logits
-        if keep_last is not None and logits.shape[1] > keep_last:
-            logits = logits[:, -keep_last:]
-        return logits, getattr(out, self._cache_arg) if use_cache else None
+        return mask
 
     @property
     def shares_prefix(self) -> bool:

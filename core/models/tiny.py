@@ -2,7 +2,10 @@
 
 The vocabulary has 512 entries (4 specials, 256 bytes, 252 reserved) so that a top-20 view of the
 behavior policy is a real truncation, as with production vocabularies, while the model stays
-small enough to learn a task on a laptop CPU in minutes.
+small enough to learn a task on a laptop CPU in minutes. `model.tiny.vocab_size` pads the
+embedding and the output layer with more ids (an LLM-sized vocabulary for the loss's memory
+benchmarks, bench/loss_memory.py): the tokenizer never encodes them nor decodes them, like its
+reserved ids; the model may sample them, and is trained away from them, like those.
 """
 
 from __future__ import annotations
@@ -135,9 +138,10 @@ class _Block(nn.Module):
 class TinyTransformer(nn.Module):
     """Pre-LayerNorm GPT with learned positions; no dropout, so pi and mu differ only by design."""
 
-    def __init__(self, cfg: TinyModelConfig, vocab_size: int = VOCAB_SIZE) -> None:
+    def __init__(self, cfg: TinyModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        vocab_size = cfg.vocab_size  # past the byte tokenizer's: padding rows (TinyModelConfig)
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
@@ -157,9 +161,11 @@ class TinyTransformer(nn.Module):
         cache: KVCache | KVBuffer | None = None,
         keep_last: int | None = None,
         use_cache: bool = True,
+        hidden_only: bool = False,
     ) -> tuple[Tensor, KVCache | KVBuffer | None]:
         """Logits and the cache: a `KVCache` of all keys so far, or the given `KVBuffer`
-        advanced past these tokens; None with `use_cache=False` (a training forward)."""
+        advanced past these tokens; None with `use_cache=False` (a training forward).
+        `hidden_only`: the final hidden states in place of the logits (the fused loss)."""
         t = input_ids.shape[1]
         tk = attention_mask.shape[1]
         # positions come from the mask (at most tk - 1): reading them back, a host sync on a
@@ -185,7 +191,8 @@ class TinyTransformer(nn.Module):
             new_cache.append(kv)
         if keep_last is not None:
             x = x[:, -keep_last:]
-        logits = self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        logits = x if hidden_only else self.head(x)
         if isinstance(cache, KVBuffer):
             cache.advance(t)
             return logits, cache
@@ -213,6 +220,24 @@ class TinyLM(CausalLM):
         )
         return logits, new_cache
 
+    def forward_hidden(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: Any = None,
+        keep_last: int | None = None,
+        use_cache: bool = True,
+    ) -> tuple[Tensor, Any]:
+        hidden, new_cache = self.module(
+            input_ids, attention_mask, position_ids, cache, keep_last, use_cache, hidden_only=True
+        )
+        return hidden, new_cache
+
+    def output_projection(self) -> tuple[Tensor, Tensor | None]:
+        assert isinstance(self.module, TinyTransformer)
+        return self.module.head.weight, None
+
     @property
     def shares_prefix(self) -> bool:
         return True
@@ -231,7 +256,7 @@ class TinyLM(CausalLM):
         path.mkdir(parents=True, exist_ok=True)
         save_model(self.module, str(path / "model.safetensors"))
         cfg = self.cfg.model_dump()
-        meta = {"model": "builtin:tiny", "tiny": cfg, "vocab_size": VOCAB_SIZE}
+        meta = {"model": "builtin:tiny", "tiny": cfg, "vocab_size": self.cfg.vocab_size}
         (path / "config.json").write_text(json.dumps(meta, indent=2))
 
 

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for group, modules in plan_modules:
             tests = group.quick_tests if args.quick else group.tests
-            present = [t for t in tests if (root / t).exists()]
+            present = [t for t in tests if (root / t.split("::", 1)[0]).exists()]
             missing = [t for t in tests if t not in present]
             planned = [plan_module(config, root, m, args) for m in modules]
             runs = [run for run, _ in planned]

@@ -95,12 +95,14 @@ class Baseline:
     overhead: dict[str, float] = field(default_factory=dict)
     reach: dict[str, dict[int, set[str]]] = field(default_factory=dict)
     seconds: float = 0.0
+    _position: dict[str, int] = field(default_factory=dict, repr=False)
 
     def tests_for(self, module: str, line: int) -> list[str]:
         """The tests that ran `line`, quickest first (the likeliest cheap killers)."""
         tests = self.reach.get(module, {}).get(line, set())
-        position = {nodeid: i for i, nodeid in enumerate(self.order)}
-        return sorted(tests, key=lambda t: (self.call.get(t, 0.0), position.get(t, 0)))
+        if len(self._position) != len(self.order):  # built once, after the baseline filled it
+            self._position = {nodeid: i for i, nodeid in enumerate(self.order)}
+        return sorted(tests, key=lambda t: (self.call.get(t, 0.0), self._position.get(t, 0)))
 
     def timeout_for(self, tests: list[str], factor: float) -> float:
         """`factor` times the tests' own baseline time (set-up included), plus the slowest of

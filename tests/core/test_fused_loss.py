@@ -334,6 +334,16 @@ def test_token_logprobs_are_cross_entropy_with_its_gradient() -> None:
         assert float((g - g_ref).norm() / g_ref.norm()) < 1e-4
 
 
+def test_projected_logits_name_the_shape_that_does_not_fit() -> None:
+    h, w = torch.zeros(3, 4), torch.zeros(10, 4)
+    with pytest.raises(ValueError, match=r"bias must be \(V=10,\), got \(4,\)"):
+        ProjectedLogits(h, w, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"share their last dimension H"):
+        ProjectedLogits(h, torch.zeros(10, 5))
+    with pytest.raises(ValueError, match=r"temperature must be > 0, got 0"):
+        ProjectedLogits(h, w, None, 0.0)
+
+
 def test_gathered_logits_answer_only_their_columns() -> None:
     cols = GatheredLogits(torch.tensor([[4, 1], [2, 2]]), torch.tensor([[0.5, 1.5], [3.0, 3.0]]), 9)
     assert cols.shape == (2, 9)

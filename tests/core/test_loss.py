@@ -104,6 +104,19 @@ def test_negative_kl_beta_and_cap_are_rejected() -> None:
         policy_loss(**args, is_cap=0.0)  # type: ignore[arg-type]
 
 
+def test_a_cap_below_one_is_allowed_and_caps_every_weight() -> None:
+    """Any cap > 0 is valid: with cap 0.5 and every ratio above it (mu's token log-probs set far
+    below pi's), each kept token's weight is exactly 0.5, so the loss is 0.5 times the uncapped
+    surrogate with unit weights."""
+    p = positions(16, 30, seed=4)
+    logp = torch.log_softmax(p.logits, -1).gather(-1, p.tokens[:, None])[:, 0]
+    view = p.behavior
+    behavior = type(view)(logp - 3.0, view.topk_ids, view.topk_logprobs)  # ratio e^3 > 0.5
+    out = policy_loss(p.logits, p.tokens, behavior, p.advantages, mask="none", is_cap=0.5)
+    want = -(0.5 * p.advantages * logp).mean()
+    assert float(out.loss) == pytest.approx(float(want), rel=1e-6)
+
+
 def test_kl_gradient_is_the_closed_form_of_k3() -> None:
     """With zero advantages only the penalty is left: beta * mean_i k3_i, whose gradient in the
     logits is beta / N * (1 - exp(ref - log pi(a))) * (e_a - pi), the autograd-free closed form

@@ -142,6 +142,22 @@ def test_unknown_mask_and_negative_delta_are_rejected() -> None:
         trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=-0.1)
 
 
+def test_default_deltas_are_the_documented_0_15() -> None:
+    """`trust_region_mask` without deltas is DPPO's published default, 0.15 on both sides (the
+    DESIGN's table and the spec's defaults): a changed default would silently widen the region of
+    every caller of the public function."""
+    p = positions(400, 60, gap=3.0, seed=11)
+    default = trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo")
+    explicit = trust_region_mask(
+        p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=0.15, delta_high=0.15
+    )
+    wider = trust_region_mask(
+        p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=1.15, delta_high=1.15
+    )
+    assert torch.equal(default, explicit)
+    assert not torch.equal(default, wider)  # the case tells 0.15 from a wider delta
+
+
 def test_ratio_direction_at_its_boundaries() -> None:
     """DPPO's direction rule moves away only with A > 0 and r > 1, or A < 0 and r < 1: a token
     exactly at r = 1, or with A = 0, moves nowhere (it feeds masked_only_dppo and the

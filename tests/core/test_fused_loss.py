@@ -344,6 +344,15 @@ def test_projected_logits_name_the_shape_that_does_not_fit() -> None:
         ProjectedLogits(h, w, None, 0.0)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
+def test_materialized_logits_are_the_projection_over_the_temperature(temperature: float) -> None:
+    gen = torch.Generator().manual_seed(3)
+    h, w, b = torch.randn(5, 4, generator=gen), torch.randn(7, 4, generator=gen), torch.randn(7)
+    want = (h @ w.T + b) / temperature
+    got = ProjectedLogits(h, w, b, temperature).materialize()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_gathered_logits_answer_only_their_columns() -> None:
     cols = GatheredLogits(torch.tensor([[4, 1], [2, 2]]), torch.tensor([[0.5, 1.5], [3.0, 3.0]]), 9)
     assert cols.shape == (2, 9)

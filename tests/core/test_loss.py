@@ -79,6 +79,19 @@ def test_low_precision_logits_train() -> None:
     assert torch.isfinite(out.loss)
 
 
+def test_a_single_response_token_is_its_own_mean() -> None:
+    """token_mean over one response token is that token's term, not a fraction of it: on-policy
+    (mu = pi) with mask none the loss is -A * log pi(a) of the one token the mask keeps."""
+    p = positions(8, 50, seed=4)
+    logp = torch.log_softmax(p.logits, -1).gather(-1, p.tokens[:, None])[:, 0]
+    view = p.behavior
+    behavior = type(view)(logp, view.topk_ids, view.topk_logprobs)
+    only = torch.zeros(8, dtype=torch.bool)
+    only[3] = True
+    out = policy_loss(p.logits, p.tokens, behavior, p.advantages, only, mask="none")
+    assert float(out.loss) == pytest.approx(float(-p.advantages[3] * logp[3]), rel=1e-6)
+
+
 def test_empty_response_mask_gives_zero_loss() -> None:
     p = positions(8, 50, seed=4)
     out = policy_loss(

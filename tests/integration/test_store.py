@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
-from pdppo.store import JobRecord, JobStore, events_key, job_key, metrics_key, now_iso
+from pdppo.store import (
+    OUTBOX,
+    JobRecord,
+    JobStore,
+    Outbox,
+    events_key,
+    job_key,
+    metrics_key,
+    now_iso,
+    tenant_active_key,
+)
+from pdppo.store.events import AsyncEventStore
+from pdppo.store.keys import eval_key
 from tests.integration.stack import RedisServer
 from workers.lease import Lease, LeaseLost
 
@@ -141,3 +156,105 @@ def test_a_job_that_keeps_killing_its_worker_fails(client: redis.Redis) -> None:
     for _ in range(4):
         assert store.requeue_if_orphaned(other, lease_token="t", max_worker_losses=1) == "requeued"
         store.claim(other.id, "next worker")
+
+
+def _queued(client: redis.Redis, job_id: str, queue: str = "cpu", tenant: str = "t") -> None:
+    """A queued job as `_CREATE` leaves it, less its outbox entry (a job from before the outbox)."""
+    client.hset(
+        job_key(job_id),
+        mapping={
+            "id": job_id,
+            "tenant": tenant,
+            "status": "queued",
+            "queue": queue,
+            "spec": "{}",
+            "created_at": now_iso(),
+        },
+    )
+    client.sadd(tenant_active_key(tenant), job_id)
+
+
+def test_adoption_counts_the_queued_jobs_it_added_and_only_those(client: redis.Redis) -> None:
+    """A worker starting up adds every queued job missing from the outbox (the log line reports
+    the count); a running job is not in doubt and is left out."""
+    for job_id in ("a", "b", "c"):
+        _queued(client, job_id)
+    running_job(client, "r")  # claimed: not queued any more
+    client.sadd(tenant_active_key("t"), "r")
+    outbox = Outbox(client)
+    assert outbox.adopt_queued(at=100.0) == 3
+    assert outbox.adopt_queued(at=200.0) == 0  # already there, untouched
+    assert client.zrange(OUTBOX, 0, -1, withscores=True) == [
+        ("a", 100.0),
+        ("b", 100.0),
+        ("c", 100.0),
+    ]
+
+
+def test_take_due_returns_the_due_queued_jobs_with_their_queues_and_holds_them(
+    client: redis.Redis,
+) -> None:
+    """What the dispatcher acts on: the entries due by `now` whose job is still queued, each with
+    its queue, their next check moved to now + hold; a due entry of a job no longer queued is
+    dropped; one not due yet is left as it was."""
+    _queued(client, "a", "cpu")
+    _queued(client, "b", "gpu")
+    _queued(client, "later", "cpu")
+    _queued(client, "gone", "cpu")
+    client.hset(job_key("gone"), "status", "cancelled")
+    client.zadd(OUTBOX, {"a": 10.0, "b": 20.0, "gone": 15.0, "later": 50.0})
+    outbox = Outbox(client)
+    assert sorted(outbox.take_due(5.0, now=30.0)) == [("a", "cpu"), ("b", "gpu")]
+    assert dict(client.zrange(OUTBOX, 0, -1, withscores=True)) == {
+        "a": 35.0,
+        "b": 35.0,
+        "later": 50.0,
+    }
+    assert outbox.take_due(5.0, now=30.0) == []  # held: a second dispatcher gets nothing
+    # without `now`, the clock: everything above is due today
+    before = time.time()
+    assert sorted(outbox.take_due(60.0)) == [("a", "cpu"), ("b", "gpu"), ("later", "cpu")]
+    scores = dict(client.zrange(OUTBOX, 0, -1, withscores=True))
+    assert all(before + 60.0 <= s <= time.time() + 60.0 for s in scores.values()), scores
+
+
+def test_a_requeued_job_is_checked_a_grace_after_the_requeue(client: redis.Redis) -> None:
+    """The reaper that requeues a job sends its task itself; the dispatcher's first look comes
+    `dispatch_grace` later, so it finds the task and sends no duplicate."""
+    store = JobStore(client)
+    job = running_job(client)
+    before = time.time()
+    assert store.requeue_if_orphaned(job, dispatch_grace=7.0) == "requeued"
+    score = client.zscore(OUTBOX, job.id)
+    assert score is not None and before + 7.0 <= score <= time.time() + 7.0
+
+
+def test_every_evaluation_is_kept_in_step_order(client: redis.Redis) -> None:
+    """`/eval` serves the whole evaluation history (a curve), unlike a capped list."""
+    store = JobStore(client)
+    job = running_job(client)
+    for step in (2, 4, 6):
+        assert store.publish_eval(job.id, step, 10, {"reward": step / 10})
+    assert not store.publish_eval(job.id, 4, 10, {"reward": 0.0})  # a resumed run repeats it
+    rows = [json.loads(r) for r in client.lrange(eval_key(job.id), 0, -1)]
+    assert rows == [{"step": s, "metrics": {"reward": s / 10}} for s in (2, 4, 6)]
+
+
+def test_the_newest_event_of_a_type_is_found_among_the_last_ones(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """How the API finds an ended job's `done` (its last event but for a stray log line)."""
+    types = ["status", "metrics", "done", "log", "log"]
+    ids = [client.xadd(events_key("e1"), {"type": t, "data": str(i)}) for i, t in enumerate(types)]
+
+    async def read(event_type: str, within: int = 100) -> object:
+        conn = aredis.Redis.from_url(redis_server.url(DB), decode_responses=True)
+        try:
+            return await AsyncEventStore(conn).last_event_of_type("e1", event_type, within)
+        finally:
+            await conn.aclose()
+
+    assert asyncio.run(read("done")) == (ids[2], {"type": "done", "data": "2"})
+    assert asyncio.run(read("log")) == (ids[4], {"type": "log", "data": "4"})
+    assert asyncio.run(read("status", within=2)) is None  # older than the last two
+    assert asyncio.run(read("eval")) is None

@@ -1,0 +1,68 @@
+"""The outbox dispatcher (`workers.reaper`) against a real Redis: a task a worker took moments
+ago is left to that worker, and the dispatcher runs on its own short tick however long the
+reaper's interval is. The end-to-end paths (a task never sent, a taker that died) are
+tests/integration/test_outbox.py's."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+from kombu.transport.redis import Channel as RedisChannel
+
+from pdppo.store import OUTBOX, JobStore, job_key, now_iso
+from workers.reaper import DispatchTiming, dispatch_once, start_reaper
+
+
+def _queued(client: redis.Redis, job_id: str, status: str = "queued") -> None:
+    client.hset(
+        job_key(job_id),
+        mapping={
+            "id": job_id,
+            "tenant": "t",
+            "status": status,
+            "queue": "cpu",
+            "spec": "{}",
+            "created_at": now_iso(),
+        },
+    )
+
+
+def _taken(client: redis.Redis, job_id: str, tag: str, at: float) -> None:
+    """kombu's record of a message a consumer took at `at` and has not acknowledged: the message
+    (Celery's protocol 2 carries the task id, our job id, in its headers) in `unacked`, the take
+    time in `unacked_index`."""
+    message = {"body": "", "headers": {"id": job_id, "task": "pdppo.train"}, "properties": {}}
+    client.hset(RedisChannel.unacked_key, tag, json.dumps([message, "", "cpu"]))
+    client.zadd(RedisChannel.unacked_index_key, {tag: at})
+
+
+def test_a_task_taken_within_the_claim_grace_is_left_to_its_taker(client: redis.Redis) -> None:
+    """A worker that took the task a second ago is about to claim the job: putting the task back
+    would deliver it twice. The job's next check moves to when that worker's grace runs out."""
+    store = JobStore(client)
+    _queued(client, "j1")
+    client.zadd(OUTBOX, {"j1": 100.0})
+    _taken(client, "j1", "tag-1", at=995.0)
+    timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
+    assert dispatch_once(store, timing, now=1000.0) == []
+    assert client.zscore(OUTBOX, "j1") == 995.0 + 30.0
+    assert client.hexists(RedisChannel.unacked_key, "tag-1")  # not put back
+    assert client.llen("cpu") == 0
+
+
+def test_the_dispatcher_ticks_on_its_own_interval_not_the_reapers(client: redis.Redis) -> None:
+    """With a reaper interval of a minute, the dispatcher still looks every `timing.interval`
+    (0.1 s here): a due entry of a job that is no longer queued is gone within a second."""
+    store = JobStore(client)
+    _queued(client, "done", status="succeeded")
+    client.zadd(OUTBOX, {"done": 0.0})
+    stop = start_reaper(store, 60.0, timing=DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0))
+    try:
+        deadline = time.monotonic() + 3.0
+        while client.zscore(OUTBOX, "done") is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.zscore(OUTBOX, "done") is None
+    finally:
+        stop.set()

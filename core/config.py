@@ -23,17 +23,21 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+# the task section lives in its own module; every section stays importable from here
+from core.config_task import FILE_ID_RE as FILE_ID_RE
+from core.config_task import MAX_PATH_CHARS as MAX_PATH_CHARS
+from core.config_task import TaskConfig as TaskConfig
+from core.config_task import TaskName as TaskName
 from core.config_types import (
     FINITE,
-    NO_CONTROL_CHARS,
     CleanStr,
     FiniteFloat,
+    Strict,
     _no_control_chars,
 )
-from core.graders.config import GraderConfig
 
 SEED_OFFSETS = 3
 """The trainer seeds its generators with seed, seed + 1, seed + 2 and seed + 3."""
@@ -41,22 +45,11 @@ SEED_OFFSETS = 3
 MAX_SEED = 2**63 - 1 - SEED_OFFSETS
 """Largest seed: seed + SEED_OFFSETS must still fit torch's signed 64-bit seed."""
 
-MAX_PATH_CHARS = 4096
-"""Longest model name or dataset path (Linux PATH_MAX)."""
-
 JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What `job:<id>` accepts as an id (the API's ids are 24 hex digits)."""
 
-FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
-"""An uploaded file's id: `file-` and the first 32 hex digits of its sha256."""
 
-
-class _Strict(BaseModel):
-    # allow_inf_nan=False also guards float fields that are not declared FiniteFloat
-    model_config = ConfigDict(extra="forbid", frozen=False, strict=True, allow_inf_nan=False)
-
-
-class TinyModelConfig(_Strict):
+class TinyModelConfig(Strict):
     """Shape of the built-in transformer (`builtin:tiny`); ignored for `hf:` models."""
 
     d_model: int = Field(
@@ -91,7 +84,7 @@ class TinyModelConfig(_Strict):
         return self
 
 
-class LoraConfig(_Strict):
+class LoraConfig(Strict):
     """Low-rank adapters through peft; only the adapters train, the base stays frozen."""
 
     r: int = Field(default=8, ge=1, le=1024, description="Adapter rank.")
@@ -127,7 +120,7 @@ class LoraConfig(_Strict):
         return value
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     name: CleanStr = Field(
         default="builtin:tiny",
         max_length=MAX_PATH_CHARS,
@@ -167,139 +160,7 @@ class ModelConfig(_Strict):
         return self
 
 
-TaskName = Literal["arithmetic", "sort", "copy", "reverse", "jsonl"]
-
-
-class TaskConfig(_Strict):
-    name: TaskName = Field(
-        default="reverse",
-        description="Built-in verifiable task, or 'jsonl' for a dataset of {prompt, answer}.",
-    )
-    min_len: int = Field(
-        default=2,
-        ge=1,
-        le=32,
-        description="Shortest digit string (sort/copy/reverse) or operand digits.",
-    )
-    max_len: int = Field(
-        default=4,
-        ge=1,
-        le=32,
-        description="Longest digit string (sort/copy/reverse) or operand digits.",
-    )
-    path: Annotated[str, Field(max_length=MAX_PATH_CHARS), NO_CONTROL_CHARS] | None = Field(
-        default=None,
-        description=(
-            "JSONL file on the worker's disk (under its data roots), one record per line: "
-            '{"prompt": ...} or {"messages": [...]}, plus any fields the grader reads.'
-        ),
-    )
-    file: Annotated[str, Field(pattern=FILE_ID_RE.pattern)] | None = Field(
-        default=None,
-        description="An uploaded dataset (`POST /v1/files`) by id; instead of `path`.",
-    )
-    validation_path: Annotated[str, Field(max_length=MAX_PATH_CHARS), NO_CONTROL_CHARS] | None = (
-        Field(default=None, description="Held-out JSONL records for evaluation, on disk.")
-    )
-    validation_file: Annotated[str, Field(pattern=FILE_ID_RE.pattern)] | None = Field(
-        default=None, description="Held-out JSONL records for evaluation, an uploaded file id."
-    )
-    validation_fraction: Annotated[float, Field(ge=0, le=0.5), FINITE] = Field(
-        default=0.0,
-        description=(
-            "Without a validation file: hold out this fraction of the dataset (chosen by the "
-            "seed) for evaluation."
-        ),
-    )
-    grader: GraderConfig | None = Field(
-        default=None,
-        description=(
-            "How JSONL completions are scored (`{type: ...}`: string_check, regex, numeric, "
-            "math, json_schema, length_penalty, plugin, multi); unset: `match` on `answer`."
-        ),
-    )
-    grader_timeout_seconds: Annotated[float, Field(gt=0, le=600), FINITE] = Field(
-        default=5.0,
-        description=(
-            "Time limit to grade one completion; past it the completion scores 0 and counts "
-            "in the metric grader_timeouts."
-        ),
-    )
-    grader_batch_timeout_seconds: Annotated[float, Field(gt=0, le=3600), FINITE] = Field(
-        default=120.0,
-        description=(
-            "Time limit to grade one step's completions: a grader that hangs on every one "
-            "costs a step this long at most (the ones left score 0, counted as timeouts)."
-        ),
-    )
-    match: Literal["exact", "numeric", "regex"] = Field(
-        default="exact",
-        description=(
-            "JSONL scoring: exact string match, numeric match (within tolerance), or the "
-            "answer is a regex that must fully match the stripped completion."
-        ),
-    )
-    numeric_tolerance: FiniteFloat = Field(
-        default=1e-6, ge=0, le=1e12, description="Absolute tolerance for 'numeric'."
-    )
-    warmup_steps: int = Field(
-        default=0,
-        ge=0,
-        le=100_000,
-        description=(
-            "Supervised warm-up steps before RL, on what task.warmup_target says. 0 disables."
-        ),
-    )
-    warmup_target: Literal["format", "answer"] = Field(
-        default="format",
-        description=(
-            "What the warm-up teaches: 'format' = answer-shaped random digits (RL learns the "
-            "whole task; built-in tasks only), 'answer' = the true answers (a partial head start "
-            "that RL improves; for jsonl, every record's 'answer')."
-        ),
-    )
-    warmup_lr: FiniteFloat = Field(
-        default=3e-3, gt=0, le=1, description="Learning rate of the warm-up."
-    )
-    warmup_batch_size: int = Field(
-        default=32, ge=1, le=65536, description="Examples per warm-up step."
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> TaskConfig:
-        if self.min_len > self.max_len:
-            raise ValueError(f"task.min_len={self.min_len} must be <= task.max_len={self.max_len}")
-        if self.name == "jsonl" and (self.path is None) == (self.file is None):
-            raise ValueError(
-                "task.name='jsonl' needs exactly one of task.path (a file on the worker) and "
-                "task.file (an uploaded file id)"
-            )
-        if self.validation_path is not None and self.validation_file is not None:
-            raise ValueError("set task.validation_path or task.validation_file, not both")
-        held_out = self.validation_path is not None or self.validation_file is not None
-        if held_out and self.validation_fraction:
-            raise ValueError(
-                "task.validation_fraction splits the dataset; it cannot be combined with a "
-                "validation file"
-            )
-        if self.name != "jsonl":
-            for name in ("file", "validation_path", "validation_file", "grader"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"task.{name} is only used when task.name='jsonl'")
-            if self.validation_fraction:
-                raise ValueError("task.validation_fraction is only used when task.name='jsonl'")
-        if self.name == "jsonl" and self.warmup_steps and self.warmup_target == "format":
-            raise ValueError(
-                f"task.warmup_steps={self.warmup_steps} with task.warmup_target='format': a "
-                "dataset has no answer shape to imitate; use warmup_target='answer' (records "
-                "with an 'answer') or a built-in task"
-            )
-        if self.name != "jsonl" and self.path:
-            raise ValueError(f"task.path={self.path!r} is only used when task.name='jsonl'")
-        return self
-
-
-class RolloutConfig(_Strict):
+class RolloutConfig(Strict):
     prompts_per_step: int = Field(
         default=16, ge=1, le=65536, description="Distinct prompts per rollout batch."
     )
@@ -347,7 +208,7 @@ LossAgg = Literal["token_mean", "seq_mean", "minibatch_token_mean"]
 LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
 
 
-class AlgorithmConfig(_Strict):
+class AlgorithmConfig(Strict):
     mask: Literal["ppo_clip", "dppo", "predictive", "none"] = Field(
         default="predictive", description="Trust-region mask."
     )
@@ -421,7 +282,7 @@ LR_LORA = 1e-5
 have far fewer parameters to move)."""
 
 
-class OptimConfig(_Strict):
+class OptimConfig(Strict):
     lr: Annotated[float, Field(gt=0, le=1), FINITE] | None = Field(
         default=None,
         description=(
@@ -491,7 +352,7 @@ def default_lr(model: ModelConfig) -> float:
     return LR_LORA if model.lora is not None else LR_FULL_FINETUNE
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     model: ModelConfig = Field(default_factory=lambda: ModelConfig(), description="Model to train.")
     task: TaskConfig = Field(default_factory=lambda: TaskConfig(), description="Task and reward.")
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(), description="Sampling.")

@@ -10,7 +10,13 @@ import math
 import unicodedata
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 
@@ -59,3 +65,10 @@ Field(max_length=9), NO_CONTROL_CHARS] | None` (limit first, or its message spea
 
 CleanStr = Annotated[str, NO_CONTROL_CHARS]
 """A string without control characters."""
+
+
+class Strict(BaseModel):
+    """Every config section's base: no extra keys, no coercion (`core.config`'s docstring)."""
+
+    # allow_inf_nan=False also guards float fields that are not declared FiniteFloat
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True, allow_inf_nan=False)

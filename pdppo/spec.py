@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from core.config import FINITE, NO_CONTROL_CHARS, TrainConfig
+from core.config import TrainConfig
+from core.config_types import FINITE, NO_CONTROL_CHARS
 
 __all__ = ["JobSpec", "Resources", "SpecError", "load_spec"]
 

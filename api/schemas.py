@@ -239,7 +239,9 @@ class BudgetLimits(BaseModel):
 
 class SpecProblem(BaseModel):
     field: str = Field(description="the spec field most responsible, e.g. train.rollout.group_size")
-    kind: Literal["path", "file", "timeout", "memory", "params", "tokens_per_step", "total_tokens"]
+    kind: Literal[
+        "path", "file", "timeout", "engine", "memory", "params", "tokens_per_step", "total_tokens"
+    ]
     message: str = Field(description="what POST /v1/jobs would put in its 422 detail")
     estimate: int | None = None
     limit: int | None = None

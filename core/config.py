@@ -202,6 +202,25 @@ class RolloutConfig(Strict):
         le=1000,
         description="Rollouts come from the policy as it was this many steps ago (async RL).",
     )
+    engine: Literal["hf", "vllm"] = Field(
+        default="hf",
+        description=(
+            "What samples the rollouts: 'hf', the trainer's own KV-cache loop, or 'vllm', a vLLM "
+            "engine in the job's process (the `vllm` extra; hf: models, without LoRA), given "
+            "the trained weights after every step and returning its top-K view of what it "
+            "sampled (core.vllm_engine)."
+        ),
+    )
+    vllm_memory: FiniteFloat = Field(
+        default=0.3,
+        gt=0,
+        le=0.95,
+        description=(
+            "engine 'vllm': the share of the device's memory vLLM takes for its weights and KV "
+            "cache (its gpu_memory_utilization; on CPU a share of the NUMA node's RAM); the "
+            "trainer shares the device and needs the rest."
+        ),
+    )
 
 
 LossAgg = Literal["token_mean", "seq_mean", "minibatch_token_mean"]
@@ -447,6 +466,7 @@ class TrainConfig(Strict):
                 f"completions per update, rollout.prompts_per_step * rollout.group_size / "
                 f"algorithm.minibatches = {per_update}"
             )
+        self._check_engine()
         t = self.task
         held_out = t.validation_path or t.validation_file or t.validation_fraction
         if self.eval_every and not held_out:
@@ -463,3 +483,22 @@ class TrainConfig(Strict):
                 f"{self.rollout.max_new_tokens} (needs >= {needed})"
             )
         return self
+
+    def _check_engine(self) -> None:
+        """vLLM loads the model from its folder or hub id and returns only a top-K view; what
+        it cannot serve is refused here, at submit, not after the job has started."""
+        if self.rollout.engine != "vllm":
+            return
+        name = self.model.name
+        if not (name.startswith("hf:") or name.startswith("job:")):
+            raise ValueError(
+                f"rollout.engine='vllm' needs a Hugging Face model (hf:<folder or hub id>, or "
+                f"job:<id> of one), not {name!r}"
+            )
+        if self.model.lora is not None:
+            raise ValueError("rollout.engine='vllm' does not support model.lora yet")
+        if self.algorithm.estimator == "exact":
+            raise ValueError(
+                "algorithm.estimator='exact' needs the full behavior distribution, which vLLM "
+                "does not return: use 'topk', 'topk_tail' or 'binary' with rollout.engine='vllm'"
+            )

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,9 @@ from core.silence import SilenceWatch, zero_adv_groups
 from core.tasks import Example, Task, make_task
 from core.update import group_advantages, update_policy
 from core.warmup import supervised_warmup
+
+if TYPE_CHECKING:
+    from core.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +145,11 @@ class _Run:
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
         rollout_dtype = _DTYPES[cfg.rollout.dtype]
-        self.separate_rollout = cfg.rollout.staleness > 0 or rollout_dtype != self.lm.dtype
+        # a vLLM engine holds its own copy in its own dtype: no second HF model
+        self.engine = _vllm_engine(self.lm, cfg) if cfg.rollout.engine == "vllm" else None
+        self.separate_rollout = self.engine is None and (
+            cfg.rollout.staleness > 0 or rollout_dtype != self.lm.dtype
+        )
         self.rollout_lm = self.lm.copy_as(rollout_dtype) if self.separate_rollout else self.lm
         # snapshots[0] is the policy the next rollout samples from (staleness steps old)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.rollout.staleness + 1)
@@ -226,6 +233,8 @@ class _Run:
         # each drawn prompt tokenized once (chat records through the chat template), its ids
         # shared by the rows of its group; `generate` prefills each distinct prompt once
         ids = [encode_example(tok, e) for e in exs]
+        if self.engine is not None:
+            return self._engine_rollout(self.engine, exs, group, ids)
         t0 = time.perf_counter()
         batch = generate(
             self.rollout_lm,
@@ -243,6 +252,41 @@ class _Run:
         grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
         rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
         return _Rollout(batch, group, rewards, grades.metrics, elapsed)
+
+    def _engine_rollout(
+        self, engine: VLLMEngine, exs: list[Example], group: list[Example], ids: list[list[int]]
+    ) -> _Rollout:
+        """The step's groups from the vLLM engine, after loading into it the policy to sample
+        from: the current weights, or with `staleness` the snapshot that many steps old. Its
+        seeds come from the run's sampling generator, so a resumed run draws the same ones."""
+        r = self.cfg.rollout
+        if r.staleness > 0:
+            self.snapshots.append(self.lm.snapshot())
+            weights = self.snapshots[0]
+        else:
+            weights = dict(self.lm.trainable())
+        sync_time = engine.load_weights(weights.items())
+        seed = int(torch.randint(0, 2**31, (1,), generator=self.sample_gen, device=self.device))
+        tok = self.lm.tokenizer
+        t0 = time.perf_counter()
+        batch = engine.sample(
+            ids,
+            group_size=r.group_size,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=self.cfg.algorithm.top_k,
+            seed=seed,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            device=self.device,
+            should_stop=self.cb.should_stop,
+        )
+        elapsed = time.perf_counter() - t0
+        grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
+        rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
+        metrics = {**grades.metrics, "weight_sync_time": sync_time}
+        return _Rollout(batch, group, rewards, metrics, elapsed)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """The step's optimizer updates (`core.update`); `dirty` from the first one on."""
@@ -439,6 +483,20 @@ def _check_finite(metrics: dict[str, float]) -> None:
     bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
     if bad:
         raise FloatingPointError(f"non-finite metrics at step {int(metrics['step'])}: {bad}")
+
+
+def _vllm_engine(lm: CausalLM, cfg: TrainConfig) -> VLLMEngine:
+    """The vLLM engine for `lm`, loading what it was loaded from (`HFLM.source`)."""
+    from core.vllm_engine import VLLMEngine, vllm_available
+
+    source = getattr(lm, "source", None)
+    if source is None:
+        raise ValueError("rollout.engine='vllm' needs a Hugging Face model")
+    if not vllm_available():
+        raise RuntimeError(
+            "rollout.engine='vllm' needs vLLM in the worker: pip install 'pdppo[vllm]'"
+        )
+    return VLLMEngine(source, cfg, lm.max_seq_len)
 
 
 def _sync(device: torch.device) -> None:

@@ -96,6 +96,15 @@ class Settings(BaseSettings):
         ge=1,
         description="torch.set_num_threads in workers; unset keeps torch's default",
     )
+    rollout_engines: list[Literal["hf", "vllm"]] = Field(
+        default_factory=lambda: _installed_engines(),
+        min_length=1,
+        description=(
+            "rollout engines the workers offer (JSON list); a spec asking for another is a 422. "
+            "Default: hf, and vllm where this process can import it (set it on an API whose "
+            "image lacks the `vllm` extra that its workers have)"
+        ),
+    )
     cancel_grace_seconds: float = Field(
         default=5.0,
         gt=0,
@@ -332,3 +341,9 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def _installed_engines() -> list[Literal["hf", "vllm"]]:
+    import importlib.util
+
+    return ["hf", "vllm"] if importlib.util.find_spec("vllm") is not None else ["hf"]

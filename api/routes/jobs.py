@@ -84,6 +84,20 @@ def _admission(
                 ),
             )
         )
+    engine = spec.train.rollout.engine
+    if engine not in settings.rollout_engines:
+        problems.append(
+            SpecProblem(
+                field="train.rollout.engine",
+                kind="engine",
+                message=(
+                    f"train.rollout.engine: {engine!r} is not offered by this server's workers "
+                    f"(they offer {settings.rollout_engines}); vLLM rollouts need the `vllm` "
+                    "extra (pip install 'pdppo[vllm]') in the workers, and the API told with "
+                    "PDPPO_ROLLOUT_ENGINES"
+                ),
+            )
+        )
     problems += [
         SpecProblem(field=p.field, kind=p.kind, message=str(p), estimate=p.estimate, limit=p.limit)
         for p in check(budget, limits)

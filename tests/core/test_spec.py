@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +379,30 @@ def test_mappings_and_models_are_not_path_resolved() -> None:
     data = {"train": {"task": {"name": "jsonl", "path": "rel.jsonl"}}}
     assert spec_to_dict(data) == data
     assert parse_spec(data).train.task.path == "rel.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({}, "rollout.engine='vllm' needs a Hugging Face model (hf:<folder or hub id>, or "),
+        (
+            {"model": {"name": "hf:/m", "lora": {"r": 4}}},
+            "rollout.engine='vllm' does not support model.lora yet",
+        ),
+        (
+            {"model": {"name": "hf:/m"}, "algorithm": {"estimator": "exact"}},
+            "algorithm.estimator='exact' needs the full behavior distribution",
+        ),
+    ],
+    ids=["builtin", "lora", "exact"],
+)
+def test_what_vllm_cannot_serve_is_refused_at_validation(
+    train: dict[str, Any], message: str
+) -> None:
+    """vLLM loads a Hugging Face folder and returns only top-K: a spec it cannot serve fails
+    here, at submit, not in the worker."""
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        TrainConfig.model_validate({**train, "rollout": {"engine": "vllm"}})
+    for name in ("hf:/m", "job:0193a1b2c3d4e5f60718293a4b5c6d7e"):
+        cfg = TrainConfig.model_validate({"model": {"name": name}, "rollout": {"engine": "vllm"}})
+        assert cfg.rollout.engine == "vllm" and cfg.rollout.vllm_memory == 0.3

@@ -26,6 +26,7 @@ import pytest
 from pydantic import ValidationError
 
 from core.budget import GIB, check, estimate, format_bytes
+from core.models.local_hf import make_tiny_hf
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
 from tests.integration.stack import Service, smoke_spec
@@ -252,6 +253,41 @@ def test_a_limit_from_the_environment_refuses_the_smoke_spec(
         other_queue = alice.post("/v1/jobs", json=on_queue(spec, "gpu"))  # its own limits
         assert other_queue.status_code == 201, other_queue.text
         alice.post(f"/v1/jobs/{other_queue.json()['id']}/cancel")
+
+
+def test_a_rollout_engine_the_workers_lack_is_refused_at_submit_naming_the_extra(
+    make_service: Callable[..., Service],
+) -> None:
+    """vLLM rollouts need the `vllm` extra in the workers: a server whose workers lack it says
+    so at submit (422), instead of a job that fails once a worker starts it. The API is told
+    which engines its workers offer (PDPPO_ROLLOUT_ENGINES; by default what it can import)."""
+    svc = make_service(PDPPO_ROLLOUT_ENGINES='["hf"]')
+    svc.start_api()  # no worker: nothing here trains
+    model = make_tiny_hf(svc.data_dir / "llama")
+    spec = smoke_spec()
+    spec["train"]["model"] = {"name": f"hf:{model}"}
+    spec["train"]["rollout"]["engine"] = "vllm"
+    message = (
+        "train.rollout.engine: 'vllm' is not offered by this server's workers (they offer "
+        "['hf']); vLLM rollouts need the `vllm` extra (pip install 'pdppo[vllm]') in the "
+        "workers, and the API told with PDPPO_ROLLOUT_ENGINES"
+    )
+    with svc.client("alice") as alice:
+        refused = post(alice, spec)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"] == message
+        body = alice.post("/v1/jobs:validate", json=spec).json()
+        assert [(p["field"], p["kind"]) for p in body["problems"]] == [
+            ("train.rollout.engine", "engine")
+        ]
+        spec["train"]["rollout"]["engine"] = "hf"
+        assert alice.post("/v1/jobs:validate", json=spec).json()["ok"] is True
+        # a spec vLLM cannot serve at all is refused by validation, whatever the workers have
+        spec["train"]["rollout"]["engine"] = "vllm"
+        spec["train"]["model"] = {"name": "builtin:tiny"}
+        invalid = post(alice, spec)
+        assert invalid.status_code == 422
+        assert "rollout.engine='vllm' needs a Hugging Face model" in invalid.json()["detail"]
 
 
 def test_the_worker_checks_the_budget_again_before_loading_anything(

@@ -1,0 +1,80 @@
+"""The lease and the fence when Redis is down (every command refused at once), as opposed to
+stalled (tests/workers/test_lease_stall.py, where each command waits for its timeout): the
+lease is lost only once a whole lifetime has passed without a renewal, and it is blamed on
+Redis (`unreachable`), so the worker leaves the job to be resumed rather than failing it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pdppo.store import lease_key
+from tests.integration.stack import RedisServer
+from workers.lease import Lease, LeaseFence, LeaseLost
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, to be stopped under the lease."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
+    own: RedisServer,
+) -> None:
+    """Refused renewals fail in a moment, so between them no renewal is waiting for a reply:
+    only the first failure's time (`_failing_since`) says that Redis is why none succeeded.
+    They are retried with a backoff of up to a renewal interval (1/6 s here), not in a loop
+    that would spin a core against a server that is down."""
+    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+    lease = Lease(client, "j1", seconds=1, owner="w1")
+    assert lease.acquire()
+    renewals = 0
+    renew = lease.renew
+
+    def counted() -> bool:
+        nonlocal renewals
+        renewals += 1
+        return renew()
+
+    lease.renew = counted  # type: ignore[method-assign]
+    lease.start_heartbeat()
+    try:
+        own.stop()
+        time.sleep(0.5)
+        lease.check()  # half a lifetime without a renewal: still held
+        time.sleep(0.8)
+        with pytest.raises(LeaseLost) as lost:
+            lease.check()
+        assert lost.value.unreachable, lease.lost_reason
+        assert lease.lost_reason.startswith("not renewed for ")
+        assert 3 <= renewals <= 40, renewals  # 1.3 s at 0.05 s to 1/6 s apart
+    finally:
+        lease.stop_heartbeat()
+
+
+def test_the_fence_holds_its_lease_until_it_expires_while_redis_is_down(
+    own: RedisServer,
+) -> None:
+    """The job process's fence reads the lease every lifetime / 6: reads that fail while the
+    lease is known to last do not lose it; past its expiry they do, blamed on Redis."""
+    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+    client.set(lease_key("j2"), "w1:abc", px=2000)
+    fence = LeaseFence(client, "j2", "w1:abc", seconds=2)
+    assert fence.check()
+    fence.start()
+    try:
+        own.stop()
+        time.sleep(1.0)  # three failed reads, the lease known to last 1 s more
+        assert not fence.lost.is_set(), fence.reason
+        assert fence.lost.wait(2.0)
+        assert fence.unreachable
+        assert fence.reason.startswith("could not be read past its expiry")
+    finally:
+        fence.stop()

@@ -1,0 +1,79 @@
+"""A job with `rollout.engine: vllm` through the service: the real API, Redis and a CPU worker,
+whose job process runs the vLLM engine (in a process the worker forks per job, under the
+worker's memory limit). It trains and streams its metrics; a cancel stops it while the engine
+is loaded, and the worker goes on to the next job."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from core.models.local_hf import make_chat_hf
+from tests.integration.conftest import read_events, wait_for, wait_status
+from tests.integration.stack import REPO, RedisServer, Service
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    svc = Service(redis, tmp_path_factory.mktemp("service"))
+    try:
+        make_chat_hf(svc.data_dir / "chat-llama")
+        shutil.copy(REPO / "examples" / "data" / "chat_math.jsonl", svc.data_dir)
+        svc.start_api()  # it imports vLLM here, so it offers the engine (PDPPO_ROLLOUT_ENGINES)
+        svc.start_worker("cpu")
+        yield svc
+    finally:
+        svc.stop()
+        redis.stop()
+
+
+def spec(svc: Service, steps: int) -> dict[str, Any]:
+    return {
+        "name": "vllm-service",
+        "resources": {"device": "cpu"},
+        "train": {
+            "model": {"name": f"hf:{svc.data_dir / 'chat-llama'}"},
+            "task": {
+                "name": "jsonl",
+                "path": str(svc.data_dir / "chat_math.jsonl"),
+                "grader": {"type": "numeric", "tolerance": 20.0},
+            },
+            "rollout": {
+                "engine": "vllm",
+                "vllm_memory": 0.1,
+                "prompts_per_step": 4,
+                "group_size": 4,
+                "max_new_tokens": 4,
+            },
+            "optim": {"lr": 1e-2},
+            "steps": steps,
+            "checkpoint_every": 0,
+            "device": "cpu",
+        },
+    }
+
+
+def test_a_vllm_job_trains_streams_and_cancels_through_the_service(service: Service) -> None:
+    with service.client("alice") as alice:
+        long = alice.post("/v1/jobs", json=spec(service, 5000))
+        assert long.status_code == 201, long.text
+        job_id = long.json()["id"]
+        wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 2, timeout=180)
+        assert alice.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+        cancelled = wait_status(alice, job_id, TERMINAL, timeout=30)
+        assert cancelled["status"] == "cancelled", cancelled
+
+        short = alice.post("/v1/jobs", json=spec(service, 3)).json()
+        done = wait_status(alice, short["id"], TERMINAL, timeout=180)
+        assert done["status"] == "succeeded", (done, service.worker_log()[-4000:])
+        metrics = [e["data"] for e in read_events(alice, short["id"]) if e["event"] == "metrics"]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["metrics"]["offpolicy_logratio_abs"] < 1e-4, m
+        assert m["metrics"]["weight_sync_time"] > 0

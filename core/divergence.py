@@ -81,6 +81,7 @@ class SoftmaxStats:
     rest_sq: Tensor | None = None  # (N,) q_a = sum_{j != a} pi_j^2, given the tokens
     tail_mass: Tensor | None = None  # (N,) pi_R: the mass outside the view's ids and a
     tail_sq: Tensor | None = None  # (N,) sum of pi_j^2 over R
+    kth_logit: Tensor | None = None  # (N,) the K-th largest logit, when a K is given
 
     @property
     def lse(self) -> Tensor:

@@ -109,6 +109,7 @@ def projected_stats(
     *,
     entropy: bool = False,
     sums: bool = True,
+    top_k: int | None = None,
 ) -> tuple[SoftmaxStats, GatheredLogits]:
     """`core.divergence.softmax_stats` of the projected logits, chunk by chunk, given the sampled
     `tokens` (N,) (and the view's `view_ids` (N, K): the bucket R's sums), plus the logits at
@@ -116,7 +117,9 @@ def projected_stats(
 
     `sums=False` stops at the log-partition function and `rest_mass` (no squares: `sum_sq`
     is then left at 0), all that log pi(a) and its gradient need (the reference policy, the
-    warm-up)."""
+    warm-up). `top_k`: also each row's K-th largest logit (`kth_logit`), from a running top-K
+    merged chunk by chunk (whether the sampled token is in pi's top-K: how far the sampler
+    strays from the trainer)."""
     n, v = proj.shape
     if tokens.shape != (n,):
         raise ValueError(f"tokens must be (N={n},), got {tuple(tokens.shape)}")
@@ -131,6 +134,7 @@ def projected_stats(
     run_max = torch.full((n,), float("-inf"), device=dev)
     s1, rest, others_sq = acc(), acc(), acc()
     ent = acc() if entropy else None
+    run_top = None if top_k is None else torch.full((n, top_k), float("-inf"), device=dev)
     tail, tail_sq = (acc(), acc()) if view_ids is not None else (None, None)
     casts = _Casts(proj.hidden.float(), proj.weight, proj.bias)
     row_spans, col_spans = _chunking(n, v)
@@ -144,6 +148,9 @@ def projected_stats(
             r = rows.stop - rows.start
             z = zbuf[: r * width].view(r, width)
             _logits_chunk(z, casts.hidden[rows], w_c, b_c, proj.temperature)
+            if run_top is not None and top_k is not None:
+                best = z.topk(min(top_k, width), dim=-1).values  # before z is shifted below
+                run_top[rows] = torch.cat([run_top[rows], best], -1).topk(top_k, dim=-1).values
             local = _local(ids[rows], cols)  # (R, S)
             got = z.gather(-1, local.clamp(max=width - 1))
             values[rows] = torch.where(local < width, got, values[rows])
@@ -191,6 +198,7 @@ def projected_stats(
         rest_sq=others_sq / s2 if sums else None,
         tail_mass=None if tail is None else tail / s1,
         tail_sq=None if tail_sq is None else tail_sq / s2,
+        kth_logit=None if run_top is None else run_top[:, -1],
     )
     return stats, GatheredLogits(ids, values, v)
 
@@ -325,7 +333,9 @@ def fused_policy_loss(
     rmask = check_loss_inputs(tokens, response_mask, is_cap, kl_beta, ref_logprobs, normalizer)
     advantages = advantages.float()
     view_ids = behavior.topk_ids if estimator == "topk" else None
-    stats, columns = projected_stats(proj, tokens, view_ids, entropy=True)
+    stats, columns = projected_stats(proj, tokens, view_ids, entropy=True, top_k=behavior.k)
+    assert stats.kth_logit is not None
+    outside = columns.values[:, -1] < stats.kth_logit  # (N,) a outside pi's top-K
     region = trust_region(
         columns,
         behavior,
@@ -352,4 +362,5 @@ def fused_policy_loss(
         ref_logprobs,
         kl_beta,
         normalizer,
+        outside,
     )

@@ -111,8 +111,9 @@ def policy_loss(
     direction_disagreement_far: the same, counting only tokens with D past delta (where the two
     masks decide differently); masked_only_predictive / masked_only_dppo: tokens the predictive
     rule masks and DPPO's does not, and the reverse, whatever mask is configured (same D, same
-    deltas); ratio_mean: pi(a)/mu(a); entropy: H(pi) in nats; kl_ref (with `ref_logprobs`): the
-    mean k3 estimate of KL(pi || pi_ref).
+    deltas); ratio_mean: pi(a)/mu(a); entropy: H(pi) in nats; outside_topk: sampled tokens
+    outside pi's top-K (K of the behavior view: how often the sampler picks what the trainer
+    ranks lower); kl_ref (with `ref_logprobs`): the mean k3 estimate of KL(pi || pi_ref).
     """
     if isinstance(logits, ProjectedLogits):
         from core.fused import fused_policy_loss  # core.fused builds on this module
@@ -154,6 +155,9 @@ def policy_loss(
         stats=stats,
     )
     logp_a = -F.cross_entropy(logits.float(), tokens, reduction="none")  # (N,) with grad
+    k = min(behavior.k, detached.shape[-1])
+    kth = detached.float().topk(k, dim=-1).values[:, -1]
+    outside = detached.float().gather(-1, tokens[:, None])[:, 0] < kth  # (N,) a outside top-K
     return loss_from_logprobs(
         logp_a,
         region,
@@ -166,6 +170,7 @@ def policy_loss(
         ref_logprobs,
         kl_beta,
         normalizer,
+        outside,
     )
 
 
@@ -212,10 +217,12 @@ def loss_from_logprobs(
     ref_logprobs: Tensor | None,
     kl_beta: float,
     normalizer: float | Tensor | None,
+    outside: Tensor | None = None,
 ) -> PolicyLossOutput:
     """The loss from log pi(a) (N,), the only term with a gradient, and the statistics from
     the mask's pass: shared by the unfused and the fused path, which differ only in how they
-    get `logp_a`, `region` and `stats`."""
+    get `logp_a`, `region` and `stats`. `outside` (N,): whether each sampled token lies outside
+    pi's top-K (K of the behavior view), for `outside_topk`."""
     is_weight = region.log_ratio.exp().clamp(max=is_cap)
     weight = advantages * is_weight * region.keep * rmask
     loss = _aggregate(weight * logp_a, rmask, normalizer).neg()
@@ -250,6 +257,8 @@ def loss_from_logprobs(
         "ratio_mean": _mean(region.log_ratio.exp(), rmask),
         "entropy": _mean(stats.entropy, rmask),
     }
+    if outside is not None:
+        out["outside_topk"] = _mean(outside, rmask)
     if k3 is not None:
         out["kl_ref"] = _mean(k3.detach(), rmask)
     return PolicyLossOutput(loss=loss, keep=region.keep, log_ratio=region.log_ratio, stats=out)

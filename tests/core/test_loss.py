@@ -103,7 +103,7 @@ def test_empty_response_mask_gives_zero_loss() -> None:
     )
     assert float(out.loss.detach()) == 0.0
     # no response token: every statistic is 0, not a sentinel (they are averaged across steps)
-    assert len(out.stats) == 11 and set(out.stats.values()) == {0.0}, out.stats
+    assert len(out.stats) == 12 and set(out.stats.values()) == {0.0}, out.stats
 
 
 def test_negative_kl_beta_and_cap_are_rejected() -> None:
@@ -404,3 +404,30 @@ def test_loss_aggregations_by_hand() -> None:
     assert float(sum(pieces)) == pytest.approx(0.7 * ln2, rel=1e-6)
     with pytest.raises(ValueError, match="normalizer must be"):
         policy_loss(logits=logits, normalizer=per_token[:3], **args)
+
+
+def test_outside_topk_counts_sampled_tokens_below_pis_kth_logit_on_both_paths() -> None:
+    """Four tokens over a vocabulary of 10 with distinct logits, the sampled token ranked 0, 2,
+    3 and 9 by pi, a view of K = 3: the last two lie outside pi's top-3, a fraction of 1/2.
+    The fused path (hidden states times an identity projection: the same logits) agrees."""
+    from core import fused_policy_loss
+    from core.behavior import BehaviorView
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 10).sort(dim=-1, descending=True).values  # column j has rank j
+    logits = logits[:, torch.randperm(10)]  # ranks shuffled across columns, row by row alike
+    order = logits.argsort(dim=-1, descending=True)  # (4, 10): the id of each rank
+    tokens = order[torch.arange(4), torch.tensor([0, 2, 3, 9])]
+    logp = torch.log_softmax(logits, dim=-1)
+    view = BehaviorView(
+        logp.gather(-1, tokens[:, None])[:, 0],
+        order[:, :3].clone(),
+        logp.gather(-1, order[:, :3]),
+    )
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    out = policy_loss(logits, tokens, view, adv)
+    assert out.stats["outside_topk"] == 0.5
+    fused = fused_policy_loss(logits, torch.eye(10), None, tokens, view, adv)
+    assert fused.stats["outside_topk"] == 0.5
+    wider = BehaviorView(view.token_logprobs, order[:, :4].clone(), logp.gather(-1, order[:, :4]))
+    assert policy_loss(logits, tokens, wider, adv).stats["outside_topk"] == 0.25  # K = 4

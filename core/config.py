@@ -206,9 +206,9 @@ class RolloutConfig(Strict):
         default="hf",
         description=(
             "What samples the rollouts: 'hf', the trainer's own KV-cache loop, or 'vllm', a vLLM "
-            "engine in the job's process (the `vllm` extra; hf: models, without LoRA), given "
-            "the trained weights after every step and returning its top-K view of what it "
-            "sampled (core.vllm_engine)."
+            "engine in the job's process (the `vllm` extra; hf: models), given the trained "
+            "weights (LoRA merged in) before every rollout and returning its top-K view of "
+            "what it sampled (core.vllm_engine)."
         ),
     )
     vllm_memory: FiniteFloat = Field(
@@ -495,8 +495,6 @@ class TrainConfig(Strict):
                 f"rollout.engine='vllm' needs a Hugging Face model (hf:<folder or hub id>, or "
                 f"job:<id> of one), not {name!r}"
             )
-        if self.model.lora is not None:
-            raise ValueError("rollout.engine='vllm' does not support model.lora yet")
         if self.algorithm.estimator == "exact":
             raise ValueError(
                 "algorithm.estimator='exact' needs the full behavior distribution, which vLLM "

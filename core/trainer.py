@@ -260,12 +260,11 @@ class _Run:
         from: the current weights, or with `staleness` the snapshot that many steps old. Its
         seeds come from the run's sampling generator, so a resumed run draws the same ones."""
         r = self.cfg.rollout
+        stale = None
         if r.staleness > 0:
             self.snapshots.append(self.lm.snapshot())
-            weights = self.snapshots[0]
-        else:
-            weights = dict(self.lm.trainable())
-        sync_time = engine.load_weights(weights.items())
+            stale = self.snapshots[0]
+        sync_time = engine.load_weights(self._engine_weights(stale))
         seed = int(torch.randint(0, 2**31, (1,), generator=self.sample_gen, device=self.device))
         tok = self.lm.tokenizer
         t0 = time.perf_counter()
@@ -287,6 +286,23 @@ class _Run:
         rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
         metrics = {**grades.metrics, "weight_sync_time": sync_time}
         return _Rollout(batch, group, rewards, metrics, elapsed)
+
+    def _engine_weights(self, stale: dict[str, torch.Tensor] | None) -> list[tuple[str, Any]]:
+        """The whole policy for the engine (`CausalLM.inference_weights`: LoRA merged in), or
+        with a `stale` snapshot (trainable weights only) the policy it holds: the engine needs
+        every weight at once (a partial reload of a fused layer, q and v without k, leaves it
+        NaN), so the frozen ones come from the model, unchanged since the run began."""
+        lm = self.lm
+        if stale is None:
+            return lm.inference_weights()
+        if lm.has_adapters:
+            now = lm.snapshot()
+            lm.load_snapshot(stale)
+            try:
+                return lm.inference_weights()  # the adapted weights merged anew: not views
+            finally:
+                lm.load_snapshot(now)
+        return list({**dict(lm.inference_weights()), **stale}.items())
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """The step's optimizer updates (`core.update`); `dirty` from the first one on."""

@@ -153,6 +153,11 @@ class CausalLM(abc.ABC):
     def trainable(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
 
+    def inference_weights(self) -> list[tuple[str, Tensor]]:
+        """The whole policy as (name, tensor) pairs in its checkpoint's names, for an inference
+        engine that loads it in place (`core.vllm_engine`); detached, not copied."""
+        return [(n, p.detach()) for n, p in self.module.named_parameters()]
+
     def snapshot(self) -> dict[str, Tensor]:
         """A detached copy of the trainable weights: enough to rebuild a stale policy."""
         return {n: p.detach().clone() for n, p in self.trainable()}

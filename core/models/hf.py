@@ -183,6 +183,32 @@ class HFLM(CausalLM):
         peft_model: Any = self.module
         return cast(contextlib.AbstractContextManager[Any], peft_model.disable_adapter())
 
+    def inference_weights(self) -> list[tuple[str, Tensor]]:
+        """With LoRA, every adapted weight merged with its adapters (W + scale * B @ A, as
+        peft's `get_delta_weight` computes it) under the base model's own names, the adapters'
+        own tensors left out: an engine that knows nothing of LoRA samples the trained policy.
+        Without LoRA, the parameters as they are."""
+        if not self.lora:
+            return super().inference_weights()
+        from peft.tuners.lora import LoraLayer
+
+        base = self._base_model()
+        pairs: list[tuple[str, Tensor]] = []
+        adapted: set[str] = set()
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                if isinstance(module, LoraLayer):
+                    layer: Any = module  # a LoRA Linear: get_delta_weight is its own
+                    weight = layer.get_base_layer().weight
+                    for adapter in layer.active_adapters:
+                        weight = weight + layer.get_delta_weight(adapter)
+                    pairs.append((f"{name}.weight", weight.detach()))
+                    adapted.add(f"{name}.base_layer.weight")
+            for name, p in base.named_parameters():
+                if name not in adapted and ".lora_" not in name:
+                    pairs.append((name.replace(".base_layer.", "."), p.detach()))
+        return pairs
+
     def forward(
         self,
         input_ids: Tensor,

@@ -386,15 +386,11 @@ def test_mappings_and_models_are_not_path_resolved() -> None:
     [
         ({}, "rollout.engine='vllm' needs a Hugging Face model (hf:<folder or hub id>, or "),
         (
-            {"model": {"name": "hf:/m", "lora": {"r": 4}}},
-            "rollout.engine='vllm' does not support model.lora yet",
-        ),
-        (
             {"model": {"name": "hf:/m"}, "algorithm": {"estimator": "exact"}},
             "algorithm.estimator='exact' needs the full behavior distribution",
         ),
     ],
-    ids=["builtin", "lora", "exact"],
+    ids=["builtin", "exact"],
 )
 def test_what_vllm_cannot_serve_is_refused_at_validation(
     train: dict[str, Any], message: str
@@ -403,6 +399,10 @@ def test_what_vllm_cannot_serve_is_refused_at_validation(
     here, at submit, not in the worker."""
     with pytest.raises(ValidationError, match=re.escape(message)):
         TrainConfig.model_validate({**train, "rollout": {"engine": "vllm"}})
-    for name in ("hf:/m", "job:0193a1b2c3d4e5f60718293a4b5c6d7e"):
-        cfg = TrainConfig.model_validate({"model": {"name": name}, "rollout": {"engine": "vllm"}})
+    for model in (
+        {"name": "hf:/m"},
+        {"name": "hf:/m", "lora": {"r": 4}},  # merged into the engine's weights
+        {"name": "job:0193a1b2c3d4e5f60718293a4b5c6d7e"},
+    ):
+        cfg = TrainConfig.model_validate({"model": model, "rollout": {"engine": "vllm"}})
         assert cfg.rollout.engine == "vllm" and cfg.rollout.vllm_memory == 0.3

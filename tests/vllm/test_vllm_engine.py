@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.config import TrainConfig
+from core.config import LoraConfig, TrainConfig
 from core.models.hf import HFLM
 from core.models.local_hf import make_chat_hf
 from core.rollout import RolloutBatch, StopRequested, response_logits
@@ -149,6 +149,26 @@ def test_after_load_weights_the_engine_samples_from_the_new_weights(
     synced = sample(engine, lm)
     assert gap(lm, synced) < PRECISION
     engine.load_weights(HFLM(config(Path(lm.source)).model).trainable())  # back, for the others
+
+
+def test_lora_adapters_merged_into_the_engine_give_the_trained_policy(
+    engine: VLLMEngine, model_dir: Path, lm: HFLM
+) -> None:
+    """The engine knows nothing of LoRA: it is given every adapted weight with its adapters
+    merged in, under the base model's names, and samples what the adapted model would."""
+    cfg = config(model_dir).model.model_copy(update={"lora": LoraConfig(r=4, alpha=8)})
+    adapted = HFLM(cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for _, p in adapted.trainable():  # lora_B starts at 0: give the adapters a say
+            p.add_(0.2 * torch.randn_like(p))
+    weights = adapted.inference_weights()
+    assert sorted(n for n, _ in weights) == sorted(n for n, _ in lm.inference_weights())
+    engine.load_weights(weights)
+    batch = sample(engine, adapted)
+    assert gap(adapted, batch) < PRECISION
+    assert gap(lm, batch) > 0.1  # the adapters changed the policy the engine samples
+    engine.load_weights(lm.inference_weights())  # back, for the others
 
 
 def test_a_stop_aborts_the_rollout_and_leaves_the_engine_usable(

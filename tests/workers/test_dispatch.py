@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import redis
 from kombu.transport.redis import Channel as RedisChannel
 
@@ -66,3 +67,25 @@ def test_the_dispatcher_ticks_on_its_own_interval_not_the_reapers(client: redis.
         assert client.zscore(OUTBOX, "done") is None
     finally:
         stop.set()
+
+
+def test_a_task_sent_for_a_job_seen_nowhere_is_looked_at_again_a_grace_later(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued job whose task is nowhere in the broker (its sender died) gets one sent, and
+    its next check `grace` later: soon enough to see the task lost again, late enough not to
+    send a second one before a worker took the first. Sending is Celery's `send_task`, stood in
+    for here (the end-to-end path is tests/integration/test_outbox.py's)."""
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        "workers.reaper.enqueue", lambda job_id, queue: sent.append((job_id, queue))
+    )
+    store = JobStore(client)
+    _queued(client, "j2")
+    client.zadd(OUTBOX, {"j2": 0.0})
+    timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
+    before = time.time()
+    assert dispatch_once(store, timing) == ["j2"]
+    assert sent == [("j2", "cpu")]
+    score = client.zscore(OUTBOX, "j2")
+    assert score is not None and before + 5.0 <= score <= time.time() + 5.0

@@ -174,3 +174,19 @@ def test_turns_bound_holders_and_a_stuck_holder_loses_its_turn() -> None:
 
     order = asyncio.run(scenario())
     assert order.index("c in") < order.index("a out")
+
+
+def test_a_subscriber_holds_at_most_its_limit_but_always_one_batch() -> None:
+    """A slow subscriber is cut off (`put` is False) once a batch would take it past `limit`
+    events behind; a batch larger than the limit still goes to one that is caught up, or a
+    burst would cut off every subscriber, fast ones too."""
+    from api.events import Subscriber
+
+    slow = Subscriber(limit=5, until=(0, 0))
+    assert slow.put(Batch.of(entries(1, 3)))
+    assert slow.put(Batch.of(entries(4, 2)))  # 5 behind: at the limit, not past it
+    assert not slow.put(Batch.of(entries(6, 1)))
+    assert slow.pending == 5 and [len(b.frames) for b in slow.batches] == [3, 2]
+    caught_up = Subscriber(limit=5, until=(0, 0))
+    assert caught_up.put(Batch.of(entries(1, 8)))
+    assert not caught_up.put(Batch.of(entries(9, 1)))

@@ -12,6 +12,7 @@ import pytest
 import redis
 from kombu.transport.redis import Channel as RedisChannel
 
+from pdppo.settings import Settings
 from pdppo.store import OUTBOX, JobStore, job_key, now_iso
 from workers.reaper import DispatchTiming, dispatch_once, start_reaper
 
@@ -89,3 +90,13 @@ def test_a_task_sent_for_a_job_seen_nowhere_is_looked_at_again_a_grace_later(
     assert sent == [("j2", "cpu")]
     score = client.zscore(OUTBOX, "j2")
     assert score is not None and before + 5.0 <= score <= time.time() + 5.0
+
+
+def test_dispatch_timing_from_the_settings() -> None:
+    """A task taken without a claim is its taker's for the grace or the lease, whichever is
+    longer; a job with nothing to act on is looked at again after six graces at least."""
+    settings = Settings(_env_file=None, outbox_grace_seconds=10.0, lease_seconds=30.0)  # type: ignore[call-arg]
+    timing = DispatchTiming.from_settings(settings)
+    assert (timing.grace, timing.claim_grace, timing.recheck) == (10.0, 30.0, 60.0)
+    short = Settings(_env_file=None, outbox_grace_seconds=2.0, lease_seconds=30.0)  # type: ignore[call-arg]
+    assert DispatchTiming.from_settings(short).recheck == 30.0

@@ -95,6 +95,7 @@ def test_the_fence_sees_its_lease_taken_or_expired(client: redis.Redis) -> None:
     client.set(lease_key("j1"), "w2:def", px=2000)
     assert not fence.check()
     assert fence.lost.is_set() and fence.reason == "taken over"
+    assert not fence.unreachable  # Redis answered: the job is another worker's, not stranded
     with pytest.raises(LeaseLost):
         fence.raise_if_lost()
     with pytest.raises(LeaseLost):
@@ -105,6 +106,16 @@ def test_the_fence_sees_its_lease_taken_or_expired(client: redis.Redis) -> None:
     client.delete(lease_key("j2"))
     assert not gone.check()
     assert gone.reason == "expired or released"
+
+
+def test_a_lease_key_without_a_lifetime_is_not_held(client: redis.Redis) -> None:
+    """The key names this claim but has no expiry (PTTL -1: nothing renews it, nothing will
+    expire it): the gate cannot know for how long it holds, so it refuses the checkpoint."""
+    client.set(lease_key("j3"), "w1:abc")
+    fence = LeaseFence(client, "j3", "w1:abc", seconds=2)
+    with pytest.raises(LeaseLost):
+        fence.ensure_held()
+    assert fence.reason == "expired without a renewal"
 
 
 def test_the_watch_notices_a_lapsed_lease_within_a_renewal_interval(client: redis.Redis) -> None:

@@ -155,9 +155,9 @@ def policy_loss(
         stats=stats,
     )
     logp_a = -F.cross_entropy(logits.float(), tokens, reduction="none")  # (N,) with grad
-    k = min(behavior.k, detached.shape[-1])
-    kth = detached.float().topk(k, dim=-1).values[:, -1]
-    outside = detached.float().gather(-1, tokens[:, None])[:, 0] < kth  # (N,) a outside top-K
+    z = detached.float()
+    kth = z.topk(min(behavior.k, z.shape[-1]), dim=-1).values[:, -1]
+    outside = z.gather(-1, tokens[:, None])[:, 0] < kth  # (N,) a outside pi's top-K
     return loss_from_logprobs(
         logp_a,
         region,

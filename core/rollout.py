@@ -57,6 +57,31 @@ class RolloutBatch:
     def position_ids(self) -> Tensor:
         return position_ids(self.attention_mask)
 
+    @classmethod
+    def assemble(
+        cls,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        responses: Tensor,
+        response_mask: Tensor,
+        behavior: BehaviorView,
+        eos: int,
+    ) -> RolloutBatch:
+        """The batch of left-padded prompts (B, P) and right-padded responses (B, T), whichever
+        engine sampled them; each row's completion is its response up to EOS, EOS excluded."""
+        completions = []
+        for row, alive in zip(responses.tolist(), response_mask.tolist(), strict=True):
+            gen = [tok for tok, keep in zip(row, alive, strict=True) if keep]
+            completions.append(gen[:-1] if gen and gen[-1] == eos else gen)
+        return cls(
+            input_ids=torch.cat([prompt_ids, responses], dim=1),
+            attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
+            prompt_len=prompt_ids.shape[1],
+            response_mask=response_mask,
+            behavior=behavior,
+            completions=completions,
+        )
+
     def select(self, rows: Tensor) -> RolloutBatch:
         """The sub-batch of sequences `rows` (int64 indices), with its behavior rows."""
         token_row = torch.arange(len(self.response_mask), device=rows.device)[:, None]
@@ -316,18 +341,7 @@ class _Record:
                 self.top_lp[:, :t][rmask],
                 None if self.full is None else self.full[:, :t][rmask],
             )
-        completions = []
-        for row, alive in zip(resp.tolist(), rmask.tolist(), strict=True):
-            gen = [tok for tok, keep in zip(row, alive, strict=True) if keep]
-            completions.append(gen[:-1] if gen and gen[-1] == eos else gen)
-        return RolloutBatch(
-            input_ids=torch.cat([ids, resp], dim=1),
-            attention_mask=torch.cat([mask, rmask], dim=1),
-            prompt_len=ids.shape[1],
-            response_mask=rmask,
-            behavior=view,
-            completions=completions,
-        )
+        return RolloutBatch.assemble(ids, mask, resp, rmask, view, eos)
 
 
 def response_logits(

@@ -233,32 +233,35 @@ class _Run:
         # each drawn prompt tokenized once (chat records through the chat template), its ids
         # shared by the rows of its group; `generate` prefills each distinct prompt once
         ids = [encode_example(tok, e) for e in exs]
+        extra: dict[str, float] = {}
         if self.engine is not None:
-            return self._engine_rollout(self.engine, exs, group, ids)
-        t0 = time.perf_counter()
-        batch = generate(
-            self.rollout_lm,
-            [p for p in ids for _ in range(r.group_size)],
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=self.cfg.algorithm.top_k,
-            keep_full=self.cfg.algorithm.estimator == "exact",
-            generator=self.sample_gen,
-            should_stop=self.cb.should_stop,
-        )
-        _sync(self.device)
-        elapsed = time.perf_counter() - t0
+            batch, elapsed, extra["weight_sync_time"] = self._engine_sample(self.engine, ids)
+        else:
+            t0 = time.perf_counter()
+            batch = generate(
+                self.rollout_lm,
+                [p for p in ids for _ in range(r.group_size)],
+                max_new_tokens=r.max_new_tokens,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=self.cfg.algorithm.top_k,
+                keep_full=self.cfg.algorithm.estimator == "exact",
+                generator=self.sample_gen,
+                should_stop=self.cb.should_stop,
+            )
+            _sync(self.device)
+            elapsed = time.perf_counter() - t0
         grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
         rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
-        return _Rollout(batch, group, rewards, grades.metrics, elapsed)
+        return _Rollout(batch, group, rewards, {**grades.metrics, **extra}, elapsed)
 
-    def _engine_rollout(
-        self, engine: VLLMEngine, exs: list[Example], group: list[Example], ids: list[list[int]]
-    ) -> _Rollout:
+    def _engine_sample(
+        self, engine: VLLMEngine, ids: list[list[int]]
+    ) -> tuple[RolloutBatch, float, float]:
         """The step's groups from the vLLM engine, after loading into it the policy to sample
         from: the current weights, or with `staleness` the snapshot that many steps old. Its
-        seeds come from the run's sampling generator, so a resumed run draws the same ones."""
+        seeds come from the run's sampling generator, so a resumed run draws the same ones.
+        Returns the batch, the seconds of sampling and the seconds of the weight sync."""
         r = self.cfg.rollout
         stale = None
         if r.staleness > 0:
@@ -281,11 +284,7 @@ class _Run:
             device=self.device,
             should_stop=self.cb.should_stop,
         )
-        elapsed = time.perf_counter() - t0
-        grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
-        rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
-        metrics = {**grades.metrics, "weight_sync_time": sync_time}
-        return _Rollout(batch, group, rewards, metrics, elapsed)
+        return batch, time.perf_counter() - t0, sync_time
 
     def _engine_weights(self, stale: dict[str, torch.Tensor] | None) -> list[tuple[str, Any]]:
         """The whole policy for the engine (`CausalLM.inference_weights`: LoRA merged in), or

@@ -36,8 +36,6 @@ from core.behavior import BehaviorView
 from core.config import TrainConfig
 from core.rollout import RolloutBatch, StopRequested, left_pad
 
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
 
 def vllm_available() -> bool:
     """Whether the `vllm` extra is installed (without importing it: that takes seconds)."""
@@ -59,7 +57,7 @@ class VLLMEngine:
         self.llm = LLM(
             model=source,
             tokenizer=source,
-            dtype=_DTYPES[cfg.rollout.dtype],
+            dtype=cfg.rollout.dtype,
             logprobs_mode="processed_logprobs",
             max_logprobs=cfg.algorithm.top_k,
             max_model_len=max_model_len,
@@ -141,7 +139,6 @@ def _to_batch(
     token_lp: list[float] = []
     top_ids: list[list[int]] = []
     top_lp: list[list[float]] = []
-    completions: list[list[int]] = []
     for r, (_, c) in enumerate(rows):
         tokens = list(c.token_ids)
         if c.logprobs is None or len(c.logprobs) != len(tokens):
@@ -153,21 +150,14 @@ def _to_batch(
             token_lp.append(entries[tok].logprob)
             top_ids.append(row_ids)
             top_lp.append(row_lp)
-        completions.append(tokens[:-1] if tokens and tokens[-1] == eos_id else tokens)
     k = len(top_ids[0]) if top_ids else top_k
     view = BehaviorView(
         torch.tensor(token_lp, dtype=torch.float32, device=device).reshape(-1),
         torch.tensor(top_ids, dtype=torch.long, device=device).reshape(-1, k),
         torch.tensor(top_lp, dtype=torch.float32, device=device).reshape(-1, k),
     )
-    resp, rmask = resp.to(device), rmask.to(device)
-    return RolloutBatch(
-        input_ids=torch.cat([prompt_ids, resp], dim=1),
-        attention_mask=torch.cat([prompt_mask, rmask], dim=1),
-        prompt_len=prompt_ids.shape[1],
-        response_mask=rmask,
-        behavior=view,
-        completions=completions,
+    return RolloutBatch.assemble(
+        prompt_ids, prompt_mask, resp.to(device), rmask.to(device), view, eos_id
     )
 
 

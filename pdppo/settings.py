@@ -45,6 +45,13 @@ def _split_roots(raw: str) -> list[Path]:
     return [Path(part.strip()) for part in raw.split(",") if part.strip()]
 
 
+def _installed_engines() -> list[Literal["hf", "vllm"]]:
+    """hf, and vllm where this process can import it (found without importing: seconds)."""
+    import importlib.util
+
+    return ["hf", "vllm"] if importlib.util.find_spec("vllm") is not None else ["hf"]
+
+
 class Settings(BaseSettings):
     """Service settings; every field is the env var `PDPPO_<FIELD NAME IN CAPITALS>`."""
 
@@ -97,7 +104,7 @@ class Settings(BaseSettings):
         description="torch.set_num_threads in workers; unset keeps torch's default",
     )
     rollout_engines: list[Literal["hf", "vllm"]] = Field(
-        default_factory=lambda: _installed_engines(),
+        default_factory=_installed_engines,
         min_length=1,
         description=(
             "rollout engines the workers offer (JSON list); a spec asking for another is a 422. "
@@ -341,9 +348,3 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
-
-
-def _installed_engines() -> list[Literal["hf", "vllm"]]:
-    import importlib.util
-
-    return ["hf", "vllm"] if importlib.util.find_spec("vllm") is not None else ["hf"]

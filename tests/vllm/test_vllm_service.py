@@ -14,6 +14,7 @@ import pytest
 from core.models.local_hf import make_chat_hf
 from tests.integration.conftest import read_events, wait_for, wait_status
 from tests.integration.stack import REPO, RedisServer, Service
+from tests.vllm.specs import chat_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -34,29 +35,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def spec(svc: Service, steps: int) -> dict[str, Any]:
-    return {
-        "name": "vllm-service",
-        "resources": {"device": "cpu"},
-        "train": {
-            "model": {"name": f"hf:{svc.data_dir / 'chat-llama'}"},
-            "task": {
-                "name": "jsonl",
-                "path": str(svc.data_dir / "chat_math.jsonl"),
-                "grader": {"type": "numeric", "tolerance": 20.0},
-            },
-            "rollout": {
-                "engine": "vllm",
-                "vllm_memory": 0.1,
-                "prompts_per_step": 4,
-                "group_size": 4,
-                "max_new_tokens": 4,
-            },
-            "optim": {"lr": 1e-2},
-            "steps": steps,
-            "checkpoint_every": 0,
-            "device": "cpu",
-        },
-    }
+    body = chat_spec(svc.data_dir / "chat-llama", svc.data_dir, steps)
+    body["resources"] = {"device": "cpu"}
+    body["train"]["checkpoint_every"] = 0
+    return body
 
 
 def test_a_vllm_job_trains_streams_and_cancels_through_the_service(service: Service) -> None:

@@ -20,37 +20,10 @@ import yaml
 
 from core.models.local_hf import make_chat_hf
 from tests.integration.stack import REPO, pdppo_command
+from tests.vllm.specs import chat_spec as spec
 
 PRECISION = 1e-4
 STEPS = 5
-
-
-def spec(model: Path, data: Path, steps: int, lora: bool = False, **rollout: Any) -> dict[str, Any]:
-    return {
-        "name": "vllm-chat",
-        "train": {
-            "model": {"name": f"hf:{model}", **({"lora": {"r": 4, "alpha": 8}} if lora else {})},
-            "task": {
-                "name": "jsonl",
-                "path": str(data / "chat_math.jsonl"),
-                "grader": {"type": "numeric", "tolerance": 20.0},
-            },
-            "rollout": {
-                "engine": "vllm",
-                "vllm_memory": 0.1,
-                "prompts_per_step": 4,
-                "group_size": 4,
-                "max_new_tokens": 4,
-                **rollout,
-            },
-            "algorithm": {"top_k": 8},
-            "optim": {"lr": 1e-2},
-            "steps": steps,
-            "checkpoint_every": 1,
-            "seed": 3,
-            "device": "cpu",
-        },
-    }
 
 
 @pytest.fixture(scope="module")

@@ -33,11 +33,14 @@ def to_job(record: JobRecord) -> Job:
             "updated_at": _ts(record.updated_at),
             "started_at": _ts(record.started_at),
             "finished_at": _ts(record.finished_at),
-            "spec": record.spec,
+            "spec": record.current_spec,
             "progress": Progress(step=record.step, total=record.total_steps),
             "metrics": record.metrics,
             "error": error,
             "cancel_requested": record.cancel_requested,
+            "pause_requested": record.pause_requested,
+            "config_version": record.config_version,
+            "overrides": record.overrides,
             "attempts": record.attempts,
         }
     )

@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobStatus = Literal["queued", "running", "paused", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-EventType = Literal["status", "metrics", "eval", "samples", "checkpoint", "log", "done"]
+EventType = Literal["status", "metrics", "eval", "samples", "checkpoint", "log", "config", "done"]
 
 
 class Progress(BaseModel):
     step: int = Field(description="last step whose metrics were published; 0 before the first")
-    total: int = Field(description="steps the job will run (the spec's train.steps)")
+    total: int = Field(description="steps the job will run (train.steps, as last changed)")
 
 
 class JobError(BaseModel):
@@ -42,7 +42,7 @@ class JobError(BaseModel):
 
 
 class Job(BaseModel):
-    """A job as `POST /v1/jobs`, `GET /v1/jobs/{id}` and `POST /v1/jobs/{id}/cancel` return it."""
+    """A job as `POST /v1/jobs`, `GET /v1/jobs/{id}` and the routes that act on it return it."""
 
     id: str
     name: str | None = None
@@ -52,11 +52,26 @@ class Job(BaseModel):
     updated_at: datetime
     started_at: datetime | None = Field(None, description="first time a worker started it")
     finished_at: datetime | None = None
-    spec: dict[str, Any] = Field(description="the submitted JobSpec, defaults filled in")
+    spec: dict[str, Any] = Field(
+        description=(
+            "the JobSpec it runs with: as submitted (defaults filled in), with the changes "
+            "made while it ran (`overrides`) applied"
+        )
+    )
     progress: Progress
     metrics: dict[str, float] | None = Field(None, description="metrics of the latest step")
     error: JobError | None = None
     cancel_requested: bool = False
+    pause_requested: bool = Field(
+        False, description="a pause is on its way: the job checkpoints and becomes `paused`"
+    )
+    config_version: int = Field(
+        0, description="changes made while it ran (PATCH); its `config` events carry the number"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="every change made while it ran, as one JSON merge patch of the spec",
+    )
     attempts: int = Field(0, description="times a worker started it (resumes count)")
 
 
@@ -151,6 +166,8 @@ class Health(BaseModel):
 #   samples     {"step": int, "samples": [Sample, ...]}
 #   checkpoint  {"step": int, "name": "step-000010"}
 #   log         {"message": str, "at": iso8601}
+#   config      {"step": int, "version": int, "changes": {dotted path: value}}   (PATCH applied
+#               from step + 1)
 #   done        {"status": "succeeded" | "failed" | "cancelled"}
 # `id:` is the Redis stream entry id ("1700000000000-0"); send it back as Last-Event-ID.
 
@@ -165,7 +182,9 @@ class ServerSentEvent(BaseModel):
         description=(
             "JSON on one line: status {status, at}; metrics {step, total, metrics}; eval {step, "
             "total, metrics} (held-out evaluation); samples {step, samples: [{prompt, answer, "
-            "completion, reward, truncated}]}; checkpoint {step, name}; log {message, at}; done "
+            "completion, reward, truncated}]}; checkpoint {step, name}; log {message, at}; "
+            "config {step, version, changes} (a change made with PATCH, applied from step + "
+            "1); done "
             "{status}"
         )
     )

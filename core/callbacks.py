@@ -4,6 +4,7 @@ samples, and the stop question asked inside every step."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from core.evaluation import Sample
 
@@ -37,3 +38,12 @@ class TrainerCallback:
         between steps or during a rollout checkpoints the last completed step; a stop in the
         middle of a step's updates discards that step and keeps the latest checkpoint."""
         return False
+
+    def config_update(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest change of the run's steerable settings (`core.steering`): its version and
+        the cumulative merge patch over the config the run started with, or None. Asked at
+        every step boundary; like `should_stop` it must not wait on the network."""
+        return None
+
+    def on_config(self, step: int, version: int, changes: dict[str, Any]) -> None:
+        """Change `version` applies from step `step + 1` on; `changes`: {dotted path: value}."""

@@ -13,10 +13,8 @@ a flaky proxy or a restarted API costs a pause, not a gap or a duplicate.
 from __future__ import annotations
 
 import builtins
-import functools
 import json
 import os
-import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +27,10 @@ from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdppo.client_files import FilesMixin
+from pdppo.client_specs import SpecLike as SpecLike
+from pdppo.client_specs import resolve_spec_paths as resolve_spec_paths
+from pdppo.client_specs import spec_to_dict as spec_to_dict
+from pdppo.client_specs import spec_yaml_load as spec_yaml_load
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -95,6 +97,9 @@ class Job(BaseModel):
     metrics: dict[str, float] | None = None
     error: JobError | None = None
     cancel_requested: bool = False
+    pause_requested: bool = False
+    config_version: int = 0
+    overrides: dict[str, Any] = Field(default_factory=dict)
     attempts: int = 0
 
     @property
@@ -183,96 +188,6 @@ class Event:
     def json(self) -> Any:
         """The payload decoded as JSON (every event the API sends carries JSON data)."""
         return json.loads(self.data) if self.data else None
-
-
-SpecLike = Mapping[str, Any] | BaseModel | Path
-
-
-# YAML 1.2 floats with an exponent that YAML 1.1 (PyYAML) reads as strings: 1e-5, 2E3, .5e-3
-_YAML12_EXPONENT_FLOAT = re.compile(
-    r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
-)
-
-
-@functools.cache
-def _spec_loader() -> type:
-    import yaml
-
-    class SpecLoader(yaml.SafeLoader):
-        """SafeLoader (its resolvers are copied, not shared) that also reads 1e-5 as a float."""
-
-    SpecLoader.add_implicit_resolver(
-        "tag:yaml.org,2002:float", _YAML12_EXPONENT_FLOAT, list("-+0123456789.")
-    )
-    return SpecLoader
-
-
-def spec_yaml_load(text: str) -> Any:
-    """YAML as a spec file means it: `lr: 1e-5` is a number (YAML 1.2), not the string that
-    PyYAML's YAML 1.1 rules make of it (they want a dot and a signed exponent: `1.0e-5`). Specs
-    are validated strictly (no string-to-number coercion), so the file must yield numbers."""
-    import yaml
-
-    return yaml.load(text, Loader=_spec_loader())
-
-
-def _looks_like_path(value: str, base_dir: Path) -> bool:
-    if value.startswith((".", "/", "~")):
-        return True
-    try:
-        return (base_dir / value).exists()
-    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-        return False
-
-
-def _absolute(value: str, base_dir: Path) -> str:
-    """Absolute values are left as written (after `~` expansion); relative ones join the folder."""
-    expanded = os.path.expanduser(value)
-    if os.path.isabs(expanded):
-        return expanded
-    return os.path.normpath(os.path.join(base_dir, expanded))
-
-
-def resolve_spec_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """`data` with its relative local paths made absolute against `base_dir`, the folder of the
-    spec file, so that `pdppo train` and `pdppo submit` read the same files whatever the
-    current directory. `train.task.path` and `validation_path` are always paths (uploaded files,
-    `task.file`, are ids and stay as they are); `hf:X` in `train.model.name` is a path
-    when X starts with `.`, `/` or `~` or exists next to the spec file, and a hub id (left as is)
-    otherwise. Values of the wrong type are left for validation to refuse."""
-    train = data.get("train")
-    if not isinstance(train, dict):
-        return data
-    train = dict(train)
-    task = train.get("task")
-    if isinstance(task, dict):
-        for key in ("path", "validation_path"):
-            if isinstance(task.get(key), str) and task[key]:
-                task = {**task, key: _absolute(task[key], base_dir)}
-        train["task"] = task
-    model = train.get("model")
-    if isinstance(model, dict) and isinstance(model.get("name"), str):
-        name: str = model["name"]
-        source = name.removeprefix("hf:")
-        if name.startswith("hf:") and source and _looks_like_path(source, base_dir):
-            train["model"] = {**model, "name": "hf:" + _absolute(source, base_dir)}
-    return {**data, "train": train}
-
-
-def spec_to_dict(spec: SpecLike) -> dict[str, Any]:
-    """Turns a spec given as a mapping, a pydantic model or a YAML/JSON file into JSON data.
-
-    A file's relative dataset and model paths are resolved against the file's folder
-    (`resolve_spec_paths`), as `pdppo train` does (`pdppo.spec.load_spec`)."""
-    if isinstance(spec, Path):
-        loaded = spec_yaml_load(spec.read_text())
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{spec}: a job spec must be a mapping, got {type(loaded).__name__}")
-        return resolve_spec_paths(loaded, spec.absolute().parent)
-    if isinstance(spec, BaseModel):
-        dumped: dict[str, Any] = spec.model_dump(mode="json")
-        return dumped
-    return dict(spec)
 
 
 class Client(FilesMixin):
@@ -373,6 +288,25 @@ class Client(FilesMixin):
     def cancel(self, job_id: str) -> Job:
         """Asks for cancellation; a running job stops at its next step, a queued one never runs."""
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+
+    def change(self, job_id: str, patch: Mapping[str, Any]) -> Job:
+        """Changes a job's settings while it runs: `patch` is a JSON merge patch of its spec,
+        e.g. {"train": {"optim": {"lr": 1e-4}}}; it applies at the job's next step."""
+        response = self._request(
+            "PATCH",
+            f"/v1/jobs/{job_id}",
+            content=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        return Job.model_validate(response.json())
+
+    def pause(self, job_id: str) -> Job:
+        """A running job checkpoints and releases its worker (status `paused`)."""
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/pause").json())
+
+    def resume(self, job_id: str) -> Job:
+        """A paused job is queued again and continues from its checkpoint."""
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/resume").json())
 
     def metrics(self, job_id: str) -> builtins.list[MetricsRow]:
         """Every published step's metrics so far, oldest first."""

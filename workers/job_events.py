@@ -28,6 +28,8 @@ from core.trainer import TrainerCallback
 from pdppo.store import JobRecord, JobStore, StoreRetry, StoreUnavailable
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.retry import log_fields
+from pdppo.store.steering import Steering
+from workers.config_watch import ConfigWatch
 from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ class EventPublisher:
         self.retry = retry
         self.fence = fence
         self.token = fence.token if fence is not None else ""
+        self.total_steps = job.total_steps  # as last changed (`config`)
+        self.steering = Steering(store.redis)
         self.unavailable: StoreUnavailable | None = None
         self.error: Exception | None = None
         self.fenced: FencedOut | None = None
@@ -80,12 +84,10 @@ class EventPublisher:
         self._thread.start()
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        job = self.job
+        job, total = self.job, self.total_steps
         self._put(
             f"publish step {step} of job {job.id}",
-            lambda: self.store.publish_step(
-                job.id, step, job.total_steps, metrics, lease_token=self.token
-            ),
+            lambda: self.store.publish_step(job.id, step, total, metrics, lease_token=self.token),
         )
 
     def checkpoint(self, step: int, name: str) -> None:
@@ -96,12 +98,20 @@ class EventPublisher:
         )
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
-        job = self.job
+        job, total = self.job, self.total_steps
         self._put(
             f"publish the evaluation of step {step} of job {job.id}",
-            lambda: self.store.publish_eval(
-                job.id, step, job.total_steps, metrics, lease_token=self.token
-            ),
+            lambda: self.store.publish_eval(job.id, step, total, metrics, lease_token=self.token),
+        )
+
+    def config(self, step: int, version: int, changes: dict[str, Any]) -> None:
+        """The `config` event of a change applied from step `step + 1` (once per version)."""
+        job = self.job
+        if "steps" in changes:
+            self.total_steps = int(changes["steps"])
+        self._put(
+            f"publish config {version} of job {job.id}",
+            lambda: self.steering.announce(job.id, step, version, changes, lease_token=self.token),
         )
 
     def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
@@ -201,12 +211,21 @@ class JobCallback(TrainerCallback):
         stop: Event,
         conn: Connection,
         fence: LeaseFence | None = None,
+        config: ConfigWatch | None = None,
     ) -> None:
         self.publisher = publisher
         self.stop = stop
         self.conn = conn
         self.fence = fence
+        self.config = config
         self._told = False
+
+    def config_update(self) -> tuple[int, dict[str, Any]] | None:
+        return self.config.latest() if self.config is not None else None
+
+    def on_config(self, step: int, version: int, changes: dict[str, Any]) -> None:
+        self._ensure_held()
+        self.publisher.config(step, version, changes)
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         self._ensure_held()

@@ -64,6 +64,8 @@ from pdppo.store import (
     StoreUnavailable,
     store_client,
 )
+from pdppo.store.steering import Steering
+from workers.config_watch import ConfigWatch
 
 # EventPublisher and backfill are re-exported: callers that predate the split import them here.
 from workers.job_events import EventPublisher as EventPublisher
@@ -226,15 +228,20 @@ def _train(
             missing = backfill(publisher, Path(options.out_dir), job)
             if missing:
                 log.info("publishing %d steps the last run trained but never published", missing)
-        result = train(
-            spec.train,
-            Path(options.out_dir),
-            callback=JobCallback(publisher, stop, conn, fence),
-            resume=options.resume,
-            data_roots=list(options.data_roots),
-            file_paths=file_paths,
-            model_dir=model_dir,
-        )
+        config = ConfigWatch(Steering(publisher.store.redis), job.id)
+        config.start()
+        try:
+            result = train(
+                spec.train,
+                Path(options.out_dir),
+                callback=JobCallback(publisher, stop, conn, fence, config),
+                resume=options.resume,
+                data_roots=list(options.data_roots),
+                file_paths=file_paths,
+                model_dir=model_dir,
+            )
+        finally:
+            config.stop()
     except LeaseLost:
         raise
     except Exception as exc:

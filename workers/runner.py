@@ -84,6 +84,7 @@ class _Outcome:
 
 
 SHUTDOWN_REASON = "worker shutting down; queued again to resume from its last checkpoint"
+PAUSE_REASON = "the pause was withdrawn while the job stopped; queued again to run on"
 
 
 def run_job(job_id: str) -> str:
@@ -198,7 +199,7 @@ class _Watch:
     """Why the worker asked its job to stop, and when."""
 
     def __init__(self) -> None:
-        self.reason: str | None = None  # cancel | timeout | shutdown
+        self.reason: str | None = None  # cancel | pause | timeout | shutdown
         self.asked_at = 0.0
         self.heard = False  # the job said it is stopping (and is writing its checkpoint)
         self.killed = False
@@ -250,6 +251,8 @@ def _supervise(
                     watch.reason = "timeout"
                 elif cancel.requested.is_set():
                     watch.reason = "cancel"
+                elif cancel.pause.is_set():
+                    watch.reason = "pause"
                 if watch.reason is not None:
                     log.info("job %s: asking it to stop (%s)", job.id, watch.reason)
                     watch.asked_at = now
@@ -277,14 +280,16 @@ def _supervise(
 
 
 class _CancelWatch:
-    """Reads the job's cancel flag every CANCEL_POLL_SECONDS in a thread of its own, so that a
-    stalled Redis holds up this read only, never the loop that watches the lease, the timeout
-    and the job process. A failed read is just tried again at the next poll."""
+    """Reads the job's cancel and pause flags every CANCEL_POLL_SECONDS in a thread of its own,
+    so that a stalled Redis holds up this read only, never the loop that watches the lease, the
+    timeout and the job process. A failed read is just tried again at the next poll. A pause
+    seen goes on polling: a cancel that follows still wins."""
 
     def __init__(self, store: JobStore, job_id: str) -> None:
         self.store = store
         self.job_id = job_id
         self.requested = threading.Event()
+        self.pause = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name=f"cancel {job_id}", daemon=True)
 
@@ -298,7 +303,10 @@ class _CancelWatch:
         failing = False
         while not self._stop.wait(CANCEL_POLL_SECONDS):
             try:
-                if self.store.cancel_requested(self.job_id):
+                cancel, pause = self.store.stop_flags(self.job_id)
+                if pause:
+                    self.pause.set()
+                if cancel:
                     self.requested.set()
                     return
             except redis.RedisError as exc:
@@ -382,6 +390,10 @@ def _conclude(
         return fail("timeout", message)
     if watch.reason == "shutdown":
         return _Outcome(f"stopped at step {at} for a worker shutdown", SHUTDOWN_REASON)
+    if watch.reason == "pause":
+        # handed back: the requeue script parks it as paused (or queues it, if the pause was
+        # withdrawn meanwhile, or cancels it, if a cancel came)
+        return _Outcome(f"paused at step {at}", PAUSE_REASON)
     if outcome == "stopped" and result.get("why") == "store_unreachable":
         why = (
             f"Redis was unreachable from the job for over {settings.store_outage_seconds:g}s; "

@@ -306,7 +306,7 @@ async def get_job(job: JobDep) -> Job:
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=Job)
 async def cancel_job(job: JobDep, store: StoreDep) -> Job:
-    """202: a queued job is cancelled at once and never starts; a running one gets
+    """202: a queued or paused job is cancelled at once and never starts again; a running one gets
     `cancel_requested: true` and stops within seconds, even in the middle of a step (its worker
     kills it after PDPPO_CANCEL_GRACE_SECONDS if it has not stopped), keeping its checkpoints.
     409 if the job has already finished."""
@@ -316,7 +316,7 @@ async def cancel_job(job: JobDep, store: StoreDep) -> Job:
     if outcome.startswith("already-"):
         status = outcome.removeprefix("already-")
         raise HTTPException(409, detail=f"job {job.id!r} already {status}; nothing to cancel")
-    if outcome == "cancelled-while-queued":
+    if outcome.startswith("cancelled-while-"):
         try:
             await anyio.to_thread.run_sync(revoke_queued, job.id, limiter=_broker_limiter())
         except Exception:  # the task skips a cancelled job by itself anyway

@@ -1,4 +1,4 @@
-"""Client subcommands: submit, status, list, cancel, logs.
+"""Client subcommands: submit, status, list, cancel, set, pause, resume, logs.
 
 They are thin shells over `pdppo.client.Client`, so the CLI and the Python client cannot drift
 apart. The server URL and key come from `--url/--api-key` or `PDPPO_URL/PDPPO_API_KEY` (what
@@ -305,7 +305,7 @@ def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
 @click.option(
     "--status",
     "status_filter",
-    type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]),
+    type=click.Choice(["queued", "running", "paused", "succeeded", "failed", "cancelled"]),
     default=None,
     help="Only jobs in this state.",
 )
@@ -345,6 +345,63 @@ def cancel(job_id: str, url: str, api_key: str | None) -> None:
     click.echo(f"{job.id} {job.status}")
 
 
+@click.command(name="set")
+@click.argument("job_id")
+@click.argument("settings", nargs=-1, required=True)
+@_url_option
+@_key_option
+@_handle_errors
+def set_settings(job_id: str, settings: tuple[str, ...], url: str, api_key: str | None) -> None:
+    """Change a running job's settings: KEY=VALUE pairs, e.g. `optim.lr=1e-4
+    algorithm.delta_high=0.2 steps=200` (paths inside `train`; values read as YAML). The job
+    applies them at its next step."""
+    with _client(url, api_key) as client:
+        job = client.change(job_id, settings_patch(settings))
+    click.echo(f"{job.id} {job.status} config_version={job.config_version}")
+
+
+def settings_patch(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """KEY=VALUE pairs as a merge patch of the spec: `optim.lr=1e-4` is
+    {"train": {"optim": {"lr": 0.0001}}} (a leading `train.` may be given too)."""
+    from pdppo.client import spec_yaml_load
+
+    patch: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="SETTINGS")
+        node = patch.setdefault("train", {})
+        parts = key.removeprefix("train.").split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = spec_yaml_load(text)
+    return patch
+
+
+@click.command()
+@click.argument("job_id")
+@_url_option
+@_key_option
+@_handle_errors
+def pause(job_id: str, url: str, api_key: str | None) -> None:
+    """Pause a job: a running one checkpoints and releases its worker."""
+    with _client(url, api_key) as client:
+        job = client.pause(job_id)
+    click.echo(f"{job.id} {'pausing' if job.pause_requested else job.status}")
+
+
+@click.command()
+@click.argument("job_id")
+@_url_option
+@_key_option
+@_handle_errors
+def resume(job_id: str, url: str, api_key: str | None) -> None:
+    """Resume a paused job from its checkpoint."""
+    with _client(url, api_key) as client:
+        job = client.resume(job_id)
+    click.echo(f"{job.id} {job.status}")
+
+
 @click.command()
 @click.argument("job_id")
 @click.option("--raw", is_flag=True, help="Print every event as `id event data` lines.")
@@ -365,4 +422,13 @@ def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | Non
             sys.stdout.flush()
 
 
-COMMANDS: list[click.Command] = [submit, status, list_jobs, cancel, logs]
+COMMANDS: list[click.Command] = [
+    submit,
+    status,
+    list_jobs,
+    cancel,
+    set_settings,
+    pause,
+    resume,
+    logs,
+]

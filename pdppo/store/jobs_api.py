@@ -34,6 +34,7 @@ from pdppo.store.keys import (
 )
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.records import CreateResult, JobRecord, _record_or_none
+from pdppo.store.steering import AsyncSteering
 
 # KEYS: job, events, tenant jobs, tenant active, idempotency, outbox; ARGV: id, limit, idem ttl
 # (0: no key), status data, outbox check time, then the hash's field/value pairs. The outbox entry
@@ -57,12 +58,12 @@ return {'created', ARGV[1]}
 """
 
 # KEYS: job, events, tenant active, running, outbox; ARGV: id, now, status data, done data, log
-# data. A queued job is cancelled on the spot and leaves the outbox (a task already sent skips it
-# when it arrives); a running one gets a flag its trainer checks every step.
+# data. A queued or paused job is cancelled on the spot and leaves the outbox (a task already
+# sent skips it when it arrives); a running one gets a flag its trainer checks every step.
 _CANCEL = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
-if st == 'queued' then
+if st == 'queued' or st == 'paused' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2],
              'cancel_requested', '1')
   redis.call('SREM', KEYS[3], ARGV[1])
@@ -70,7 +71,7 @@ if st == 'queued' then
   redis.call('ZREM', KEYS[5], ARGV[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
-  return 'cancelled-while-queued'
+  return 'cancelled-while-' .. st
 end
 if st == 'running' then
   if redis.call('HGET', KEYS[1], 'cancel_requested') ~= '1' then
@@ -94,6 +95,7 @@ class AsyncJobStore:
         self.redis = client
         self.events = AsyncEventStore(client)
         self.files = AsyncFileStore(client)
+        self.steering = AsyncSteering(client)
         self._create = client.register_script(_CREATE)
         self._cancel = client.register_script(_CANCEL)
         self._finish = client.register_script(_FINISH)
@@ -163,7 +165,7 @@ class AsyncJobStore:
         self, tenant: str, *, limit: int, cursor: str | None, status: str | None
     ) -> tuple[list[JobRecord], str | None]:
         """Newest first from the tenant's index, filtered; the cursor is the last id returned."""
-        if status in ("queued", "running"):
+        if status in ("queued", "running", "paused"):
             return await self._list_active(tenant, limit=limit, cursor=cursor, status=status)
         key = tenant_jobs_key(tenant)
         out: list[JobRecord] = []
@@ -190,7 +192,7 @@ class AsyncJobStore:
     async def _list_active(
         self, tenant: str, *, limit: int, cursor: str | None, status: str
     ) -> tuple[list[JobRecord], str | None]:
-        """Queued or running jobs come from the small active set (bounded by the quota), not
+        """Queued, running or paused jobs come from the small active set (bounded by the quota), not
         from a scan of the tenant's whole history."""
         members = cast(set[str], await self.redis.smembers(tenant_active_key(tenant)))
         ids = sorted((i for i in members if cursor is None or i < cursor), reverse=True)
@@ -203,7 +205,8 @@ class AsyncJobStore:
         return page, (page[-1].id if len(matching) > limit else None)
 
     async def cancel(self, job_id: str) -> str:
-        """'cancelled-while-queued', 'requested' (running), 'already-<status>' or 'missing'."""
+        """'cancelled-while-queued' (or -paused), 'requested' (running), 'already-<status>' or
+        'missing'."""
         record = await self.get(job_id)
         if record is None:
             return "missing"

@@ -160,11 +160,12 @@ return 1
 
 # KEYS: job, events, lease, running, tenant active, outbox; ARGV: id, now, queued data, log data,
 # cancelled data, done data, lease token of the caller ('' for none), most worker losses, failed
-# data, failed done data, failure message, outbox check time. A running job whose lease expired
-# lost its worker (or the holder hands it back): back to queued and into the outbox (the caller
-# re-sends the task; a dispatcher does if the caller dies first), straight to cancelled if a
-# cancel was pending, or failed once it has lost more workers than allowed (a job that kills its
-# worker, e.g. out of memory, must not take down every worker in turn forever).
+# data, failed done data, failure message, outbox check time, paused data, paused log data. A
+# running job whose lease expired lost its worker (or the holder hands it back): back to queued
+# and into the outbox (the caller re-sends the task; a dispatcher does if the caller dies first),
+# straight to cancelled if a cancel was pending, paused if a pause was (`pdppo.store.steering`),
+# or failed once it has lost more workers than allowed (a job that kills its worker, e.g. out of
+# memory, must not take down every worker in turn forever).
 _REQUEUE = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[7] then return 'leased' end
@@ -179,6 +180,13 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[5])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[6])
   return 'cancelled'
+end
+if redis.call('HGET', KEYS[1], 'pause_requested') == '1' then
+  redis.call('HSET', KEYS[1], 'status', 'paused', 'updated_at', ARGV[2])
+  redis.call('HDEL', KEYS[1], 'pause_requested')
+  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[14])
+  redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[13])
+  return 'paused'
 end
 if ARGV[7] == '' then
   local lost = redis.call('HINCRBY', KEYS[1], 'worker_losses', 1)
@@ -227,8 +235,13 @@ class JobStore:
         args = [job_id, now_iso(), worker, _status_data("running")]
         return bool(self._claim(keys=keys, args=args))
 
-    def cancel_requested(self, job_id: str) -> bool:
-        return self.redis.hget(job_key(job_id), "cancel_requested") == "1"
+    def stop_flags(self, job_id: str) -> tuple[bool, bool]:
+        """(cancel requested, pause requested), in one round trip."""
+        cancel, pause = cast(
+            list[str | None],
+            self.redis.hmget(job_key(job_id), ["cancel_requested", "pause_requested"]),
+        )
+        return cancel == "1", pause == "1"
 
     def publish_step(
         self,
@@ -330,6 +343,7 @@ class JobStore:
         dispatch_grace: float = DEFAULT_GRACE_SECONDS,
     ) -> str:
         """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
+        'paused' (a pause was: it waits for `resume`),
         'failed' (more than `max_worker_losses` workers died on it; 0: no limit), 'leased' (its
         worker is alive) or 'not-running'. The lease holder passes its token to hand the job
         back without a window where a reaper could take it first (that is no worker loss). A
@@ -357,5 +371,14 @@ class JobStore:
             f"the job's worker died {max_worker_losses + 1} times while running it "
             "(killed, out of memory, or lost its machine); not retried again",
             time.time() + dispatch_grace,
+            _status_data("paused"),
+            _log_data(
+                f"paused at step {self.get_step(job.id)}; resume it with POST "
+                f"/v1/jobs/{job.id}/resume (pdppo resume {job.id}) to continue from its "
+                "last checkpoint"
+            ),
         ]
         return str(self._requeue(keys=keys, args=args))
+
+    def get_step(self, job_id: str) -> int:
+        return int(cast(str | None, self.redis.hget(job_key(job_id), "step")) or 0)

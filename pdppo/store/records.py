@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
+from core.steering import merge_patch
+
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -36,6 +38,9 @@ class JobRecord:
     error_message: str | None
     error_traceback: str | None
     cancel_requested: bool
+    pause_requested: bool
+    config_version: int  # the steering change applied last (0: none), `pdppo.store.steering`
+    overrides: dict[str, Any]  # the cumulative change, a merge patch of the spec
     attempts: int
     final_model: str | None
 
@@ -61,13 +66,22 @@ class JobRecord:
             error_message=raw.get("error_message"),
             error_traceback=raw.get("error_traceback"),
             cancel_requested=raw.get("cancel_requested") == "1",
+            pause_requested=raw.get("pause_requested") == "1",
+            config_version=int(raw.get("config_version", 0)),
+            overrides=json.loads(raw.get("overrides") or "{}"),
             attempts=int(raw.get("attempts", 0)),
             final_model=raw.get("final_model"),
         )
 
     @property
     def spec(self) -> dict[str, Any]:
+        """The spec as submitted."""
         return cast(dict[str, Any], json.loads(self.spec_json))
+
+    @property
+    def current_spec(self) -> dict[str, Any]:
+        """The spec with the changes made while it ran (`overrides`): what it runs with now."""
+        return cast(dict[str, Any], merge_patch(self.spec, self.overrides))
 
     @property
     def terminal(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-import core.trainer
+import core.run
 from core.config import TaskConfig, TrainConfig
 from core.evaluation import (
     SAMPLE_TEXT_CHARS,
@@ -307,7 +307,7 @@ def held_out_task(monkeypatch: pytest.MonkeyPatch) -> None:
     def make(cfg: TaskConfig, *args: object, **kwargs: object) -> Any:
         return HeldOutReverse()
 
-    monkeypatch.setattr(core.trainer, "make_task", make)
+    monkeypatch.setattr(core.run, "make_task", make)
 
 
 def run_config(tmp_path: Path, **overrides: Any) -> TrainConfig:

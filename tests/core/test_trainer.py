@@ -364,7 +364,7 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
 ) -> None:
     """β = 0 builds no reference, reports no kl_ref, and trains exactly as a loss call without
     any of the new arguments (the trainer before the penalty existed)."""
-    import core.trainer as trainer_module
+    import core.run as run_module
     import core.update as update_module
 
     # the aggregation the loss had then (token_mean passes a count to minibatches whose token
@@ -381,7 +381,7 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
         raise AssertionError("β = 0 must not build a reference model")
 
     monkeypatch.setattr(update_module, "policy_loss", old_call)
-    monkeypatch.setattr(trainer_module, "ReferencePolicy", no_reference)
+    monkeypatch.setattr(run_module, "ReferencePolicy", no_reference)
     train(cfg, tmp_path / "old")
     monkeypatch.undo()
     now, old = read_metrics(tmp_path / "now"), read_metrics(tmp_path / "old")
@@ -525,18 +525,18 @@ class SpreadReward(ZeroReward):
 
 @pytest.fixture
 def spread_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.trainer as trainer_module
+    import core.run as run_module
 
-    real = trainer_module.make_task
-    monkeypatch.setattr(trainer_module, "make_task", lambda *a, **kw: SpreadReward(real(*a, **kw)))
+    real = run_module.make_task
+    monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: SpreadReward(real(*a, **kw)))
 
 
 @pytest.fixture
 def zero_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.trainer as trainer_module
+    import core.run as run_module
 
-    real = trainer_module.make_task
-    monkeypatch.setattr(trainer_module, "make_task", lambda *a, **kw: ZeroReward(real(*a, **kw)))
+    real = run_module.make_task
+    monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: ZeroReward(real(*a, **kw)))
 
 
 @pytest.mark.usefixtures("zero_reward")
@@ -636,16 +636,16 @@ def test_built_in_model_trains_a_chat_jsonl_dataset_through_grade(tmp_path: Path
         task={"name": "jsonl", "path": str(data), "min_len": 2, "max_len": 4},
     )
     seen: list[list[int]] = []
-    import core.trainer as trainer_module
+    import core.run as run_module
 
-    real = trainer_module.generate
+    real = run_module.generate
 
     def spy(lm: Any, prompts: list[list[int]], **kw: Any) -> Any:
         seen.extend(prompts)
         return real(lm, prompts, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer_module, "generate", spy)
+        mp.setattr(run_module, "generate", spy)
         assert train(cfg, tmp_path / "out").step == 1
     from core.models.tiny import ByteTokenizer
 

@@ -23,7 +23,9 @@ from pdppo.store import (
     tenant_active_key,
 )
 from pdppo.store.events import AsyncEventStore
+from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.keys import eval_key
+from pdppo.store.steering import Steering
 from tests.integration.stack import RedisServer
 from workers.lease import Lease, LeaseLost
 
@@ -258,3 +260,28 @@ def test_the_newest_event_of_a_type_is_found_among_the_last_ones(
     assert asyncio.run(read("log")) == (ids[4], {"type": "log", "data": "4"})
     assert asyncio.run(read("status", within=2)) is None  # older than the last two
     assert asyncio.run(read("eval")) is None
+
+
+def test_a_config_change_is_announced_once_per_version_and_only_by_the_lease_holder(
+    client: redis.Redis,
+) -> None:
+    """A resumed run that restarts before a change's step applies it again: its `config` event
+    must not appear twice; and a stale claim's announcement is refused like its other writes."""
+    job = running_job(client)
+    steering = Steering(client)
+    lease = Lease(client, job.id, 30, "w1")
+    assert lease.acquire()
+    said = [
+        steering.announce(job.id, 4, 1, {"optim.lr": 1e-4}, lease_token=lease.token),
+        steering.announce(job.id, 2, 1, {"optim.lr": 1e-4}, lease_token=lease.token),  # again
+        steering.announce(job.id, 6, 2, {"steps": 9}, lease_token=lease.token),
+    ]
+    assert said == [True, False, True]
+    events = client.xrange(events_key(job.id))
+    configs = [json.loads(e[1]["data"]) for e in events if e[1]["type"] == "config"]
+    assert configs == [
+        {"step": 4, "version": 1, "changes": {"optim.lr": 1e-4}},
+        {"step": 6, "version": 2, "changes": {"steps": 9}},
+    ]
+    with pytest.raises(FencedOut):
+        steering.announce(job.id, 7, 3, {"steps": 10}, lease_token="stale-token")

@@ -1,6 +1,6 @@
 """The worker's cancel watch (`workers.runner._CancelWatch`) keeps reading the job's cancel
 flag through Redis errors: a blip must not make a later cancel go unseen until the job ends.
-The store here is a stand-in for this one call (`cancel_requested`), failing on cue."""
+The store here is a stand-in for this one call (`stop_flags`), failing on cue."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ class FlakyFlag:
     def __init__(self) -> None:
         self.reads = 0
 
-    def cancel_requested(self, job_id: str) -> bool:
+    def stop_flags(self, job_id: str) -> tuple[bool, bool]:
         assert job_id == "j1"
         self.reads += 1
         if self.reads == 1:
             raise redis.ConnectionError("Redis is restarting")
-        return self.reads >= 3
+        return self.reads >= 3, False
 
 
 def test_a_cancel_after_a_failed_read_is_still_seen() -> None:

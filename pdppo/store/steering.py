@@ -1,0 +1,175 @@
+"""Steering a job: change its settings while it runs (`PATCH`), pause it, resume it.
+
+The job hash holds the cumulative change as `overrides` (a JSON merge patch of the spec) and its
+`config_version`; the job process applies the newest version at its next step boundary and says
+so with one `config` event (`Steering.announce`, fenced and once per version like every write of a
+job process). Pausing follows cancelling: a queued job is paused on the spot and leaves the
+outbox; a running one gets `pause_requested`, its worker stops it with a checkpoint and hands it
+back, and the requeue script (`jobs_worker._REQUEUE`) parks it as `paused` instead of queueing it.
+A paused job holds no worker and no lease but keeps its place in the tenant's active jobs.
+Resuming puts it back in the queue and the outbox, so it always gets a task.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, cast
+
+import redis
+import redis.asyncio as aredis
+
+from pdppo.store.events import _log_data, _status_data
+from pdppo.store.jobs_worker import _checked, _fenced
+from pdppo.store.keys import OUTBOX, events_key, job_key, lease_key, now_iso
+from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
+
+# KEYS: job, events; ARGV: the version the change was computed from, overrides json, now, new
+# total steps ('' for unchanged), log data. Compare-and-set on the version: two concurrent
+# changes never lose one another (the loser computes again from the winner's overrides).
+_PATCH = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {'missing', ''} end
+if st == 'succeeded' or st == 'failed' or st == 'cancelled' then return {'terminal', st} end
+local v = tonumber(redis.call('HGET', KEYS[1], 'config_version') or '0')
+if v ~= tonumber(ARGV[1]) then return {'conflict', tostring(v)} end
+redis.call('HSET', KEYS[1], 'overrides', ARGV[2], 'config_version', v + 1, 'updated_at', ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'total_steps', ARGV[4]) end
+redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[5])
+return {'patched', tostring(v + 1)}
+"""
+
+# KEYS: job, events, outbox; ARGV: now, paused data, log data.
+_PAUSE = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'paused', 'updated_at', ARGV[1])
+  redis.call('ZREM', KEYS[3], redis.call('HGET', KEYS[1], 'id'))
+  redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[2])
+  return 'paused'
+end
+if st == 'running' then
+  if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return 'cancelling' end
+  if redis.call('HGET', KEYS[1], 'pause_requested') ~= '1' then
+    redis.call('HSET', KEYS[1], 'pause_requested', '1', 'updated_at', ARGV[1])
+    redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[3])
+  end
+  return 'requested'
+end
+return 'already-' .. st
+"""
+
+# KEYS: job, events, outbox; ARGV: now, queued data, outbox check time, log data.
+_RESUME = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st == 'paused' then
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+  redis.call('ZADD', KEYS[3], ARGV[3], redis.call('HGET', KEYS[1], 'id'))
+  redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[2])
+  return 'queued'
+end
+if st == 'running' and redis.call('HGET', KEYS[1], 'pause_requested') == '1' then
+  redis.call('HDEL', KEYS[1], 'pause_requested')
+  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
+  return 'withdrawn'
+end
+return 'already-' .. st
+"""
+
+# KEYS: job, events, lease; ARGV: version, event data, lease token. A job process's `config`
+# event, once per version, only while it holds the lease.
+_ANNOUNCE = """
+local last = tonumber(redis.call('HGET', KEYS[1], 'config_applied') or '0')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('HSET', KEYS[1], 'config_applied', ARGV[1])
+redis.call('XADD', KEYS[2], '*', 'type', 'config', 'data', ARGV[2])
+return 1
+"""
+_ANNOUNCE = _fenced(_ANNOUNCE, lease=3, token=3)
+
+
+class AsyncSteering:
+    """What the API does to steer a job, over the API's client."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
+        self._patch = client.register_script(_PATCH)
+        self._pause = client.register_script(_PAUSE)
+        self._resume = client.register_script(_RESUME)
+
+    async def patch(
+        self,
+        job_id: str,
+        base_version: int,
+        overrides: dict[str, Any],
+        total_steps: int | None,
+        message: str,
+    ) -> tuple[str, str]:
+        """Store the cumulative `overrides` as version `base_version + 1`, with `message` in the
+        job's log: ('patched', new version), ('conflict', current version), ('terminal',
+        status) or ('missing', '')."""
+        outcome, value = await self._patch(
+            keys=[job_key(job_id), events_key(job_id)],
+            args=[
+                base_version,
+                json.dumps(overrides),
+                now_iso(),
+                "" if total_steps is None else total_steps,
+                _log_data(message),
+            ],
+        )
+        return str(outcome), str(value)
+
+    async def pause(self, job_id: str) -> str:
+        """'paused' (it was queued), 'requested' (running: it stops at its next checkpoint),
+        'cancelling', 'already-<status>' or 'missing'."""
+        result = await self._pause(
+            keys=[job_key(job_id), events_key(job_id), OUTBOX],
+            args=[
+                now_iso(),
+                _status_data("paused"),
+                _log_data("pause requested; the job checkpoints and releases its worker"),
+            ],
+        )
+        return str(result)
+
+    async def resume(self, job_id: str, dispatch_grace: float = DEFAULT_GRACE_SECONDS) -> str:
+        """'queued' (the caller sends its task; a dispatcher does if it dies first),
+        'withdrawn' (a pause not yet carried out is called off), 'already-<status>' or
+        'missing'."""
+        result = await self._resume(
+            keys=[job_key(job_id), events_key(job_id), OUTBOX],
+            args=[
+                now_iso(),
+                _status_data("queued"),
+                time.time() + dispatch_grace,
+                _log_data("pause withdrawn before the job stopped; it runs on"),
+            ],
+        )
+        return str(result)
+
+
+class Steering:
+    """What a job process reads and writes of its job's steering (sync client)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._announce = client.register_script(_ANNOUNCE)
+
+    def config(self, job_id: str) -> tuple[int, dict[str, Any]]:
+        """The job's config version and cumulative overrides (of the spec)."""
+        version, overrides = cast(
+            list[str | None], self.redis.hmget(job_key(job_id), ["config_version", "overrides"])
+        )
+        return int(version or 0), json.loads(overrides) if overrides else {}
+
+    def announce(
+        self, job_id: str, step: int, version: int, changes: dict[str, Any], *, lease_token: str
+    ) -> bool:
+        """The `config` event of `version`, applied from step `step + 1`; once per version."""
+        data = json.dumps({"step": step, "version": version, "changes": changes})
+        keys = [job_key(job_id), events_key(job_id), lease_key(job_id)]
+        result = self._announce(keys=keys, args=[version, data, lease_token])
+        return _checked(job_id, f"config {version}", result)

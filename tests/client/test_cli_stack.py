@@ -113,3 +113,32 @@ def test_logs_resumes_through_a_dropped_connection(
     assert [line.split()[0] for line in out.strip().splitlines()] == [
         e.id for e in finished_job.events
     ]
+
+
+def test_set_pause_and_resume_a_queued_job(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    spec = write_spec(tmp_path / "parked.yaml", parked_spec("cli-steer"))
+    job_id = _run(["submit", str(spec)], cli_env)[1].strip()
+    try:
+        code, out, err = _run(
+            ["set", job_id, "optim.lr=1e-4", "train.algorithm.delta_high=0.25", "steps=20"], cli_env
+        )
+        assert code == 0, (out, err)
+        assert out.strip() == f"{job_id} queued config_version=1"
+        code, out, _ = _run(["status", job_id, "--json"], cli_env)
+        job = json.loads(out)
+        assert job["overrides"] == {
+            "train": {"optim": {"lr": 1e-4}, "algorithm": {"delta_high": 0.25}, "steps": 20}
+        }
+        assert job["spec"]["train"]["optim"]["lr"] == 1e-4 and job["progress"]["total"] == 20
+
+        code, out, err = _run(["set", job_id, "model.name=hf:gpt2"], cli_env)
+        assert code != 0 and "train.model.name" in err and "cannot change" in err, (out, err)
+        code, _, err = _run(["set", job_id, "lr"], cli_env)
+        assert code != 0 and "expected KEY=VALUE" in err
+
+        assert _run(["pause", job_id], cli_env)[1].strip() == f"{job_id} paused"
+        assert _run(["resume", job_id], cli_env)[1].strip() == f"{job_id} queued"
+        code, _, err = _run(["resume", job_id], cli_env)
+        assert code != 0 and "not paused" in err
+    finally:
+        _run(["cancel", job_id], cli_env)

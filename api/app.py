@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
+from api.dashboard import mount_dashboard
 from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.limits import BodySizeLimit
@@ -318,4 +319,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(PrometheusMiddleware)
     for module in (jobs, steering, events, artifacts, results, files, health):
         app.include_router(module.router)
+    mount_dashboard(app)
     return app

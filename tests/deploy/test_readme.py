@@ -23,6 +23,7 @@ from pdppo.spec import JobSpec, load_spec, parse_spec
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 CLIENT_VARS = {"PDPPO_URL", "PDPPO_API_KEY"}  # read by the client and CLI, not the service
+TEST_VARS = {"PDPPO_BROWSER_ARTIFACTS"}  # read by tests/browser (.ci/browser), not the service
 
 
 def _code_blocks(lang: str) -> list[str]:
@@ -112,7 +113,10 @@ def test_every_field_the_readme_names_exists() -> None:
 def test_every_pdppo_variable_in_the_readme_is_a_setting() -> None:
     """Service variables are `Settings` fields; `PDPPO_DEV_*` tune `pdppo dev`'s supervisor,
     which reads them itself (it runs before any service settings exist)."""
-    named = set(re.findall(r"\bPDPPO_[A-Z_]+[A-Z]", README)) - CLIENT_VARS
+    named = set(re.findall(r"\bPDPPO_[A-Z_]+[A-Z]", README)) - CLIENT_VARS - TEST_VARS
+    assert all(
+        f'"{n}"' in (ROOT / "tests" / "browser" / "conftest.py").read_text() for n in TEST_VARS
+    )
     assert {"PDPPO_API_KEYS", "PDPPO_REDIS_URL"} <= named
     dev = {n for n in named if n.startswith("PDPPO_DEV_")}
     unknown = sorted(

@@ -1,0 +1,82 @@
+"""The dashboard's files: served by the API under /ui/ with a same-origin content policy, shipped
+in the package, loading nothing from elsewhere, and the vendored libraries exactly the ones
+`api/static/vendor/README.md` names. (The page itself is tested in a real Chromium:
+tests/browser.)"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+
+import httpx
+
+from api.app import create_app
+from api.dashboard import STATIC
+from pdppo.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def get(paths: list[str]) -> list[httpx.Response]:
+    """The app answers static files without its lifespan: no Redis is involved."""
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0", _env_file=None))  # type: ignore[call-arg]
+
+    async def run() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            return [await client.get(path) for path in paths]
+
+    return asyncio.run(run())
+
+
+def test_the_root_sends_a_browser_to_the_dashboard_which_is_served_with_a_strict_policy() -> None:
+    root, page, script, vendored, missing = get(
+        ["/", "/ui/", "/ui/app.js", "/ui/vendor/uPlot.iife.min.js", "/ui/nope.js"]
+    )
+    assert root.status_code == 307 and root.headers["location"] == "/ui/"
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<script src="app.js"></script>' in page.text
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "script-src" not in policy  # no inline scripts
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert script.text == (STATIC / "app.js").read_text()
+    assert vendored.status_code == 200 and vendored.text.startswith(
+        "/*! https://github.com/leeoniya/uPlot (v1.6.32) */"
+    )
+    assert missing.status_code == 404
+
+
+def test_the_page_loads_nothing_from_another_origin() -> None:
+    html = (STATIC / "index.html").read_text()
+    targets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert targets and all(not re.match(r"^[a-z]+://|^//", t) for t in targets), targets
+    code = (STATIC / "app.js").read_text()
+    assert "EventSource" not in code.replace("not EventSource", "")  # keys never go in a URL
+    assert not re.search(r"https?://", code)
+
+
+def test_every_static_file_ships_in_the_package() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["api"]
+    files = [p.relative_to(STATIC.parent).as_posix() for p in STATIC.rglob("*") if p.is_file()]
+    assert "static/app.js" in files and len(files) >= 9
+    unshipped = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+    assert unshipped == []
+
+
+def test_the_vendored_files_are_the_ones_the_vendor_readme_names() -> None:
+    table = (STATIC / "vendor" / "README.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|", table, flags=re.M)
+    assert {name for name, _ in rows} == {
+        "uPlot.iife.min.js",
+        "uPlot.min.css",
+        "js-yaml.umd.min.js",
+    }
+    for name, digest in rows:
+        assert hashlib.sha256((STATIC / "vendor" / name).read_bytes()).hexdigest() == digest, name
+    for licence in ("uPlot.LICENSE", "js-yaml.LICENSE"):
+        assert "MIT License" in (STATIC / "vendor" / licence).read_text()

@@ -1,0 +1,135 @@
+"""The dashboard against the real service (redis-server, `pdppo serve`, a CPU worker) in a real
+headless Chromium: log in, submit a spec from the form, watch the charts fill from live events,
+change the learning rate, pause, resume, download the CSV, cancel."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.integration.conftest import redis_server as redis_server
+from tests.integration.conftest import service as service
+from tests.integration.conftest import wait_for
+from tests.integration.stack import KEYS, REPO, Service
+
+TIMEOUT_MS = 60_000
+
+
+def probe(page: Any) -> dict[str, Any]:
+    return dict(page.evaluate("() => ({...window.pdppoDashboard})"))
+
+
+def wait_probe(page: Any, condition: str, timeout_ms: int = TIMEOUT_MS) -> dict[str, Any]:
+    page.wait_for_function(
+        f"() => {{ const p = window.pdppoDashboard; return {condition}; }}", timeout=timeout_ms
+    )
+    return probe(page)
+
+
+def login(page: Any, base_url: str, key: str) -> None:
+    page.goto(base_url + "/")  # redirected to /ui/
+    page.fill("#api-key", key)
+    page.click("#login")
+
+
+def long_spec() -> str:
+    spec = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
+    spec["train"].update(steps=3000, checkpoint_every=0)
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def test_a_wrong_key_is_refused_and_spec_errors_show_next_to_the_form(
+    page: Any, service: Service
+) -> None:
+    login(page, service.base_url, "not-a-key")
+    page.wait_for_selector("#login-error:has-text('refused')")
+    assert page.evaluate("() => sessionStorage.getItem('pdppo.apiKey')") is None
+    page.fill("#api-key", KEYS["alice"])
+    page.click("#login")
+    page.wait_for_selector("#spec")
+    page.fill("#spec", "train:\n  steps: -1\n")
+    page.click("#submit")
+    errors = page.wait_for_selector("#spec-errors:has-text('train.steps')")
+    assert "greater than or equal to 1" in errors.inner_text()
+    assert page.evaluate("() => location.hash") == ""  # nothing was submitted
+    # the key is in the tab's session only, never in a URL the page fetched
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
+    page.select_option("#status-filter", "succeeded")
+    page.wait_for_timeout(500)
+    assert urls and not any(KEYS["alice"] in url for url in urls)
+
+
+def test_submit_watch_steer_pause_resume_download_and_cancel(
+    page: Any, service: Service, artifacts: Path
+) -> None:
+    login(page, service.base_url, KEYS["alice"])
+    page.wait_for_selector("#spec")
+    page.fill("#spec", long_spec())
+    page.click("#submit")
+    page.wait_for_url("**/ui/#/jobs/*")
+    job_id = page.evaluate("() => location.hash.split('/').pop()")
+    loaded_at = probe(page)["loadedAt"]
+
+    # charts fill from the live stream, in this one page load
+    first = wait_probe(page, "p.metrics >= 3 && p.drawn >= 3")
+    later = wait_probe(
+        page, f"p.metrics >= {first['metrics'] + 5} && p.drawn >= {first['drawn'] + 5}"
+    )
+    assert later["loadedAt"] == loaded_at  # no reload: the same page object got the events
+    assert page.evaluate("() => performance.getEntriesByType('navigation').length") == 1
+    assert page.locator(".chart").count() == 11
+    assert page.locator(".chart canvas").count() == 11
+    page.screenshot(path=str(artifacts / "job-page-running.png"), full_page=True)
+
+    # change the learning rate from the page: the `config` event arrives, the metric follows
+    page.fill("[id='steer-optim.lr']", "0.0001")
+    page.click("#steer-apply")
+    page.wait_for_selector("#steer-message:has-text('change 1 sent')")
+    config = wait_probe(page, "p.configs.length >= 1")["configs"][0]
+    assert config["version"] == 1 and config["changes"] == {"optim.lr": 0.0001}
+    page.wait_for_selector("#configs td:has-text('optim.lr = 0.0001')")
+    with httpx.Client(
+        base_url=service.base_url, headers={"Authorization": f"Bearer {KEYS['alice']}"}
+    ) as alice:
+        wait_for(alice, job_id, lambda j: j["progress"]["step"] >= config["step"] + 2)
+        rows = alice.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
+        assert {r["metrics"]["lr"] for r in rows if r["step"] > config["step"]} == {1e-4}
+
+        # pause, then resume: the stream stays open and goes on after the resume
+        page.click("#job-pause")
+        page.wait_for_selector("#job-status:text-is('paused')", timeout=TIMEOUT_MS)
+        paused = alice.get(f"/v1/jobs/{job_id}").json()
+        assert paused["status"] == "paused"
+        at_pause = wait_probe(page, f"p.metrics >= {paused['progress']['step']}")["metrics"]
+        page.click("#job-resume")
+        wait_probe(page, f"p.metrics >= {at_pause + 3}")
+        page.wait_for_selector("#job-status:text-is('running')")
+
+        # the CSV download holds a row per step so far, lr included
+        with page.expect_download() as download:
+            page.click("#csv")
+        table = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+        steps = [int(r["step"]) for r in table]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= at_pause + 3
+        assert float(table[-1]["lr"]) == 1e-4 and float(table[0]["lr"]) == 1e-3
+
+        page.screenshot(path=str(artifacts / "job-page.png"), full_page=True)
+        page.click("#job-cancel")
+        page.wait_for_selector("#job-status:text-is('cancelled')", timeout=TIMEOUT_MS)
+        done = alice.get(f"/v1/jobs/{job_id}").json()
+        assert done["status"] == "cancelled"
+    final = probe(page)
+    assert final["metrics"] == done["progress"]["step"] == final["drawn"]
+    statuses = page.locator("#log").inner_text()
+    assert "pause requested" in statuses and "config change 1 requested" in statuses
+
+    # the jobs page lists it, filtered by status
+    page.goto(service.base_url + "/ui/#/jobs")
+    page.select_option("#status-filter", "cancelled")
+    page.wait_for_selector(f"tr[data-job='{job_id}']")

@@ -27,7 +27,7 @@ decide differently, is a metric of its own, and so are the two set differences o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,9 @@ class PolicyLossOutput:
     keep: Tensor  # (N,) bool: the trust-region mask
     log_ratio: Tensor  # (N,) log pi(a) - log mu(a), detached
     stats: dict[str, float]
+    # the tokens a stat is a mean over, where not all the response tokens (the A > 0 ones for
+    # masked_fraction_pos, ...): pieces, minibatches and ranks add up each stat by its own count
+    counts: dict[str, float] = field(default_factory=dict)
 
 
 def _aggregate(terms: Tensor, rmask: Tensor, normalizer: float | Tensor | None) -> Tensor:
@@ -261,4 +264,13 @@ def loss_from_logprobs(
         out["outside_topk"] = _mean(outside, rmask)
     if k3 is not None:
         out["kl_ref"] = _mean(k3.detach(), rmask)
-    return PolicyLossOutput(loss=loss, keep=region.keep, log_ratio=region.log_ratio, stats=out)
+    n_pos, n_neg, n_signed = (float(m.sum()) for m in (pos, neg, signed))
+    counts = {
+        "masked_fraction_pos": n_pos,
+        "masked_fraction_neg": n_neg,
+        "direction_disagreement": n_signed,
+        "direction_disagreement_far": n_signed,
+    }
+    return PolicyLossOutput(
+        loss=loss, keep=region.keep, log_ratio=region.log_ratio, stats=out, counts=counts
+    )

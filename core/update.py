@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
+from core.distributed import World
 from core.fused import FUSED_ESTIMATORS
 from core.lazy_logits import ProjectedLogits
 from core.loss import PolicyLossOutput, policy_loss
@@ -63,12 +64,16 @@ def update_policy(
     reference: ReferencePolicy | None,
     should_stop: Callable[[], bool],
     before_step: Callable[[], None],
+    world: World | None = None,
 ) -> dict[str, float]:
     """All of one step's updates; returns its metrics, token-weighted means over every piece.
 
     `should_stop` is asked before every minibatch (True raises `StopRequested`);
     `before_step` is called before every optimizer step (from the first one on, the caller's
-    weights hold part of an unfinished step)."""
+    weights hold part of an unfinished step). `world`: this rank's place when the batch is this
+    rank's share of a data-parallel step (`core.distributed`); normalizers, gradients and
+    metrics are then the whole batch's."""
+    world = world or World()
     a = cfg.algorithm
     accum = cfg.optim.grad_accumulation
     b = batch.input_ids.shape[0]
@@ -83,8 +88,10 @@ def update_policy(
             top_p=cfg.rollout.top_p,
             fused=fused_loss_applies(cfg),
         )
-    sums: dict[str, float] = {"loss": 0.0}
-    weight_total = 0.0
+    sums: dict[str, float] = {}  # count-weighted sums of the loss's statistics, this rank's
+    counts: dict[str, float] = {}  # and the tokens each is over (`PolicyLossOutput.counts`)
+    loss_sum = 0.0
+    weight_total = 0.0  # response tokens trained on, over every rank
     div_max = 0.0
     grad_norms: list[float] = []
     # |log pi(a) - log mu(a)| of every token, measured by the first pass that trains on it
@@ -99,7 +106,9 @@ def update_policy(
                 raise StopRequested("stopped between minibatch updates")
             rows = order[i * per_mb : (i + 1) * per_mb].sort().values
             n_mb = int(batch.response_mask[rows].sum())  # the minibatch's response tokens
-            norm = loss_normalizer(a.loss_agg, batch.response_mask, rows, a.minibatches, accum)
+            norm = loss_normalizer(
+                a.loss_agg, batch.response_mask, rows, a.minibatches, accum, world
+            )
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
             for piece in rows.chunk(accum):
@@ -109,29 +118,45 @@ def update_policy(
                 w = float(len(out.log_ratio))
                 for k, v in out.stats.items():
                     if k != "divergence_max":
-                        sums[k] = sums.get(k, 0.0) + w * v
+                        n = out.counts.get(k, w)
+                        sums[k] = sums.get(k, 0.0) + n * v
+                        counts[k] = counts.get(k, 0.0) + n
                 div_max = max(div_max, out.stats["divergence_max"])
                 if epoch == 0:
                     offpolicy_sum += float(out.log_ratio.abs().sum())
                     offpolicy_tokens += len(out.log_ratio)
+            world.sum_grads(params)  # each rank's loss has the global denominator: a sum
             gn = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
             before_step()
             optimizer.step()
             grad_norms.append(float(gn))
-            weight_total += float(n_mb)
-            sums["loss"] += float(n_mb) * mb_loss
-    metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
-    metrics["divergence_max"] = div_max
+            mb_loss, n_mb_all = world.sums([mb_loss, float(n_mb)])
+            weight_total += n_mb_all
+            loss_sum += n_mb_all * mb_loss
+    names = sorted(sums)  # the same statistics on every rank
+    *totals, offpolicy_all, offpolicy_count = world.sums(
+        [*(sums[k] for k in names), *(counts[k] for k in names), offpolicy_sum, offpolicy_tokens]
+    )
+    stat_sums, stat_counts = totals[: len(names)], totals[len(names) :]
+    metrics = {k: v / max(n, 1.0) for k, v, n in zip(names, stat_sums, stat_counts, strict=True)}
+    metrics["loss"] = loss_sum / max(weight_total, 1.0)
+    metrics["divergence_max"] = world.max(div_max)
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["offpolicy_logratio_abs"] = offpolicy_sum / max(offpolicy_tokens, 1)
+    metrics["offpolicy_logratio_abs"] = offpolicy_all / max(offpolicy_count, 1.0)
     return metrics
 
 
 def loss_normalizer(
-    loss_agg: LossAgg, response_mask: Tensor, rows: Tensor, minibatches: int, pieces: int
+    loss_agg: LossAgg,
+    response_mask: Tensor,
+    rows: Tensor,
+    minibatches: int,
+    pieces: int,
+    world: World | None = None,
 ) -> float | Tensor | None:
     """What the pieces of the minibatch `rows` divide their token sums by (`policy_loss`'s
-    `normalizer`), for `algorithm.loss_agg`; `response_mask` (B, T) is the whole batch's.
+    `normalizer`), for `algorithm.loss_agg`; `response_mask` (B, T) is the whole batch's (with
+    a data-parallel `world`, this rank's share of it: the counts are summed over the ranks).
 
     - `token_mean`: batch tokens / M for every minibatch, so that over a step every response
       token weighs the same (DAPO); a count that is not an integer is fine;
@@ -142,14 +167,17 @@ def loss_normalizer(
     None where that is the piece's own token count (a minibatch in one piece, and for
     `token_mean` one whose count is batch tokens / M): `policy_loss` then divides by its own
     count, bit for bit the unsplit, single-minibatch path."""
+    world = world or World()
+    own = pieces == 1 and not world.parallel  # may the piece divide by its own count?
     n_mb = int(response_mask[rows].sum())
     if loss_agg == "seq_mean":
-        return response_mask.sum(-1).float().clamp_min(1.0) * float(len(rows))  # (B,)
+        sequences = world.sum(float(len(rows)))
+        return response_mask.sum(-1).float().clamp_min(1.0) * sequences  # (B,)
     if loss_agg == "token_mean":
-        share = int(response_mask.sum()) / minibatches
-        return None if pieces == 1 and share == n_mb else share
+        share = world.sum(float(response_mask.sum())) / minibatches
+        return None if own and share == n_mb else share
     if loss_agg == "minibatch_token_mean":
-        return None if pieces == 1 else float(max(n_mb, 1))
+        return None if own else float(max(world.sum(float(n_mb)), 1.0))
     raise ValueError(f"algorithm.loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
 
 

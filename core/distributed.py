@@ -1,0 +1,88 @@
+"""Data parallelism: what one step's update needs from a torch.distributed process group.
+
+Each rank holds a replica of the model and trains on its own share of the rollout batch, whole
+groups only (advantages are per group, so a rank's groups give the same advantages as the whole
+batch's). Three things make the ranks' update equal to one process's update on the whole batch
+(`core.update`):
+
+- normalizers are global: a token sum is divided by the whole minibatch's (or batch's) count,
+  summed over the ranks, never by the rank's own;
+- gradients are summed over the ranks before clipping (each rank's loss already carries the
+  global denominator), so every replica clips the same gradient and takes the same step;
+- metrics are token-weighted sums and maxima over all ranks, so rank 0 reports the global mask
+  statistics, not its own share's.
+
+With one minibatch this is the single-process update up to fp32 summation order. With several,
+each rank shuffles its own share into minibatches (a different, equally valid partition of the
+batch than one process's shuffle): the updates then differ as two shuffles do.
+
+`World()` (size 1) is the single-process case: every reduction is the identity, no collective is
+called and the update is bit for bit the one without this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def current(cls) -> World:
+        """The default process group's world, or the single process when there is none."""
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    @property
+    def parallel(self) -> bool:
+        return self.size > 1
+
+    def share(self, items: int) -> slice:
+        """This rank's contiguous block of `items` (which the world size must divide)."""
+        if items % self.size:
+            raise ValueError(f"{items} items do not split over {self.size} ranks")
+        per = items // self.size
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+    def sums(self, values: Sequence[float]) -> list[float]:
+        """Each value summed over the ranks, in one collective (float64)."""
+        if not self.parallel:
+            return list(values)
+        t = torch.tensor(list(values), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def sum(self, value: float) -> float:
+        return self.sums([value])[0]
+
+    def max(self, value: float) -> float:
+        if not self.parallel:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Every parameter's gradient summed over the ranks, in place, as one flat buffer (a
+        parameter without a gradient counts as zeros: another rank's tokens may reach it)."""
+        if not self.parallel:
+            return
+        params = list(params)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
+            offset += n

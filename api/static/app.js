@@ -345,6 +345,7 @@ function jobPage(main, jobId) {
     if (event.event === "metrics") {
       probe.metrics += 1;
       steps.push(data.step);
+      probe.steps = steps;
       for (const chart of charts) {
         chart.data[0].push(data.step);
         chart.series.forEach(([, pick], i) => chart.data[i + 1].push(pick(data.metrics) ?? null));

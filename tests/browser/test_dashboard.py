@@ -12,10 +12,11 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.browser.stream_cutter import StreamCutter
 from tests.integration.conftest import redis_server as redis_server
 from tests.integration.conftest import service as service
 from tests.integration.conftest import wait_for
-from tests.integration.stack import KEYS, REPO, Service
+from tests.integration.stack import KEYS, REPO, Service, smoke_spec
 
 TIMEOUT_MS = 60_000
 
@@ -133,3 +134,31 @@ def test_submit_watch_steer_pause_resume_download_and_cancel(
     page.goto(service.base_url + "/ui/#/jobs")
     page.select_option("#status-filter", "cancelled")
     page.wait_for_selector(f"tr[data-job='{job_id}']")
+
+
+def test_a_cut_stream_reconnects_with_last_event_id_and_draws_every_step_once(
+    page: Any,
+    service: Service,
+) -> None:
+    """The page's event stream is cut twice mid-way by a proxy (only the stream: the page's
+    other requests pass); it reconnects by itself after the last event it got, and ends with
+    every step drawn exactly once."""
+    steps = 40
+    with httpx.Client(
+        base_url=service.base_url, headers={"Authorization": f"Bearer {KEYS['alice']}"}
+    ) as alice:
+        job_id = alice.post("/v1/jobs", json=smoke_spec(steps=steps)).json()["id"]
+        wait_for(alice, job_id, lambda j: j["status"] in {"succeeded", "failed"}, timeout=120)
+    port = int(service.base_url.rsplit(":", 1)[1])
+    cutter = StreamCutter(port, cut_after=2500, cuts=2)
+    try:
+        login(page, cutter.url, KEYS["alice"])
+        page.wait_for_selector("#spec")
+        page.goto(f"{cutter.url}/ui/#/jobs/{job_id}")
+        page.wait_for_selector("#job-status:text-is('succeeded')", timeout=TIMEOUT_MS)
+        done = wait_probe(page, f"p.drawn >= {steps}")
+    finally:
+        cutter.close()
+    assert cutter.cut == 2 and done["reconnects"] == 2
+    assert done["metrics"] == steps == done["drawn"]  # none twice, none missed
+    assert page.evaluate("() => window.pdppoDashboard.steps") == list(range(1, steps + 1))

@@ -24,9 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
+from core.config import TrainConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,23 @@ class World:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
+    def agree(self, flag: bool) -> bool:
+        """True on every rank if it is True on any (a stop asked of one stops all together)."""
+        return self.max(float(flag)) > 0 if self.parallel else flag
+
+    def from_rank0(self, value: T) -> T:
+        """Rank 0's `value` on every rank (a picklable object, e.g. a config change)."""
+        if not self.parallel:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return cast(T, box[0])
+
+    def seed(self, seed: int, step: int) -> int:
+        """A seed of its own for this rank's sampling at `step`: ranks draw different
+        completions, and a resumed run (on any number of ranks) the same ones again."""
+        return (seed * 1_000_003 + step * 8191 + self.rank * 131) % 2**63
+
     def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Every parameter's gradient summed over the ranks, in place, as one flat buffer (a
         parameter without a gradient counts as zeros: another rank's tokens may reach it)."""
@@ -86,3 +108,16 @@ class World:
             n = p.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
             offset += n
+
+
+def check_world(cfg: TrainConfig, world: World) -> None:
+    """Raises ValueError for a config that cannot run data-parallel on `world`."""
+    if not world.parallel:
+        return
+    if cfg.rollout.prompts_per_step % world.size:
+        raise ValueError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must split evenly over "
+            f"{world.size} processes (each takes whole groups)"
+        )
+    if cfg.rollout.engine == "vllm":
+        raise ValueError("rollout.engine='vllm' runs in one process for now; use engine 'hf'")

@@ -8,6 +8,7 @@ that each module reads in one sitting; `core.trainer` re-exports what callers us
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -21,6 +22,7 @@ import torch
 from core.callbacks import TrainerCallback
 from core.checkpoint import save_checkpoint
 from core.config import OptimConfig, TrainConfig
+from core.distributed import World, check_world
 from core.evaluation import StepRollout
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
@@ -100,7 +102,10 @@ class _Run:
         data_roots: Sequence[str] | None = None,
         file_paths: Mapping[str, Path] | None = None,
         model_dir: Path | None = None,
+        world: World | None = None,
     ) -> None:
+        self.world = world or World()
+        check_world(cfg, self.world)
         self.cfg = cfg
         # steering (`core.steering`): the config the run started with, and the cumulative
         # change applied to it (version 0: none); checkpointed, so a resumed run keeps it
@@ -109,6 +114,9 @@ class _Run:
         self.overrides: dict[str, Any] = {}
         self.out_dir = out_dir
         self.cb = callback
+        # asked inside a step (every token, every minibatch); ranks must stop together, so with
+        # several a stop waits for the step boundary, where they agree on it (core.trainer)
+        self.inner_stop = callback.should_stop if not self.world.parallel else _never
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.lm: CausalLM = load_model(
@@ -195,7 +203,10 @@ class _Run:
         self.cfg, self.config_version, self.overrides = cfg, version, overrides
         return changes
 
-    def checkpoint(self) -> Path:
+    def checkpoint(self) -> Path | None:
+        """Rank 0's checkpoint of the run (the other ranks hold the same replica; None there)."""
+        if self.world.rank != 0:
+            return None
         meta = {
             "config": self.cfg.model_dump(mode="json"),
             "model": self.cfg.model.name,
@@ -229,6 +240,9 @@ class _Run:
             self.snapshots.append(self.lm.snapshot())
             self.rollout_lm.load_snapshot(self.snapshots[0])
         exs = [self.task.sample(self.prompt_rng) for _ in range(r.prompts_per_step)]
+        if self.world.parallel:  # every rank draws the step's prompts, and keeps its share
+            exs = exs[self.world.share(len(exs))]
+            self.sample_gen.manual_seed(self.world.seed(self.cfg.seed, self.step))
         group = [e for e in exs for _ in range(r.group_size)]
         tok = self.lm.tokenizer
         # each drawn prompt tokenized once (chat records through the chat template), its ids
@@ -248,7 +262,7 @@ class _Run:
                 top_k=self.cfg.algorithm.top_k,
                 keep_full=self.cfg.algorithm.estimator == "exact",
                 generator=self.sample_gen,
-                should_stop=self.cb.should_stop,
+                should_stop=self.inner_stop,
             )
             _sync(self.device)
             elapsed = time.perf_counter() - t0
@@ -283,7 +297,7 @@ class _Run:
             eos_id=tok.eos_id,
             pad_id=tok.pad_id,
             device=self.device,
-            should_stop=self.cb.should_stop,
+            should_stop=self.inner_stop,
         )
         return batch, time.perf_counter() - t0, sync_time
 
@@ -318,8 +332,9 @@ class _Run:
             self.cfg,
             shuffle_gen=self.shuffle_gen,
             reference=self.reference,
-            should_stop=self.cb.should_stop,
+            should_stop=self.inner_stop,
             before_step=dirty,
+            world=self.world,
         )
 
     def run_step(self) -> dict[str, float]:
@@ -354,25 +369,61 @@ class _Run:
         warning = self.silence.observe(rewards, zero_adv)
         if warning is not None:
             self.cb.on_warning(warning)
-        n_tokens = int(batch.response_mask.sum())
         if self.device.type == "cuda":
             metrics["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        batch_stats = _batch_stats(self.world, ro, zero_adv, group_size)
         return {
             "step": float(self.step),
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()),
-            **ro.grade_metrics,
+            **batch_stats,
             **metrics,
             "lr": lr,
             "delta_low": self.cfg.algorithm.delta_low,
             "delta_high": self.cfg.algorithm.delta_high,
-            "zero_adv_groups": zero_adv,
-            "response_len": n_tokens / len(rewards),
-            "tokens_per_s": n_tokens / max(ro.elapsed, 1e-9),
-            "rollout_time": ro.elapsed,
             "update_time": update_time,
             "step_time": time.perf_counter() - t0,
         }
+
+
+def _batch_stats(world: World, ro: _Rollout, zero_adv: float, group_size: int) -> dict[str, float]:
+    """The rollout's rewards, grades and throughput, over the whole batch: with several ranks
+    the sums of every rank's share (grades are per-rank means of equal shares, so their mean),
+    the slowest rank's sampling time."""
+    rewards = ro.rewards
+    n_tokens = float(ro.batch.response_mask.sum())
+    rows = float(len(rewards))
+    groups = rows / group_size
+    grade_names = sorted(ro.grade_metrics)
+    r_sum, r_sq, rows, zero, n_tokens, *grades = world.sums(
+        [
+            float(rewards.sum()),
+            float((rewards.double() ** 2).sum()),
+            rows,
+            zero_adv * groups,
+            n_tokens,
+            *(ro.grade_metrics[k] for k in grade_names),
+        ]
+    )
+    elapsed = world.max(ro.elapsed)
+    if world.parallel:
+        mean = r_sum / rows
+        std = math.sqrt(max(r_sq - rows * mean * mean, 0.0) / max(rows - 1, 1.0))
+        grade_metrics = {k: v / world.size for k, v in zip(grade_names, grades, strict=True)}
+        zero_adv = zero / (rows / group_size)
+    else:  # bit for bit what one process always reported
+        mean, std, grade_metrics = float(rewards.mean()), float(rewards.std()), ro.grade_metrics
+    return {
+        "reward_mean": mean,
+        "reward_std": std,
+        **grade_metrics,
+        "zero_adv_groups": zero_adv,
+        "response_len": n_tokens / rows,
+        "tokens_per_s": n_tokens / max(elapsed, 1e-9),
+        "rollout_time": elapsed,
+    }
+
+
+def _never() -> bool:
+    return False
 
 
 def _vllm_engine(lm: CausalLM, cfg: TrainConfig) -> VLLMEngine:

@@ -25,12 +25,14 @@ import json
 import math
 import shutil
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.callbacks import TrainerCallback
 from core.checkpoint import latest_checkpoint, load_checkpoint
 from core.config import TrainConfig
+from core.distributed import World
 from core.evaluation import RunResults
 from core.rollout import StopRequested
 from core.run import _adamw_kernel, _Run
@@ -55,9 +57,14 @@ def train(
     data_roots: Sequence[str] | None = None,
     file_paths: Mapping[str, Path] | None = None,
     model_dir: Path | None = None,
+    world: World | None = None,
 ) -> TrainResult:
     """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
 
+    `world`: this process's rank when the run is data-parallel (`core.distributed`): every rank
+    calls `train` with the same config and out_dir; each trains on its share of every step's
+    groups, and rank 0 alone writes (metrics, checkpoints, results, the final model) and reports
+    through its callback. A stop is agreed at step boundaries: all ranks stop together.
     `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
     (a service passes its operator's roots; None, for a local run, allows any path).
     `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's).
@@ -65,7 +72,7 @@ def train(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cb = callback or TrainerCallback()
-    run = _Run(config, out_dir, cb, data_roots, file_paths, model_dir)
+    run = _Run(config, out_dir, cb, data_roots, file_paths, model_dir, world)
     try:
         return _train_run(run, resume)
     finally:
@@ -74,7 +81,9 @@ def train(
 
 def _train_run(run: _Run, resume: bool) -> TrainResult:
     config, out_dir, cb = run.cfg, run.out_dir, run.cb
-    results = RunResults(config, out_dir, run.task, run.lm, cb)  # eval.jsonl, samples.jsonl
+    writer = run.world.rank == 0  # the one rank that writes files (all of them are replicas)
+    # eval.jsonl, samples.jsonl
+    results = RunResults(_results_cfg(run), out_dir, run.task, run.lm, cb)
     metrics_path = out_dir / "metrics.jsonl"
     ckpt = latest_checkpoint(out_dir) if resume else None
     if ckpt is not None:
@@ -82,16 +91,18 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
         for group in run.optimizer.param_groups:
             group.update(_adamw_kernel(run.device))
         run.restore(state)
-        results.cfg = run.cfg  # the steered config the checkpoint ran with
-        _truncate_metrics(metrics_path, run.step)
-        results.resume(run.step)
+        results.cfg = _results_cfg(run)  # the steered config the checkpoint ran with
+        if writer:
+            _truncate_metrics(metrics_path, run.step)
+            results.resume(run.step)
         cb.on_log(f"resumed from {ckpt} at step {run.step}")
-    else:
+    elif writer:
         # a fresh run owns its output dir: stale checkpoints would poison a later resume
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(out_dir / "final", ignore_errors=True)
         metrics_path.write_text("")
         results.reset()
+    if ckpt is None:
         _steer(run, results)  # a change made while the job was queued applies from the start
         if not run.warmup():
             return TrainResult(step=0, stopped=True, final_model=None)
@@ -100,9 +111,9 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     stopped = _evaluate(run, results, last_saved)
     if stopped is not None:
         return stopped
-    with metrics_path.open("a", encoding="utf-8") as mf:
+    with metrics_path.open("a", encoding="utf-8") if writer else nullcontext() as mf:
         while _steer(run, results) and run.step < run.cfg.steps:
-            if cb.should_stop():
+            if run.world.agree(cb.should_stop()):
                 if last_saved != run.step:
                     run.checkpoint()
                 cb.on_log(f"stopped at step {run.step}")
@@ -125,8 +136,9 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
                 cb.on_log(f"{stop} of step {run.step + 1}; stopped at step {run.step}")
                 return TrainResult(step=run.step, stopped=True, final_model=None)
             _check_finite(metrics)
-            mf.write(json.dumps(metrics) + "\n")
-            mf.flush()
+            if mf is not None:
+                mf.write(json.dumps(metrics) + "\n")
+                mf.flush()
             cb.on_step(run.step, metrics)
             results.after_step(run.step, run.last_rollout)
             stopped = _evaluate(run, results, last_saved)
@@ -137,8 +149,9 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
                 run.checkpoint()
                 last_saved = run.step
     final = out_dir / "final"
-    run.lm.save_final(final)
-    cb.on_log(f"final model saved to {final}")
+    if writer:
+        run.lm.save_final(final)
+        cb.on_log(f"final model saved to {final}")
     return TrainResult(step=run.step, stopped=False, final_model=final)
 
 
@@ -146,7 +159,7 @@ def _steer(run: _Run, results: RunResults) -> bool:
     """Apply the caller's newest config change, if any, at this step boundary (always True, to
     sit in the loop's condition). A change that does not validate is reported and skipped. The
     results follow the new step count (the last step's evaluation and samples)."""
-    update = run.cb.config_update()
+    update = run.world.from_rank0(run.cb.config_update())  # rank 0's callback hears of it
     if update is None or update[0] <= run.config_version:
         return True
     version, overrides = update
@@ -156,9 +169,17 @@ def _steer(run: _Run, results: RunResults) -> bool:
         run.config_version = version  # not asked again
         run.cb.on_warning(f"config change {version} not applied: {exc}")
         return True
-    results.cfg = run.cfg
+    results.cfg = _results_cfg(run)
     run.cb.on_config(run.step, version, changes)
     return True
+
+
+def _results_cfg(run: _Run) -> TrainConfig:
+    """What the run's results follow: its config on rank 0; on the other ranks, none of the
+    evaluations or samples (rank 0 writes and reports those)."""
+    if run.world.rank == 0:
+        return run.cfg
+    return run.cfg.model_copy(update={"eval_every": 0, "log_samples_every": 0})
 
 
 def _evaluate(run: _Run, results: RunResults, last_saved: int) -> TrainResult | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -55,6 +55,17 @@ def _dry_run(spec: JobSpec) -> int:
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option(
+    "--nproc",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help=(
+        "Data-parallel processes on this machine (torch.distributed: gloo on CPU, nccl on "
+        "GPUs, one per device); each trains on its share of every step's groups, which "
+        "rollout.prompts_per_step must split evenly."
+    ),
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help=(
@@ -62,7 +73,9 @@ def _dry_run(spec: JobSpec) -> int:
         "exit 1 if they exceed the limits of its queue (PDPPO_MAX_* settings), else 0."
     ),
 )
-def train(spec_path: str, out_dir: str | None, resume: bool, quiet: bool, dry_run: bool) -> None:
+def train(
+    spec_path: str, out_dir: str | None, resume: bool, quiet: bool, nproc: int, dry_run: bool
+) -> None:
     """Train locally from a job spec; writes metrics.jsonl, checkpoints/ and final/ into --out."""
     from pdppo.spec import SpecError, load_spec
 
@@ -74,14 +87,96 @@ def train(spec_path: str, out_dir: str | None, resume: bool, quiet: bool, dry_ru
         raise SystemExit(_dry_run(spec))
     out = Path(out_dir) if out_dir else Path("runs") / (spec.name or Path(spec_path).stem)
 
-    from tqdm import tqdm
+    from core.distributed import World, check_world
 
+    try:
+        check_world(spec.train, World(0, nproc))
+        if nproc > 1:
+            result = _data_parallel(spec.train.model_dump_json(), out, resume, quiet, nproc)
+        else:
+            result = _train(spec.train.model_dump_json(), out, resume, quiet)
+    except (ValueError, RuntimeError, OSError) as exc:
+        # a rank's failure arrives as its traceback: its last line says what went wrong
+        raise click.ClickException(str(exc).strip().splitlines()[-1]) from exc
+    click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
+    if result.final_model is not None:
+        click.echo(f"final model: {result.final_model}")
+
+
+def _train(config_json: str, out: Path, resume: bool, quiet: bool, world: Any = None) -> Any:
+    """One process's run (rank 0's or the only one's shows the progress bar)."""
+    from core.config import TrainConfig
     from core.trainer import TrainerCallback
     from core.trainer import train as run_training
 
+    config = TrainConfig.model_validate_json(config_json)
+    shown = world is None or world.rank == 0
+    progress: Any = _progress(config.steps, quiet) if shown else TrainerCallback()
+    try:
+        return run_training(config, out, callback=progress, resume=resume, world=world)
+    finally:
+        if shown:
+            progress.bar.close()
+
+
+def _data_parallel(config_json: str, out: Path, resume: bool, quiet: bool, nproc: int) -> Any:
+    """`nproc` processes on this machine, rendezvous on a free local port; rank 0's result."""
+    import socket
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    queue = mp.get_context("spawn").SimpleQueue()
+    try:
+        mp.spawn(
+            _rank_main, args=(nproc, port, config_json, out, resume, quiet, queue), nprocs=nproc
+        )
+    except ProcessException as exc:  # a rank raised or died: the others were stopped
+        raise RuntimeError(str(exc)) from exc
+    return queue.get()
+
+
+def _rank_main(
+    rank: int,
+    nproc: int,
+    port: int,
+    config_json: str,
+    out: Path,
+    resume: bool,
+    quiet: bool,
+    queue: Any,
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from core.distributed import World
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc
+    )
+    try:
+        result = _train(config_json, out, resume, quiet, World(rank, nproc))
+        if rank == 0:
+            queue.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    """The progress bar of `pdppo train`, as a TrainerCallback (`.bar` to close)."""
+    from tqdm import tqdm
+
+    from core.trainer import TrainerCallback
+
     class Progress(TrainerCallback):
         def __init__(self) -> None:
-            self.bar = tqdm(total=spec.train.steps, disable=quiet, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total, disable=quiet, unit="step", dynamic_ncols=True)
 
         def on_step(self, step: int, metrics: dict[str, float]) -> None:
             self.bar.n = step
@@ -99,13 +194,4 @@ def train(spec_path: str, out_dir: str | None, resume: bool, quiet: bool, dry_ru
             else:
                 self.bar.write(message)
 
-    progress = Progress()
-    try:
-        result = run_training(spec.train, out, callback=progress, resume=resume)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        progress.bar.close()
-    click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
-    if result.final_model is not None:
-        click.echo(f"final model: {result.final_model}")
+    return Progress()

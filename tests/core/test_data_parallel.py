@@ -4,7 +4,10 @@ parameters and metrics of one process's update on the whole batch."""
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +15,19 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import yaml
 
+from core.callbacks import TrainerCallback
+from core.checkpoint import list_checkpoints
 from core.config import TrainConfig
 from core.distributed import World
 from core.models import load_model
 from core.rollout import RolloutBatch, generate
+from core.run import _Run
 from core.trainer import build_optimizer
 from core.update import group_advantages, update_policy
+from tests.core.test_trainer import SpreadReward, read_metrics, small_config
+from tests.integration.stack import pdppo_command
 
 GROUPS, GROUP_SIZE = 4, 4
 
@@ -143,3 +152,106 @@ def test_a_rank_alone_is_not_the_whole_batch(tmp_path: Path) -> None:
         n for n, p in lm.trainable() if not torch.allclose(p.detach(), want_params[n], rtol=1e-5)
     ]
     assert differs
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`pdppo train` in a process of its own (it spawns the ranks)."""
+    return subprocess.run(
+        [*pdppo_command(), "train", *args, "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def spec_file(path: Path, steps: int) -> Path:
+    cfg = small_config(steps=steps, checkpoint_every=2)
+    path.write_text(yaml.safe_dump({"name": "dp", "train": cfg.model_dump(mode="json")}))
+    return path
+
+
+def test_pdppo_train_with_two_processes_writes_one_run_that_resumes_on_one_or_two(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "two"
+    done = run_cli(str(spec_file(tmp_path / "two.yaml", 2)), "--out", str(out), "--nproc", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(out)  # rank 0 alone writes: one line per step
+    assert [r["step"] for r in rows] == [1.0, 2.0]
+    assert all(math.isfinite(v) for r in rows for v in r.values())
+    assert [p.name for p in list_checkpoints(out)] == ["step-000002"]
+    assert (out / "final" / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoints", "eval.jsonl", "final", "metrics.jsonl", "samples.jsonl"
+    ]  # fmt: skip
+
+    longer = spec_file(tmp_path / "four.yaml", 4)
+    alone = tmp_path / "alone"
+    shutil.copytree(out, alone)
+    for target, nproc in ((out, "2"), (alone, "1")):
+        resumed = run_cli(str(longer), "--out", str(target), "--resume", "--nproc", nproc)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+        assert [r["step"] for r in read_metrics(target)] == [1.0, 2.0, 3.0, 4.0]
+        assert [p.name for p in list_checkpoints(target)] == ["step-000002", "step-000004"]
+    # the steps before the resume are the two-process run's, whichever resumed it
+    assert read_metrics(out)[:2] == read_metrics(alone)[:2] == rows
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_refused(tmp_path: Path) -> None:
+    failed = run_cli(str(spec_file(tmp_path / "s.yaml", 2)), "--out", str(tmp_path), "--nproc", "3")
+    assert failed.returncode != 0
+    assert "rollout.prompts_per_step=4 must split evenly over 3 processes" in failed.stderr
+
+
+def test_each_rank_draws_the_steps_prompts_and_keeps_its_share_of_whole_groups(
+    tmp_path: Path,
+) -> None:
+    """No collective is needed to sample: rank r's rollout is the r-th half of the groups one
+    process would draw, each prompt repeated group_size times."""
+    cfg = small_config(steps=1)
+    runs = [_Run(cfg, tmp_path / str(r), TrainerCallback(), world=World(r, 2)) for r in (0, 1)]
+    single = _Run(cfg, tmp_path / "single", TrainerCallback())
+    drawn = [e.prompt for e in single.rollout().examples]
+    shares = [[e.prompt for e in run.rollout().examples] for run in runs]
+    assert shares[0] + shares[1] == drawn and len(shares[0]) == len(drawn) // 2
+    group = cfg.rollout.group_size
+    assert all(len(set(share[i : i + group])) == 1 for share in shares for i in (0, group))
+
+
+def _step_rank(rank: int, size: int, init: str, cfg_json: str, out: str) -> None:
+    import core.run
+
+    real = core.run.make_task  # rewards that vary within groups (a fresh process: patch here)
+    core.run.make_task = lambda *a, **kw: SpreadReward(real(*a, **kw))  # type: ignore[assignment]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        run = _Run(
+            TrainConfig.model_validate_json(cfg_json),
+            Path(out) / f"r{rank}",
+            TrainerCallback(),
+            world=World(rank, size),
+        )
+        metrics = run.run_step()
+        assert run.last_rollout is not None
+        torch.save((metrics, run.last_rollout.rewards), os.path.join(out, f"step{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_steps_metrics_are_the_whole_batchs_on_every_rank(tmp_path: Path) -> None:
+    cfg = small_config(steps=1)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(_step_rank, args=(2, init, cfg.model_dump_json(), str(tmp_path)), nprocs=2)
+    (m0, rewards0), (m1, rewards1) = (torch.load(tmp_path / f"step{r}.pt") for r in (0, 1))
+    rewards = torch.tensor(rewards0 + rewards1)
+    assert len(rewards) == cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    assert rewards0 != rewards1 and rewards.std() > 0
+    timing = {"rollout_time", "update_time", "step_time", "tokens_per_s"}
+    assert {k: v for k, v in m0.items() if k not in timing} == {
+        k: v for k, v in m1.items() if k not in timing
+    }
+    assert m0["reward_mean"] == pytest.approx(float(rewards.mean()), rel=1e-9)
+    assert m0["reward_std"] == pytest.approx(float(rewards.std()), rel=1e-6)

@@ -162,6 +162,11 @@ def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
             bar.write(line)
     elif event.event == "log":
         bar.write(str(data.get("message", event.data)))
+    elif event.event == "config":
+        changes = data.get("changes")
+        pairs = changes.items() if isinstance(changes, Mapping) else ()
+        shown = ", ".join(f"{k}={v}" for k, v in pairs)
+        bar.write(f"config {data.get('version', '?')} after step {data.get('step', '?')}: {shown}")
     return status
 
 

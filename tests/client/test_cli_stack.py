@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from click.testing import CliRunner
 
 from pdppo.cli import main
+from pdppo.client import Client
 from tests.client.conftest import FinishedJob, parked_spec, write_spec
 from tests.client.proxy import DroppingProxy
 from tests.integration.stack import pdppo_command, smoke_spec
@@ -142,3 +144,21 @@ def test_set_pause_and_resume_a_queued_job(tmp_path: Path, cli_env: dict[str, st
         assert code != 0 and "not paused" in err
     finally:
         _run(["cancel", job_id], cli_env)
+
+
+def test_logs_show_a_change_made_while_the_job_runs(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    spec = write_spec(tmp_path / "long.yaml", smoke_spec(steps=300, checkpoint_every=0))
+    job_id = _run(["submit", str(spec)], cli_env)[1].strip()
+    with Client(cli_env["PDPPO_URL"], cli_env["PDPPO_API_KEY"]) as client:
+        deadline = time.monotonic() + 60
+        while client.get(job_id).progress.step < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    code, out, err = _run(["set", job_id, "optim.lr=1e-4"], cli_env)
+    assert code == 0, (out, err)
+    code, out, err = _run(["logs", job_id], cli_env)
+    assert code == 0, (out, err)
+    lines = [line for line in (out + err).splitlines() if line.startswith("config 1 after step")]
+    assert len(lines) == 1 and lines[0].endswith(": optim.lr=0.0001"), out + err

@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,85 @@ def test_a_steps_metrics_are_the_whole_batchs_on_every_rank(tmp_path: Path) -> N
     }
     assert m0["reward_mean"] == pytest.approx(float(rewards.mean()), rel=1e-9)
     assert m0["reward_std"] == pytest.approx(float(rewards.std()), rel=1e-6)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_rank_killed_with_9_fails_the_run_and_leaves_no_process(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*pdppo_command(), "train", str(spec_file(tmp_path / "s.yaml", 5000)), "--out",
+         str(out), "--nproc", "2", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while not metrics.exists() or len(read_metrics(out)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        ranks = [
+            p for p in _children(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()
+        ]
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        _, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code != 0 and "Error" in err and "SIGKILL" in err, err[-2000:]
+    assert not any(_alive(p) for p in ranks)  # the other rank was stopped too
+
+
+def test_ranks_die_with_a_pdppo_train_killed_with_9(tmp_path: Path) -> None:
+    """torch's spawn arms a parent-death signal (SIGINT) in every rank: no rank outlives the
+    `pdppo train` that started it, whatever killed it."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*pdppo_command(), "train", str(spec_file(tmp_path / "s.yaml", 5000)), "--out",
+         str(out), "--nproc", "2", "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while not metrics.exists() or len(read_metrics(out)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        ranks = [p for p in _children(proc.pid) if "spawn" in _cmdline(p)]
+        assert len(ranks) == 2, ranks
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in ranks)

@@ -1,0 +1,100 @@
+"""Step time and throughput of one job on 1 and N data-parallel processes (`pdppo train --nproc`).
+
+The same spec runs with --nproc 1 and --nproc N, one after the other on this machine; printed
+per run: median step time, median rollout and update time, and tokens/s (response tokens of the
+whole batch over the step's wall time), over the steps after a warm-up, and the speedup of N
+processes against one. On CPU each process gets cores / N threads, so the comparison is one
+process with all cores against N processes with a share each (torch's intra-op threads against
+data parallelism), not free extra hardware.
+
+    python bench/scaling.py [--nproc 2] [--steps 12] [--warmup 2] [--prompts 16] [--group 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def spec(args: argparse.Namespace) -> dict[str, object]:
+    """A model large enough that a step is mostly compute: builtin:tiny at d_model 256."""
+    return {
+        "name": "scaling",
+        "train": {
+            "model": {
+                "name": "builtin:tiny",
+                "tiny": {"d_model": 256, "n_layers": 4, "n_heads": 4, "max_seq_len": 64},
+            },
+            "task": {"name": "reverse", "min_len": 3, "max_len": 6},
+            "rollout": {
+                "prompts_per_step": args.prompts,
+                "group_size": args.group,
+                "max_new_tokens": 16,
+            },
+            "algorithm": {"top_k": 16},
+            "steps": args.steps,
+            "checkpoint_every": 0,
+            "seed": 0,
+            "device": "cpu",
+        },
+    }
+
+
+def run(spec_path: Path, out: Path, nproc: int, threads: int) -> tuple[float, list[dict]]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", "from pdppo.cli import main; main()", "train", str(spec_path),
+         "--out", str(out), "--nproc", str(nproc), "--quiet"],
+        check=True, env=env, cwd=REPO, capture_output=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return wall, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="pdppo-scaling-"))
+    spec_path = root / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec(args)))
+    print(
+        f"builtin:tiny d_model 256 x 4 layers, {args.prompts} prompts x {args.group} per step, "
+        f"up to 16 new tokens, {args.steps} steps ({args.warmup} warm-up), {args.cores} cores"
+    )
+    base = None
+    for nproc in (1, args.nproc):
+        wall, rows = run(spec_path, root / f"n{nproc}", nproc, max(args.cores // nproc, 1))
+        timed = rows[args.warmup :]
+        step = statistics.median(r["step_time"] for r in timed)
+        rollout = statistics.median(r["rollout_time"] for r in timed)
+        update = statistics.median(r["update_time"] for r in timed)
+        tokens = statistics.median(r["response_len"] * args.prompts * args.group for r in timed)
+        speed = tokens / step
+        base = base or speed
+        print(
+            f"--nproc {nproc}: step {step:.3f} s (rollout {rollout:.3f}, update {update:.3f}), "
+            f"{speed:.0f} tokens/s, x{speed / base:.2f} of one process; whole run {wall:.1f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -366,12 +366,16 @@ class _Run:
         self.dirty = False
         self.last_rollout = StepRollout(ro.examples, batch.completions, rewards.tolist())
         zero_adv = zero_adv_groups(rewards, group_size)
-        warning = self.silence.observe(rewards, zero_adv)
+        batch_stats = _batch_stats(self.world, ro, zero_adv, group_size)
+        seen = rewards
+        if self.world.parallel:  # the watch reads the extremes: the whole batch's, every rank's
+            low, high = -self.world.max(-float(rewards.min())), self.world.max(float(rewards.max()))
+            seen = torch.tensor([low, high])
+        warning = self.silence.observe(seen, batch_stats["zero_adv_groups"])
         if warning is not None:
             self.cb.on_warning(warning)
         if self.device.type == "cuda":
             metrics["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        batch_stats = _batch_stats(self.world, ro, zero_adv, group_size)
         return {
             "step": float(self.step),
             **batch_stats,

@@ -252,6 +252,7 @@ function jobsPage(main) {
     el("section", {}, el("h2", {}, "Submit a job (YAML or JSON spec)"), submit));
 
   let timer = null;
+  let left = false; // the page was left: a refresh still in flight schedules no other
   async function refresh() {
     clearTimeout(timer);
     const status = filter.value ? `&status=${filter.value}` : "";
@@ -259,10 +260,10 @@ function jobsPage(main) {
       const page = await (await api("GET", `/v1/jobs?limit=100${status}`)).json();
       body.replaceChildren(...page.items.map(jobRow));
     } catch (_) { /* shown on the next refresh */ }
-    timer = setTimeout(refresh, 2000);
+    if (!left) timer = setTimeout(refresh, 2000);
   }
   refresh();
-  return () => clearTimeout(timer);
+  return () => { left = true; clearTimeout(timer); };
 }
 
 function jobRow(job) {

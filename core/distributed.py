@@ -39,13 +39,6 @@ class World:
     rank: int = 0
     size: int = 1
 
-    @classmethod
-    def current(cls) -> World:
-        """The default process group's world, or the single process when there is none."""
-        if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size())
-        return cls()
-
     @property
     def parallel(self) -> bool:
         return self.size > 1
@@ -61,7 +54,7 @@ class World:
         """Each value summed over the ranks, in one collective (float64)."""
         if not self.parallel:
             return list(values)
-        t = torch.tensor(list(values), dtype=torch.float64)
+        t = torch.tensor(list(values), dtype=torch.float64, device=_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
@@ -71,7 +64,7 @@ class World:
     def max(self, value: float) -> float:
         if not self.parallel:
             return value
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
@@ -108,6 +101,13 @@ class World:
             n = p.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
             offset += n
+
+
+def _device() -> torch.device:
+    """Where a collective's tensors must live: NCCL reduces CUDA tensors only."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def check_world(cfg: TrainConfig, world: World) -> None:

@@ -164,6 +164,9 @@ def _rank_main(
         result = _train(config_json, out, resume, quiet, World(rank, nproc))
         if rank == 0:
             queue.put(result)
+        # every rank done before any leaves: a group torn down under a rank still in it made
+        # gloo abort that rank ("terminate called without an active exception", SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -94,6 +94,7 @@ def _rank(rank: int, size: int, init: str, cfg_json: str, out: str) -> None:
     try:
         result = step(TrainConfig.model_validate_json(cfg_json), World(rank, size))
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears the group down under another (gloo aborts: SIGABRT)
     finally:
         dist.destroy_process_group()
 
@@ -239,6 +240,7 @@ def _step_rank(rank: int, size: int, init: str, cfg_json: str, out: str) -> None
         metrics = run.run_step()
         assert run.last_rollout is not None
         torch.save((metrics, run.last_rollout.rewards), os.path.join(out, f"step{rank}.pt"))
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

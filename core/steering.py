@@ -33,11 +33,12 @@ STEERABLE = (
 
 
 class SteeringError(ValueError):
-    """A change that may not be made; `field` is the dotted path it names."""
+    """A change that may not be made; `field` is the dotted path it names, `reason` why."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
         self.field = field
+        self.reason = reason
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -64,7 +64,6 @@ from pdppo.store import (
     StoreUnavailable,
     store_client,
 )
-from pdppo.store.steering import Steering
 from workers.config_watch import ConfigWatch
 
 # EventPublisher and backfill are re-exported: callers that predate the split import them here.
@@ -228,7 +227,7 @@ def _train(
             missing = backfill(publisher, Path(options.out_dir), job)
             if missing:
                 log.info("publishing %d steps the last run trained but never published", missing)
-        config = ConfigWatch(Steering(publisher.store.redis), job.id)
+        config = ConfigWatch(publisher.steering, job.id)
         config.start()
         try:
             result = train(

@@ -112,7 +112,7 @@ async def _checked(
     try:
         check_change(patch, start.train)
     except SteeringError as exc:
-        _refuse(["train", *exc.field.split(".")], str(exc).split(": ", 1)[1])
+        _refuse(["train", *exc.field.split(".")], exc.reason)
     overrides = merge_patch(job.overrides, {"train": patch})
     try:
         spec = JobSpec.model_validate_json(json.dumps(merge_patch(job.spec, overrides)))

@@ -69,15 +69,19 @@ def rollout(cfg: TrainConfig) -> tuple[Any, RolloutBatch, torch.Tensor]:
     return lm, batch, group_advantages(rewards, GROUP_SIZE, normalize_std=False)
 
 
-def step(cfg: TrainConfig, world: World) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def step(
+    cfg: TrainConfig, world: World, rows: slice | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """One update on the world's share of the batch (whole groups: 2 of the 4 for a rank of
+    two), or on the `rows` given."""
     lm, batch, adv = rollout(cfg)
-    rows = torch.arange(len(adv))[world.share(len(adv))]  # whole groups: 2 of the 4
+    picked = torch.arange(len(adv))[rows or world.share(len(adv))]
     optimizer = build_optimizer([p for _, p in lm.trainable()], cfg.optim, lm.device)
     metrics = update_policy(
         lm,
         optimizer,
-        batch.select(rows),
-        adv[rows],
+        batch.select(picked),
+        adv[picked],
         cfg,
         shuffle_gen=torch.Generator().manual_seed(1),
         reference=None,
@@ -137,23 +141,8 @@ def test_a_rank_alone_is_not_the_whole_batch(tmp_path: Path) -> None:
     takes a different step from the whole batch's."""
     cfg = config()
     want_params, _ = step(cfg, World())
-    lm, batch, adv = rollout(cfg)
-    half = torch.arange(len(adv))[: len(adv) // 2]
-    optimizer = build_optimizer([p for _, p in lm.trainable()], cfg.optim, lm.device)
-    update_policy(
-        lm,
-        optimizer,
-        batch.select(half),
-        adv[half],
-        cfg,
-        shuffle_gen=torch.Generator().manual_seed(1),
-        reference=None,
-        should_stop=lambda: False,
-        before_step=lambda: None,
-    )
-    differs = [
-        n for n, p in lm.trainable() if not torch.allclose(p.detach(), want_params[n], rtol=1e-5)
-    ]
+    alone, _ = step(cfg, World(), rows=slice(0, GROUPS * GROUP_SIZE // 2))  # rank 0's half
+    differs = [n for n, p in alone.items() if not torch.allclose(p, want_params[n], rtol=1e-5)]
     assert differs
 
 

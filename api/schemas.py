@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pdppo.queues import QUEUE_PATTERN
+
 JobStatus = Literal["queued", "running", "paused", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 EventType = Literal["status", "metrics", "eval", "samples", "checkpoint", "log", "config", "done"]
@@ -47,7 +49,13 @@ class Job(BaseModel):
     id: str
     name: str | None = None
     status: JobStatus
-    queue: Literal["cpu", "gpu"]
+    queue: str = Field(
+        pattern=QUEUE_PATTERN,
+        description=(
+            "the worker queue it waits on: `cpu` or `gpu`, and `<device>.x<N>` for a job of N "
+            "devices (resources.gpus), which only a worker that declared N or more takes"
+        ),
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = Field(None, description="first time a worker started it")
@@ -259,7 +267,15 @@ class BudgetLimits(BaseModel):
 class SpecProblem(BaseModel):
     field: str = Field(description="the spec field most responsible, e.g. train.rollout.group_size")
     kind: Literal[
-        "path", "file", "timeout", "engine", "memory", "params", "tokens_per_step", "total_tokens"
+        "path",
+        "file",
+        "timeout",
+        "devices",
+        "engine",
+        "memory",
+        "params",
+        "tokens_per_step",
+        "total_tokens",
     ]
     message: str = Field(description="what POST /v1/jobs would put in its 422 detail")
     estimate: int | None = None

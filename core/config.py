@@ -500,3 +500,18 @@ class TrainConfig(Strict):
                 "algorithm.estimator='exact' needs the full behavior distribution, which vLLM "
                 "does not return: use 'topk', 'topk_tail' or 'binary' with rollout.engine='vllm'"
             )
+
+    def data_parallel_problem(self, processes: int) -> str | None:
+        """Why this config cannot train as `processes` data-parallel processes (None: it can).
+        Checked by the job spec at submit (`resources.gpus`) and by every run
+        (`core.distributed.check_world`)."""
+        if processes == 1:
+            return None
+        if self.rollout.prompts_per_step % processes:
+            return (
+                f"rollout.prompts_per_step={self.rollout.prompts_per_step} must split evenly over "
+                f"{processes} processes (each takes whole groups)"
+            )
+        if self.rollout.engine == "vllm":
+            return "rollout.engine='vllm' runs in one process for now; use engine 'hf'"
+        return None

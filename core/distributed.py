@@ -112,12 +112,6 @@ def _device() -> torch.device:
 
 def check_world(cfg: TrainConfig, world: World) -> None:
     """Raises ValueError for a config that cannot run data-parallel on `world`."""
-    if not world.parallel:
-        return
-    if cfg.rollout.prompts_per_step % world.size:
-        raise ValueError(
-            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must split evenly over "
-            f"{world.size} processes (each takes whole groups)"
-        )
-    if cfg.rollout.engine == "vllm":
-        raise ValueError("rollout.engine='vllm' runs in one process for now; use engine 'hf'")
+    problem = cfg.data_parallel_problem(world.size)
+    if problem is not None:
+        raise ValueError(problem)

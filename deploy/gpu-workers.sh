@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Entry point of the worker-gpu container: one `pdppo worker` per GPU, each seeing only its own
-# device (CUDA_VISIBLE_DEVICES), because a worker runs one job at a time and a job owns its GPU.
-# Docker does not schedule GPUs between replicas (`count: 1` on two replicas gives both GPU 0),
-# so the container takes all of them and splits them here.
+# Entry point of the worker-gpu container: `pdppo worker`s that split the GPUs between them, each
+# seeing only its own devices (CUDA_VISIBLE_DEVICES), because a worker runs one job at a time and
+# a job owns every device of its worker. Docker does not schedule GPUs between replicas (`count: 1`
+# on two replicas gives both GPU 0), so the container takes all of them and splits them here.
 #
-#   WORKER_GPUS=0,2   use only these devices (default: every GPU torch can see)
+#   WORKER_GPUS=0,2      use only these devices (default: every GPU torch can see)
+#   GPUS_PER_WORKER=1    one worker per GPU, one-GPU jobs (the default);
+#   GPUS_PER_WORKER=4    one worker per 4 GPUs, which takes jobs of up to 4 (resources.gpus);
+#                        set PDPPO_MAX_JOB_DEVICES to the same on the API
 #
 # SIGTERM/SIGINT (docker stop) reach every worker, which finishes its step and checkpoints. If one
 # worker dies, the others are stopped too and the container exits non-zero, so that compose's
@@ -22,6 +25,12 @@ else
     mapfile -t gpus < <(seq 0 $((count - 1)))
 fi
 
+per="${GPUS_PER_WORKER:-1}"
+if ! [[ "${per}" =~ ^[1-9][0-9]*$ ]] || (( ${#gpus[@]} % per )); then
+    echo "gpu-workers: ${#gpus[@]} GPUs (${gpus[*]}) do not split into workers of GPUS_PER_WORKER=${per}" >&2
+    exit 1
+fi
+
 pids=()
 stop() {
     trap - TERM INT
@@ -31,10 +40,11 @@ stop() {
 }
 trap 'stop 0' TERM INT
 
-for gpu in "${gpus[@]}"; do
-    CUDA_VISIBLE_DEVICES="${gpu}" pdppo worker --queues gpu --name "pdppo-gpu${gpu}@$(hostname)" &
+for ((first = 0; first < ${#gpus[@]}; first += per)); do
+    group=$(IFS=,; echo "${gpus[*]:first:per}")
+    CUDA_VISIBLE_DEVICES="${group}" pdppo worker --queues gpu --devices "${per}" --name "pdppo-gpu${group//,/-}@$(hostname)" &
     pids+=("$!")
-    echo "gpu-workers: worker on GPU ${gpu} (pid $!)"
+    echo "gpu-workers: worker on GPUs ${group} (pid $!)"
 done
 
 # `wait -n` returns when any worker exits, or at once when a trapped signal arrives.

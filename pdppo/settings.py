@@ -98,6 +98,24 @@ class Settings(BaseSettings):
     idempotency_ttl_seconds: int = Field(
         default=86_400, ge=60, description="Idempotency-Key lifetime"
     )
+    max_job_devices: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "most devices (resources.gpus) a job may ask for; set it to the most any worker "
+            "declares (PDPPO_WORKER_DEVICES), so that no job waits for a worker that never comes"
+        ),
+    )
+    worker_devices: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "devices this worker owns (`pdppo worker --devices`/`--gpus`): it takes jobs of up to "
+            "that many (resources.gpus), one at a time; on the cpu queue a device is a process"
+        ),
+    )
     worker_torch_threads: int | None = Field(
         default=None,
         ge=1,

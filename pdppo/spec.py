@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from core.config import TrainConfig
 from core.config_types import FINITE, NO_CONTROL_CHARS
+from pdppo.queues import MAX_DEVICES, job_queue
 
 __all__ = ["JobSpec", "Resources", "SpecError", "load_spec"]
 
@@ -28,6 +29,18 @@ class Resources(BaseModel):
 
     device: Literal["cpu", "gpu"] = Field(
         default="cpu", description="Worker queue the job runs on."
+    )
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_DEVICES,
+        description=(
+            "Devices the job trains on, as that many data-parallel processes on one worker "
+            "(torch.distributed: nccl on GPUs, gloo on CPU, where a device is a process); "
+            "rollout.prompts_per_step must split evenly over them. A worker runs it only if it "
+            "declared as many (`pdppo worker --devices`); at most the server's "
+            "PDPPO_MAX_JOB_DEVICES."
+        ),
     )
     timeout_minutes: Annotated[float, Field(gt=0, le=10_000_000), FINITE] | None = Field(
         default=None,
@@ -58,6 +71,18 @@ class JobSpec(BaseModel):
                 "use resources.device='gpu' or train.device='auto'"
             )
         return self
+
+    @model_validator(mode="after")
+    def _splits_over_devices(self) -> JobSpec:
+        problem = self.train.data_parallel_problem(self.resources.gpus)
+        if problem is not None:
+            raise ValueError(f"resources.gpus={self.resources.gpus}: {problem}")
+        return self
+
+    @property
+    def queue(self) -> str:
+        """The worker queue the job waits on (`pdppo.queues`)."""
+        return job_queue(self.resources.device, self.resources.gpus)
 
 
 class SpecError(ValueError):

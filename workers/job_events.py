@@ -17,10 +17,9 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.checkpoint import checkpoint_step, latest_checkpoint
 from core.evaluation import Sample
@@ -195,6 +194,12 @@ class EventPublisher:
         log.error("stopped publishing; %d events not published", dropped)
 
 
+class Sender(Protocol):
+    """The job process's pipe to its worker (a `Connection`, or `job_process.WorkerPipe`)."""
+
+    def send(self, obj: Any) -> None: ...
+
+
 class JobCallback(TrainerCallback):
     """Hands the trainer's progress to the publisher; stops when the worker sets the event, or
     when the publisher gave up on Redis; raises `LeaseLost` (no checkpoint) once the claim lost
@@ -209,7 +214,7 @@ class JobCallback(TrainerCallback):
         self,
         publisher: EventPublisher,
         stop: Event,
-        conn: Connection,
+        conn: Sender,
         fence: LeaseFence | None = None,
         config: ConfigWatch | None = None,
     ) -> None:

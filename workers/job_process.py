@@ -36,6 +36,7 @@ and the result says `lease_lost`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -70,6 +71,7 @@ from workers.config_watch import ConfigWatch
 from workers.job_events import EventPublisher as EventPublisher
 from workers.job_events import JobCallback
 from workers.job_events import backfill as backfill
+from workers.job_ranks import Failure, RankJob, data_parallel, free_port
 from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -136,12 +138,26 @@ def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
         level=options.log_level.upper(),
         format=f"%(asctime)s %(levelname)s job {options.job_id} [pid %(process)d] %(message)s",
     )
-    result = _run(options, conn, stop)
-    conn.send({"kind": "result", **result})
+    pipe = WorkerPipe(conn)
+    result = _run(options, pipe, stop)
+    pipe.send({"kind": "result", **result})
     conn.close()
 
 
-def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
+class WorkerPipe:
+    """The pipe to the worker, shared by the main thread and, in a multi-device job, the thread
+    that watches the other ranks (`workers.job_ranks`): one message at a time."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+
+def _run(options: JobOptions, conn: WorkerPipe, stop: Event) -> dict[str, Any]:
     store = JobStore(store_client(options.redis_url, options.store))
     retry = StoreRetry.from_config(options.store)
     try:
@@ -181,7 +197,7 @@ def _run(options: JobOptions, conn: Connection, stop: Event) -> dict[str, Any]:
 
 def _train(
     options: JobOptions,
-    conn: Connection,
+    conn: WorkerPipe,
     stop: Event,
     spec: JobSpec,
     job: JobRecord,
@@ -216,12 +232,15 @@ def _train(
         problems = _over_budget(spec, job, options, model_dir)
         if problems:
             return {"outcome": "failed", "code": "over_budget", "message": problems}
-        if options.torch_threads:
+        size = spec.resources.gpus
+        cuda = resolve_device(spec.train.device).type == "cuda"
+        threads = _threads(options.torch_threads, size, cuda)
+        if threads:
             import torch
 
-            torch.set_num_threads(options.torch_threads)
-        if resolve_device(spec.train.device).type == "cpu" and options.memory_limit_bytes:
-            _limit_memory(options.memory_limit_bytes)
+            torch.set_num_threads(threads)
+        if not cuda and options.memory_limit_bytes:
+            _limit_memory(options.memory_limit_bytes // size)  # each rank's share of the job's
         if options.resume:
             publisher.log("resuming from its latest checkpoint")
             missing = backfill(publisher, Path(options.out_dir), job)
@@ -229,16 +248,39 @@ def _train(
                 log.info("publishing %d steps the last run trained but never published", missing)
         config = ConfigWatch(publisher.steering, job.id)
         config.start()
+        run = functools.partial(
+            train,
+            spec.train,
+            Path(options.out_dir),
+            callback=JobCallback(publisher, stop, conn, fence, config),
+            resume=options.resume,
+            data_roots=list(options.data_roots),
+            file_paths=file_paths,
+            model_dir=model_dir,
+        )
         try:
-            result = train(
-                spec.train,
-                Path(options.out_dir),
-                callback=JobCallback(publisher, stop, conn, fence, config),
-                resume=options.resume,
-                data_roots=list(options.data_roots),
-                file_paths=file_paths,
-                model_dir=model_dir,
-            )
+            if size == 1:
+                result = run()
+            else:
+                ranks = RankJob(
+                    job_id=job.id,
+                    config_json=spec.train.model_dump_json(),
+                    out_dir=options.out_dir,
+                    resume=options.resume,
+                    data_roots=options.data_roots,
+                    file_paths={k: str(v) for k, v in file_paths.items()},
+                    model_dir=str(model_dir) if model_dir else None,
+                    size=size,
+                    port=free_port(),
+                    cuda=cuda,
+                    torch_threads=threads,
+                    log_level=options.log_level,
+                )
+                _check_devices(size, cuda)
+                publisher.log(f"training on {size} devices ({'nccl' if cuda else 'gloo'})")
+                fail = functools.partial(_rank_failed, conn, publisher, fence)
+                with data_parallel(ranks, fail) as world:
+                    result = run(world=world)
         finally:
             config.stop()
     except LeaseLost:
@@ -251,6 +293,44 @@ def _train(
         return {"outcome": "stopped", "step": result.step}
     final = str(result.final_model) if result.final_model else None
     return {"outcome": "succeeded", "step": result.step, "final_model": final}
+
+
+def _threads(asked: int | None, size: int, cuda: bool) -> int | None:
+    """torch threads of each rank: the operator's setting, else on the CPU this machine's cores
+    shared between the job's processes (torch's default, all of them each, oversubscribes)."""
+    if asked or size == 1 or cuda:
+        return asked
+    return max(1, (os.cpu_count() or 1) // size)
+
+
+def _check_devices(size: int, cuda: bool) -> None:
+    """A GPU worker that sees fewer GPUs than the job's ranks is misconfigured: say so now,
+    not as a CUDA error in a rank."""
+    if not cuda:
+        return
+    import torch
+
+    seen = torch.cuda.device_count()
+    if seen < size:
+        raise RuntimeError(
+            f"the job needs {size} GPUs (resources.gpus) and this worker sees {seen}; start "
+            f"it with `pdppo worker --gpus` naming {size} or more"
+        )
+
+
+def _rank_failed(
+    conn: WorkerPipe, publisher: EventPublisher, fence: LeaseFence, failure: Failure
+) -> None:
+    """Another rank of this job raised or died: its error is the job's. Called from the ranks'
+    watch while the main thread may wait in a collective forever, so this process ends here,
+    after its queued events are published (the worker's finish must come after them)."""
+    code, message, text = failure
+    publisher.close()
+    fence.stop()
+    result = {"outcome": "failed", "code": code, "message": message, "traceback": text}
+    with contextlib.suppress(OSError):
+        conn.send({"kind": "result", **result})
+    os._exit(1)
 
 
 def _input_files(

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import redis
 
 from core.checkpoint import latest_checkpoint
+from pdppo.queues import queue_device
 from pdppo.settings import Settings, get_settings
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord, JobStore, StoreConfig, StoreRetry, StoreUnavailable, store_client
@@ -220,7 +221,7 @@ def _supervise(
         torch_threads=settings.worker_torch_threads,
         log_level=settings.log_level,
         data_roots=tuple(str(root) for root in settings.allowed_data_roots),
-        limits=settings.budget_limits("gpu" if job.queue == "gpu" else "cpu"),
+        limits=settings.budget_limits(queue_device(job.queue)),
         store=StoreConfig.from_settings(settings),
         artifact_dir=str(settings.artifact_dir),
         lease_token=lease.token,  # the claim's fencing token: every write of the job passes it

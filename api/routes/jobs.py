@@ -84,6 +84,18 @@ def _admission(
                 ),
             )
         )
+    gpus = spec.resources.gpus
+    if gpus > settings.max_job_devices:
+        problems.append(
+            SpecProblem(
+                field="resources.gpus",
+                kind="devices",
+                message=(
+                    f"resources.gpus: {gpus} is more devices than this server's workers give a "
+                    f"job (PDPPO_MAX_JOB_DEVICES={settings.max_job_devices})"
+                ),
+            )
+        )
     engine = spec.train.rollout.engine
     if engine not in settings.rollout_engines:
         problems.append(
@@ -214,7 +226,7 @@ async def create_job(
     if problems:
         raise HTTPException(422, detail="; ".join(p.message for p in problems))
     spec_json = spec.model_dump_json()
-    queue = spec.resources.device
+    queue = spec.queue
     result = await store.create(
         tenant=tenant,
         queue=queue,

@@ -15,27 +15,60 @@ import click
     show_default=True,
     help="Comma-separated queues to take jobs from: gpu, cpu or gpu,cpu.",
 )
+@click.option(
+    "--gpus",
+    default=None,
+    metavar="0,1,...",
+    help=(
+        "The GPUs this worker owns (CUDA_VISIBLE_DEVICES is set to them); it takes jobs of up "
+        "to that many devices. Default: whatever CUDA_VISIBLE_DEVICES already shows."
+    ),
+)
+@click.option(
+    "--devices",
+    type=click.IntRange(1, 64),
+    default=None,
+    help=(
+        "Devices this worker owns, when --gpus does not say (a CPU worker's data-parallel "
+        "processes). Default: PDPPO_WORKER_DEVICES, else 1."
+    ),
+)
 @click.option("--loglevel", default=None, help="Celery log level (default: PDPPO_LOG_LEVEL).")
 @click.option("--name", default=None, help="Worker node name (default: pdppo-<host>-<pid>).")
-def worker(queues: str, loglevel: str | None, name: str | None) -> None:
+def worker(
+    queues: str, gpus: str | None, devices: int | None, loglevel: str | None, name: str | None
+) -> None:
     """Run jobs from the queues. One job at a time, in this process (`-P solo`): CUDA is never
-    forked, and a GPU worker owns its GPU (start one per GPU, with CUDA_VISIBLE_DEVICES)."""
+    forked. A job owns every device of its worker: start one worker per GPU for one-GPU jobs, or
+    one worker with --gpus 0,1,2,3 for jobs of up to 4 (resources.gpus)."""
+    from pdppo.queues import DEVICES, worker_queues
+
+    chosen = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = sorted(set(chosen) - set(DEVICES))
+    if not chosen or unknown:
+        raise click.BadParameter(f"unknown queues {unknown}; choose from {list(DEVICES)}")
+    if gpus is not None:
+        ids = [g.strip() for g in gpus.split(",") if g.strip()]
+        if not ids or (devices is not None and devices != len(ids)):
+            raise click.BadParameter(f"--gpus {gpus!r} names {len(ids)} GPUs, --devices {devices}")
+        # before anything imports torch: the job processes see exactly these, as cuda:0..N-1
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+        devices = len(ids)
+    if devices is not None:
+        os.environ["PDPPO_WORKER_DEVICES"] = str(devices)
     from pdppo.settings import get_settings
-    from workers.celery_app import QUEUES
 
     settings = get_settings()
-    chosen = [q.strip() for q in queues.split(",") if q.strip()]
-    unknown = sorted(set(chosen) - set(QUEUES))
-    if not chosen or unknown:
-        raise click.BadParameter(f"unknown queues {unknown}; choose from {list(QUEUES)}")
+    taken = worker_queues(chosen, settings.worker_devices)  # type: ignore[arg-type]
     from workers.celery_app import celery_app
 
     node = name or f"pdppo-{'-'.join(chosen)}@{socket.gethostname()}-{os.getpid()}"
+    click.echo(f"pdppo worker: {settings.worker_devices} device(s), queues {','.join(taken)}")
     celery_app.worker_main(
         [
             "worker",
             "--queues",
-            ",".join(chosen),
+            ",".join(taken),
             "--pool",
             "solo",
             "--hostname",

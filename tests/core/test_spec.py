@@ -69,8 +69,8 @@ def test_bad_specs_name_field_and_value(
 def test_unknown_keys_are_refused() -> None:
     with pytest.raises(ValidationError, match="learning_rate"):
         TrainConfig.model_validate({"optim": {"learning_rate": 1e-3}})
-    with pytest.raises(ValidationError, match="gpus"):
-        JobSpec.model_validate({"train": {}, "resources": {"gpus": 1}})
+    with pytest.raises(ValidationError, match="gpu_count"):
+        JobSpec.model_validate({"train": {}, "resources": {"gpu_count": 1}})
 
 
 def test_unreadable_spec_is_a_spec_error(tmp_path: Path) -> None:

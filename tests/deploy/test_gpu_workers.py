@@ -22,7 +22,9 @@ while true; do sleep 0.1; done
 """
 
 
-def _start(tmp_path: Path, gpus: str, crash: str = "") -> subprocess.Popen[str]:
+def _start(
+    tmp_path: Path, gpus: str, crash: str = "", per_worker: str = "1"
+) -> subprocess.Popen[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "pdppo"
@@ -34,6 +36,7 @@ def _start(tmp_path: Path, gpus: str, crash: str = "") -> subprocess.Popen[str]:
         "WORKER_GPUS": gpus,
         "RECORD_DIR": str(tmp_path),
         "CRASH_GPU": crash,
+        "GPUS_PER_WORKER": per_worker,
     }
     return subprocess.Popen(["bash", str(SCRIPT)], env=env, text=True, stdout=subprocess.PIPE)
 
@@ -55,8 +58,8 @@ def test_one_pinned_worker_per_gpu_and_sigterm_reaches_all(tmp_path: Path) -> No
         proc.kill()
     for gpu in ("0", "2"):
         args = (tmp_path / f"{gpu}.args").read_text().split()
-        assert args[:4] == [gpu, "worker", "--queues", "gpu"]
-        assert args[4] == "--name" and args[5].startswith(f"pdppo-gpu{gpu}@")
+        assert args[:6] == [gpu, "worker", "--queues", "gpu", "--devices", "1"]
+        assert args[6] == "--name" and args[7].startswith(f"pdppo-gpu{gpu}@")
         assert (tmp_path / f"{gpu}.stopped").exists()
     assert not (tmp_path / "1.args").exists()
 
@@ -68,3 +71,27 @@ def test_a_dead_worker_stops_the_others_and_the_container(tmp_path: Path) -> Non
     finally:
         proc.kill()
     assert (tmp_path / "0.stopped").exists()
+
+
+def test_workers_of_several_gpus_each_own_their_group(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "0,1,2,3", per_worker="2")
+    try:
+        _wait_for([tmp_path / "0,1.args", tmp_path / "2,3.args"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+    for group in ("0,1", "2,3"):
+        args = (tmp_path / f"{group}.args").read_text().split()
+        assert args[:6] == [group, "worker", "--queues", "gpu", "--devices", "2"]
+        assert args[7].startswith(f"pdppo-gpu{group.replace(',', '-')}@")
+    assert sorted(p.name for p in tmp_path.glob("*.args")) == ["0,1.args", "2,3.args"]
+
+
+def test_gpus_that_do_not_split_into_workers_are_refused(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "0,1,2", per_worker="2")
+    try:
+        assert proc.wait(10) == 1
+    finally:
+        proc.kill()
+    assert not list(tmp_path.glob("*.args"))

@@ -48,6 +48,23 @@ def pdppo_command() -> list[str]:
     return [sys.executable, "-c", "from pdppo.cli import main; main()"]
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def still_running(pids: list[int], timeout: float) -> list[int]:
+    """The pids still running after up to `timeout` seconds (empty as soon as all ended)."""
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     if proc.poll() is not None:
         return
@@ -162,10 +179,13 @@ class Service:
                 raise RuntimeError(f"API did not start: {self.tail('api.log')}")
             time.sleep(0.1)
 
-    def start_worker(self, queues: str = "cpu", timeout: float = 90) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, queues: str = "cpu", timeout: float = 90, args: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         index = len(self.workers)
         log_name = f"worker-{index}.log"
-        proc = self._spawn(["worker", "--queues", queues, "--loglevel", "INFO"], log_name)
+        command = ["worker", "--queues", queues, "--loglevel", "INFO", *args]
+        proc = self._spawn(command, log_name)
         self.workers.append(proc)
         deadline = time.monotonic() + timeout
         while " ready." not in self.tail(log_name, 20_000):

@@ -1,0 +1,275 @@
+"""Jobs of several devices through the service (`resources.gpus: 2`), on a CPU worker that
+declares 2 devices (PDPPO_WORKER_DEVICES): two gloo processes per job (`workers.job_ranks`).
+
+What a user relies on: the job runs end to end and its streamed metrics are the whole batch's
+(they equal a local `pdppo train --nproc 2` of the same spec, itself checked against one process
+on the whole batch in tests/core/test_data_parallel.py); a cancel stops every rank within seconds;
+a rank that dies fails the job with its reason; a worker killed with -9 leaves no rank running
+and the next worker resumes the job with every step once; a job of more devices than any worker
+has is refused at submit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
+from tests.integration.stack import (
+    Service,
+    pdppo_command,
+    running,
+    smoke_spec,
+    still_running,
+)
+
+TWO_DEVICES = {"PDPPO_WORKER_DEVICES": "2", "PDPPO_MAX_JOB_DEVICES": "2"}
+FINISHED = {"succeeded", "failed", "cancelled"}
+# wall-clock figures differ between two runs of the same steps; everything else must not
+TIMING = {"rollout_time", "update_time", "step_time", "tokens_per_s", "time"}
+
+
+def two_device_spec(**train: Any) -> dict[str, Any]:
+    spec = smoke_spec(**train)
+    spec["resources"]["gpus"] = 2
+    return spec
+
+
+def start(make_service: Callable[..., Service], workers: int = 1) -> Service:
+    svc = make_service(**TWO_DEVICES)
+    svc.start_api()
+    for _ in range(workers):
+        svc.start_worker("cpu")
+    return svc
+
+
+def rank_pids(svc: Service, job_id: str, worker: int = 0) -> list[int]:
+    """Ranks 1.. of the job's runs, as its job process logged them."""
+    pattern = rf"job {job_id}: rank \d+ of \d+ in process (\d+)"
+    return [int(pid) for pid in re.findall(pattern, svc.worker_log(worker))]
+
+
+def job_pids(svc: Service, job_id: str, worker: int = 0) -> list[int]:
+    pattern = rf"job {job_id}: training in process (\d+)"
+    return [int(pid) for pid in re.findall(pattern, svc.worker_log(worker))]
+
+
+def long_job(svc: Service, alice: httpx.Client) -> tuple[str, int, int]:
+    """A 2-device job that only a stop ends, 3 steps in: (job id, job process, rank 1)."""
+    job_id = alice.post("/v1/jobs", json=two_device_spec(steps=5000, checkpoint_every=0))
+    job_id = job_id.json()["id"]
+    wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 3, timeout=60)
+    [job_pid], [rank] = job_pids(svc, job_id), rank_pids(svc, job_id)
+    assert running(job_pid) and running(rank), svc.worker_log()[-3000:]
+    return job_id, job_pid, rank
+
+
+def test_a_two_device_job_streams_the_metrics_of_a_local_two_process_run(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    svc = start(make_service)
+    spec = two_device_spec(steps=6)
+    with svc.client("alice") as alice:
+        job = alice.post("/v1/jobs", json=spec)
+        assert job.status_code == 201, job.text
+        assert job.json()["queue"] == "cpu.x2"
+        job_id = job.json()["id"]
+        done = wait_status(alice, job_id, FINISHED, timeout=120)
+        assert done["status"] == "succeeded", done
+        events = read_events(alice, job_id)
+        one = alice.post("/v1/jobs", json=smoke_spec(steps=2))  # the 2-device worker takes both
+        assert wait_status(alice, one.json()["id"], FINISHED, timeout=60)["status"] == "succeeded"
+    assert metric_steps(events) == list(range(1, 7))
+    logs = [e["data"]["message"] for e in events if e["event"] == "log"]
+    assert "training on 2 devices (gloo)" in logs
+    streamed = [e["data"]["metrics"] for e in events if e["event"] == "metrics"]
+    assert len(rank_pids(svc, job_id)) == 1
+
+    # the same spec as two local processes, with the worker's one thread each
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "local"
+    subprocess.run(
+        [*pdppo_command(), "train", str(spec_file), "--nproc", "2", "--out", str(out), "--quiet"],
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        timeout=180,
+    )
+    local = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(local) == len(streamed) == 6
+    for step, (theirs, ours) in enumerate(zip(local, streamed, strict=True), start=1):
+        keys = (set(theirs) - TIMING - {"step"}) & set(ours)
+        assert {"reward_mean", "loss", "masked_fraction", "response_len", "lr"} <= keys
+        for key in sorted(keys):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-9), (step, key)
+
+
+def test_cancel_stops_every_rank_within_seconds(make_service: Callable[..., Service]) -> None:
+    svc = start(make_service)
+    with svc.client("alice") as alice:
+        job_id, job_pid, rank = long_job(svc, alice)
+        pids = [job_pid, rank]
+
+        asked = time.monotonic()
+        assert alice.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+        done = wait_status(alice, job_id, FINISHED, timeout=10)
+        took = time.monotonic() - asked
+        assert done["status"] == "cancelled", done
+        assert took < 5, f"cancel took {took:.1f}s"
+        assert still_running(pids, 5) == []
+        # both ranks agreed on the stop: rank 0 checkpointed the step they both finished
+        points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [done["progress"]["step"]]
+
+
+def test_a_rank_killed_with_9_fails_the_job_and_leaves_no_process(
+    make_service: Callable[..., Service],
+) -> None:
+    svc = start(make_service)
+    with svc.client("alice") as alice:
+        job_id, job_pid, rank = long_job(svc, alice)
+
+        os.kill(rank, signal.SIGKILL)
+        done = wait_status(alice, job_id, FINISHED, timeout=20)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "training_error"
+        assert done["error"]["message"].startswith("rank 1 of 2 was killed by SIGKILL"), done
+        assert still_running([job_pid, rank], 5) == []
+        # the worker is fine: it runs the next job
+        again = alice.post("/v1/jobs", json=two_device_spec(steps=2)).json()
+        assert wait_status(alice, again["id"], FINISHED, timeout=60)["status"] == "succeeded"
+
+
+def test_a_worker_killed_with_9_leaves_no_rank_and_the_next_worker_resumes(
+    make_service: Callable[..., Service],
+) -> None:
+    steps = 60
+    svc = start(make_service)
+    with svc.client("alice") as alice:
+        spec = two_device_spec(steps=steps, checkpoint_every=5, keep_checkpoints=20)
+        job_id = alice.post("/v1/jobs", json=spec).json()["id"]
+        wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 12, timeout=60)
+        pids = [*job_pids(svc, job_id), *rank_pids(svc, job_id)]
+        assert len(pids) == 2
+
+        svc.kill_worker(svc.workers[0])
+        assert still_running(pids, 10) == [], "a rank outlived its worker"
+        svc.start_worker("cpu")
+        done = wait_status(alice, job_id, FINISHED, timeout=180)
+        assert done["status"] == "succeeded", done
+        assert done["attempts"] == 2
+        events = read_events(alice, job_id)
+        assert metric_steps(events) == list(range(1, steps + 1))
+        assert len(rank_pids(svc, job_id, worker=1)) == 1  # the resumed run had 2 ranks too
+
+
+def test_pause_stops_both_ranks_and_resume_continues_at_the_next_step(
+    make_service: Callable[..., Service],
+) -> None:
+    steps = 40
+    svc = start(make_service)
+    with svc.client("alice") as alice:
+        spec = two_device_spec(steps=steps, checkpoint_every=0)  # only the pause checkpoints
+        job_id = alice.post("/v1/jobs", json=spec).json()["id"]
+        wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 5, timeout=60)
+        pids = [*job_pids(svc, job_id), *rank_pids(svc, job_id)]
+        assert alice.post(f"/v1/jobs/{job_id}/pause").status_code == 202
+        paused = wait_status(alice, job_id, {"paused", *FINISHED}, timeout=15)
+        assert paused["status"] == "paused", paused
+        assert still_running(pids, 5) == []
+        k = paused["progress"]["step"]
+        points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [k]
+
+        assert alice.post(f"/v1/jobs/{job_id}/resume").status_code == 202
+        done = wait_status(alice, job_id, FINISHED, timeout=120)
+        assert done["status"] == "succeeded", done
+        assert metric_steps(read_events(alice, job_id)) == list(range(1, steps + 1))
+        assert len(rank_pids(svc, job_id)) == 2  # a second pair of ranks after the resume
+
+
+def test_timeout_stops_both_ranks_and_keeps_the_checkpoint(
+    make_service: Callable[..., Service],
+) -> None:
+    svc = start(make_service)
+    with svc.client("alice") as alice:
+        spec = two_device_spec(steps=100_000, checkpoint_every=5, keep_checkpoints=2)
+        spec["resources"]["timeout_minutes"] = 0.1  # 6 s
+        job_id = alice.post("/v1/jobs", json=spec).json()["id"]
+        wait_status(alice, job_id, "running")
+        done = wait_status(alice, job_id, FINISHED, timeout=60)
+        assert done["status"] == "failed" and done["error"]["code"] == "timeout", done
+        step = done["progress"]["step"]
+        points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        assert points and points[-1]["step"] == step
+        assert still_running([*job_pids(svc, job_id), *rank_pids(svc, job_id)], 5) == []
+
+
+def test_the_job_process_killed_with_9_takes_its_ranks_with_it(
+    make_service: Callable[..., Service],
+) -> None:
+    svc = start(make_service)
+    with svc.client("alice") as alice:
+        job_id, job_pid, rank = long_job(svc, alice)
+
+        os.kill(job_pid, signal.SIGKILL)
+        done = wait_status(alice, job_id, FINISHED, timeout=20)
+        assert done["status"] == "failed" and done["error"]["code"] == "killed", done
+        assert still_running([rank], 5) == []
+
+
+def test_a_worker_started_with_gpus_takes_jobs_of_that_many_devices(
+    make_service: Callable[..., Service],
+) -> None:
+    """`pdppo worker --gpus 0,1` declares 2 devices (on this CPU machine its job's processes
+    run on the CPU: the spec's device is cpu); a 1-device worker never takes the job."""
+    svc = make_service(PDPPO_MAX_JOB_DEVICES="2")
+    svc.start_api()
+    svc.start_worker("cpu")  # one device: takes `cpu` only
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=two_device_spec(steps=3)).json()["id"]
+        time.sleep(3)
+        assert alice.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+        svc.start_worker("cpu", args=("--gpus", "0,1"))
+        done = wait_status(alice, job_id, FINISHED, timeout=60)
+        assert done["status"] == "succeeded", done
+    assert "pdppo worker: 1 device(s), queues cpu\n" in svc.worker_log(0)
+    assert "pdppo worker: 2 device(s), queues cpu.x2,cpu\n" in svc.worker_log(1)
+    assert job_id not in svc.worker_log(0)
+
+
+def test_a_job_of_more_devices_than_the_server_gives_is_refused(
+    make_service: Callable[..., Service],
+) -> None:
+    svc = make_service(PDPPO_MAX_JOB_DEVICES="2")
+    svc.start_api()
+    with svc.client("alice") as alice:
+        four = two_device_spec()
+        four["resources"]["gpus"] = 4
+        refused = alice.post("/v1/jobs", json=four)
+        assert refused.status_code == 422
+        assert "resources.gpus: 4 is more devices" in refused.json()["detail"]
+        assert "PDPPO_MAX_JOB_DEVICES=2" in refused.json()["detail"]
+        checked = alice.post("/v1/jobs:validate", json=four).json()
+        assert [(p["field"], p["kind"]) for p in checked["problems"]] == [
+            ("resources.gpus", "devices")
+        ]
+
+        three = two_device_spec()  # 4 prompts a step do not split over 3 processes
+        three["resources"]["gpus"] = 3
+        refused = alice.post("/v1/jobs", json=three)
+        assert refused.status_code == 422
+        assert "rollout.prompts_per_step=4 must split evenly over 3" in refused.text
+        assert alice.get("/v1/jobs").json()["items"] == []

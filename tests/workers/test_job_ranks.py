@@ -1,0 +1,68 @@
+"""`workers.job_ranks` helpers that the service tests cannot isolate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.stack import running, still_running
+from workers.job_ranks import RankJob, Ranks
+
+# A parent that starts one child armed with `_die_with`, prints the child's pid, and sleeps.
+PARENT = """
+import multiprocessing, os, sys, time
+from workers.job_ranks import _die_with
+
+def child(parent):
+    _die_with(parent)
+    time.sleep(60)
+
+if __name__ == "__main__":
+    proc = multiprocessing.get_context("spawn").Process(target=child, args=(os.getpid(),))
+    proc.start()
+    print(proc.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_rank_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A rank busy with its own work (no collective to notice a dead peer) still ends when its
+    job process is killed with -9: the parent-death signal, not a 60 s sleep, ends it."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # past the child's prctl
+    assert running(child)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(10)
+    assert still_running([child], 5) == []
+
+
+def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:
+    job = RankJob("j1", "{}", "/nonexistent", False, (), {}, None, 3, 1, False, 1, "INFO")
+    ranks = Ranks(job, on_failure=lambda failure: None)
+
+    class Exited:
+        def __init__(self, code: int) -> None:
+            self.exitcode = code
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+    ranks.procs = [Exited(0), Exited(-signal.SIGKILL)]  # type: ignore[list-item]
+    assert ranks._failure_of(11, {11: 1, 12: 2}) is None  # rank 1 left after the barrier
+    code, message, _ = ranks._failure_of(12, {11: 1, 12: 2})  # type: ignore[misc]
+    assert code == "training_error"
+    assert message.startswith("rank 2 of 3 was killed by SIGKILL")
+    assert message.endswith("; the job's other ranks were stopped")

@@ -1,0 +1,264 @@
+"""The other processes of a multi-device job (`resources.gpus: N`), kept by its job process.
+
+A job of N devices trains as N data-parallel processes (`core.distributed`). The job process
+(`workers.job_process`) is rank 0: it alone holds the lease's fence, publishes the events and
+hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
+fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a silent
+callback: they train their share of every step and write nothing. A stop (cancel, pause, timeout,
+shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary
+(`World.agree`), so all of them stop together and rank 0 writes the checkpoint.
+
+No rank may outlive the job, and no rank's death may leave the others waiting: a collective
+whose peer is gone waits for the process group's timeout (30 minutes under gloo). So:
+
+- each rank gets SIGKILL when the job process dies, however it dies (`PR_SET_PDEATHSIG`; the
+  job process itself dies with its worker, `workers.job_process`), so a worker killed with -9
+  leaves no rank behind;
+- a thread of the job process watches every rank; when one raises (its error comes over a pipe)
+  or dies (a signal, the OOM killer), the others are killed and the job fails with that rank's
+  error, e.g. "rank 1 of 2 was killed by SIGKILL";
+- when rank 0 itself stops early (an error, a lost lease), the other ranks are killed as it
+  leaves; when the run ends, every rank meets at a barrier before the group is torn down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from workers.exits import describe_exit
+
+log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+TRACEBACK_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank trains, as the job process resolved it; plain values, pickled to each."""
+
+    job_id: str
+    config_json: str  # core.config.TrainConfig
+    out_dir: str
+    resume: bool
+    data_roots: tuple[str, ...]
+    file_paths: dict[str, str]  # uploaded files by id (`pdppo.files`), already linked
+    model_dir: str | None  # the final model a `job:<id>` name stands for
+    size: int
+    port: int  # rank 0's rendezvous on 127.0.0.1
+    cuda: bool  # nccl, one GPU per rank; else gloo on the CPU
+    torch_threads: int | None
+    log_level: str
+
+
+# A rank's failure: (error code, message, traceback), as the job's `failed` result carries them.
+Failure = tuple[str, str, str]
+
+
+class Ranks:
+    """Ranks 1..size-1 of a job and the thread that watches them."""
+
+    def __init__(self, job: RankJob, on_failure: Callable[[Failure], None]) -> None:
+        self.job = job
+        self.on_failure = on_failure
+        self.procs: list[BaseProcess] = []
+        self.pipes: dict[Connection, int] = {}  # our end of each rank's error pipe -> rank
+        self._lock = threading.Lock()
+        self._closing = False
+        self.failed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="pdppo ranks", daemon=True)
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        parent = os.getpid()
+        for rank in range(1, self.job.size):
+            ours, theirs = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=rank_main,
+                args=(self.job, rank, parent, theirs),
+                name=f"pdppo-job-{self.job.job_id}-rank{rank}",
+            )
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.pipes[ours] = rank
+            log.info("job %s: rank %d of %d in process %d", self.job.job_id, rank,
+                     self.job.size, proc.pid)  # fmt: skip
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self.procs, start=1)}
+        pending: list[Any] = [*self.pipes, *sentinels]
+        while pending:
+            for ready in wait(pending):
+                pending.remove(ready)
+                failure = self._failure_of(ready, sentinels)
+                if failure is not None:
+                    self._fail(failure)
+                    return
+
+    def _failure_of(self, ready: Any, sentinels: dict[int, int]) -> Failure | None:
+        if isinstance(ready, Connection):
+            rank = self.pipes[ready]
+            try:
+                code, message, text = ready.recv()
+            except (EOFError, OSError):
+                return None  # closed without a word: its exit says how it ended
+            return code, f"rank {rank} of {self.job.size}: {message}", text
+        rank = sentinels[ready]
+        proc = self.procs[rank - 1]
+        proc.join()
+        if proc.exitcode == 0:
+            return None  # past the final barrier
+        _, message = describe_exit(proc.exitcode, oom_killed=False)
+        message = message.replace("the job's process", f"rank {rank} of {self.job.size}")
+        return "training_error", f"{message}; the job's other ranks were stopped", ""
+
+    def _fail(self, failure: Failure) -> None:
+        with self._lock:
+            if self._closing:
+                return  # rank 0 is leaving already and stops the others itself
+            self.failed.set()
+        log.error("job %s: %s", self.job.job_id, failure[1])
+        self.kill()
+        self.on_failure(failure)
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.exitcode is None:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+        for proc in self.procs:
+            proc.join(10)
+
+    def close(self) -> bool:
+        """Stop watching: from now on a rank's exit is rank 0's doing. False when the watch
+        already failed the job (the job process is exiting with that rank's error)."""
+        with self._lock:
+            self._closing = True
+        return not self.failed.is_set()
+
+    def join(self, timeout: float) -> None:
+        """Wait for ranks that are leaving on their own; kill what is left."""
+        for proc in self.procs:
+            proc.join(timeout)
+        self.kill()
+
+
+@contextlib.contextmanager
+def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterator[Any]:
+    """Rank 0's `core.distributed.World` while ranks 1..size-1 train beside it in processes of
+    their own. `on_failure` is called from the watching thread when another rank fails; it must
+    end the job process (its main thread may be waiting in a collective that never completes)."""
+    import torch.distributed as dist
+
+    from core.distributed import World
+
+    ranks = Ranks(job, on_failure)
+    ranks.start()
+    finished = False
+    try:
+        _join_group(job, 0)
+        yield World(0, job.size)
+        finished = True
+    finally:
+        if not ranks.close():
+            threading.Event().wait()  # the watcher is ending this process with the rank's error
+        if finished:
+            dist.barrier()  # every rank done before any leaves (see `pdppo train --nproc`)
+            ranks.join(60)
+        else:
+            ranks.kill()  # rank 0 stopped mid-run: the others would wait in a collective
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _join_group(job: RankJob, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if job.cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if job.cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{job.port}",
+        rank=rank,
+        world_size=job.size,
+    )
+
+
+def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
+    """Entry point of rank `rank` (>= 1): train the job's share, report an error, write nothing."""
+    _die_with(parent)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # the job process decides when its ranks stop
+    logging.basicConfig(
+        level=job.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s job {job.job_id} rank {rank} [pid %(process)d] "
+        "%(message)s",
+    )
+    try:
+        _train_rank(job, rank)
+    except BaseException as exc:
+        from workers.job_process import error_code
+
+        text = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+        with contextlib.suppress(OSError):
+            conn.send((error_code(exc), f"{type(exc).__name__}: {exc}"[:2000], text))
+        os._exit(1)
+
+
+def _train_rank(job: RankJob, rank: int) -> None:
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from core.callbacks import TrainerCallback
+    from core.config import TrainConfig
+    from core.distributed import World
+    from core.trainer import train
+
+    if job.torch_threads:
+        torch.set_num_threads(job.torch_threads)
+    _join_group(job, rank)
+    train(
+        TrainConfig.model_validate_json(job.config_json),
+        Path(job.out_dir),
+        callback=TrainerCallback(),
+        resume=job.resume,
+        data_roots=list(job.data_roots),
+        file_paths={k: Path(v) for k, v in job.file_paths.items()},
+        model_dir=Path(job.model_dir) if job.model_dir else None,
+        world=World(rank, job.size),
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when the job process that started it dies (Linux; elsewhere the
+    watch of the job process still stops it on every path but a kill of that process)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(1)

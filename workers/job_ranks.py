@@ -24,7 +24,6 @@ whose peer is gone waits for the process group's timeout (30 minutes under gloo)
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -38,10 +37,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from core.parent_death import die_with_parent
 from workers.exits import describe_exit
 
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 TRACEBACK_CHARS = 4000
 
 
@@ -207,7 +206,8 @@ def _join_group(job: RankJob, rank: int) -> None:
 
 def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
     """Entry point of rank `rank` (>= 1): train the job's share, report an error, write nothing."""
-    _die_with(parent)
+    if not die_with_parent(parent):
+        os._exit(1)  # the job process is gone already
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the job process decides when its ranks stop
     logging.basicConfig(
@@ -252,13 +252,3 @@ def _train_rank(job: RankJob, rank: int) -> None:
     )
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _die_with(parent: int) -> None:
-    """SIGKILL this process when the job process that started it dies (Linux; elsewhere the
-    watch of the job process still stops it on every path but a kill of that process)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the line above took effect
-        os._exit(1)

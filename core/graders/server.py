@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from core.graders.base import Record, check_unit
 from core.graders.config import GraderConfig
+from core.parent_death import die_with_parent
 
 STARTUP_SECONDS = 60.0
 """How long a new child may take to import the graders (and a plugin's dependencies)."""
@@ -367,7 +368,10 @@ def serve(parent_pid: int) -> None:
     # the new stdin lives as long as the process: no `with`
     sys.stdin, sys.stdout = open(os.devnull), sys.stderr  # noqa: SIM115
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent(parent_pid)
+    # SIGKILL when the parent dies, even while a grader hangs (Linux); elsewhere the child
+    # notices at its next read of stdin
+    if not die_with_parent(parent_pid):
+        os._exit(0)
 
     def answer(obj: Mapping[str, Any]) -> None:
         answers.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
@@ -402,16 +406,3 @@ def serve(parent_pid: int) -> None:
 
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e)[:500]}"
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL when the parent dies, even while a grader hangs (Linux); elsewhere the child
-    notices at its next read of stdin."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)

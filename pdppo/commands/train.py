@@ -7,6 +7,7 @@ the environment as the service reads them), so a spec can be sized before it is 
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,7 +133,9 @@ def _data_parallel(config_json: str, out: Path, resume: bool, quiet: bool, nproc
     queue = mp.get_context("spawn").SimpleQueue()
     try:
         mp.spawn(
-            _rank_main, args=(nproc, port, config_json, out, resume, quiet, queue), nprocs=nproc
+            _rank_main,
+            args=(nproc, port, config_json, out, resume, quiet, queue, os.getpid()),
+            nprocs=nproc,
         )
     except ProcessException as exc:  # a rank raised or died: the others were stopped
         raise RuntimeError(str(exc)) from exc
@@ -148,12 +151,18 @@ def _rank_main(
     resume: bool,
     quiet: bool,
     queue: Any,
+    parent: int,
 ) -> None:
     import torch
     import torch.distributed as dist
 
     from core.distributed import World
+    from core.parent_death import die_with_parent
 
+    # torch's spawn arms SIGINT, which a rank blocked in a collective never acts on: the
+    # fresh-clone CI of a81de89 saw both ranks of a killed `pdppo train` outlive it
+    if not die_with_parent(parent):
+        os._exit(1)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)

@@ -306,8 +306,9 @@ def test_a_rank_killed_with_9_fails_the_run_and_leaves_no_process(tmp_path: Path
 
 
 def test_ranks_die_with_a_pdppo_train_killed_with_9(tmp_path: Path) -> None:
-    """torch's spawn arms a parent-death signal (SIGINT) in every rank: no rank outlives the
-    `pdppo train` that started it, whatever killed it."""
+    """Every rank gets SIGKILL when its `pdppo train` dies, whatever killed it (torch's spawn
+    arms SIGINT, which a rank blocked in a collective never acts on: the fresh-clone CI of
+    a81de89 saw both ranks outlive it)."""
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [*pdppo_command(), "train", str(spec_file(tmp_path / "s.yaml", 5000)), "--out",

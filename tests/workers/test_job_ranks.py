@@ -12,17 +12,20 @@ from pathlib import Path
 from tests.integration.stack import running, still_running
 from workers.job_ranks import RankJob, Ranks
 
-# A parent that starts one child armed with `_die_with`, prints the child's pid, and sleeps.
+# A parent that starts one child armed with `die_with_parent` (which then says so in a file),
+# prints the child's pid, and sleeps.
 PARENT = """
-import multiprocessing, os, sys, time
-from workers.job_ranks import _die_with
+import multiprocessing, os, pathlib, sys, time
+from core.parent_death import die_with_parent
 
-def child(parent):
-    _die_with(parent)
+def child(parent, armed):
+    if die_with_parent(parent):
+        pathlib.Path(armed).touch()
     time.sleep(60)
 
 if __name__ == "__main__":
-    proc = multiprocessing.get_context("spawn").Process(target=child, args=(os.getpid(),))
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=child, args=(os.getpid(), sys.argv[1]))
     proc.start()
     print(proc.pid, flush=True)
     time.sleep(60)
@@ -35,14 +38,18 @@ def test_a_rank_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     repo = Path(__file__).resolve().parents[2]
+    armed = tmp_path / "armed"
     parent = subprocess.Popen(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), str(armed)],
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
-    time.sleep(0.5)  # past the child's prctl
+    deadline = time.monotonic() + 60
+    while not armed.exists():
+        assert time.monotonic() < deadline, "the child never armed its parent-death signal"
+        time.sleep(0.05)
     assert running(child)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait(10)

@@ -116,7 +116,8 @@ class _Run:
         self.cb = callback
         # asked inside a step (every token, every minibatch); ranks must stop together, so with
         # several a stop waits for the step boundary, where they agree on it (core.trainer)
-        self.inner_stop = callback.should_stop if not self.world.parallel else _never
+        self.inner_stop = callback.should_stop if not self.world.parallel else self._heard
+
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.lm: CausalLM = load_model(
@@ -147,6 +148,13 @@ class _Run:
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.rollout.staleness + 1)
         self.step = 0
         self.dirty = False  # the weights hold part of an unfinished step's update
+
+    def _heard(self) -> bool:
+        """Inside a step of a data-parallel run: the callback is still asked, so that it hears
+        a stop at once (a service's job tells its worker that a checkpoint is coming, and is not
+        killed for taking until the step's end), but the stop waits for the step boundary."""
+        self.cb.should_stop()
+        return False
 
     # -- state --------------------------------------------------------------------------
 
@@ -424,10 +432,6 @@ def _batch_stats(world: World, ro: _Rollout, zero_adv: float, group_size: int) -
         "tokens_per_s": n_tokens / max(elapsed, 1e-9),
         "rollout_time": elapsed,
     }
-
-
-def _never() -> bool:
-    return False
 
 
 def _vllm_engine(lm: CausalLM, cfg: TrainConfig) -> VLLMEngine:

@@ -65,6 +65,11 @@ def job_pids(svc: Service, job_id: str, worker: int = 0) -> list[int]:
     return [int(pid) for pid in re.findall(pattern, svc.worker_log(worker))]
 
 
+def read_metrics(svc: Service, job_id: str) -> list[dict[str, Any]]:
+    path = svc.artifact_dir / job_id / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def long_job(svc: Service, alice: httpx.Client) -> tuple[str, int, int]:
     """A 2-device job that only a stop ends, 3 steps in: (job id, job process, rank 1)."""
     job_id = alice.post("/v1/jobs", json=two_device_spec(steps=5000, checkpoint_every=0))
@@ -198,6 +203,33 @@ def test_pause_stops_both_ranks_and_resume_continues_at_the_next_step(
         assert done["status"] == "succeeded", done
         assert metric_steps(read_events(alice, job_id)) == list(range(1, steps + 1))
         assert len(rank_pids(svc, job_id)) == 2  # a second pair of ranks after the resume
+
+
+def test_a_pause_asked_mid_step_waits_for_the_step_boundary_where_the_ranks_agree(
+    make_service: Callable[..., Service],
+) -> None:
+    """The ranks can only stop together at a step boundary. A step longer than the cancel
+    grace must not be killed for it (losing every step since the last checkpoint): the job
+    tells its worker at once that the stop was heard, and the step is finished and saved."""
+    svc = make_service(**TWO_DEVICES, PDPPO_CANCEL_GRACE_SECONDS="0.5")
+    svc.start_api()
+    svc.start_worker("cpu")
+    spec = two_device_spec(steps=50, checkpoint_every=0)
+    spec["train"]["model"]["tiny"].update(d_model=256, n_layers=4)  # steps of seconds
+    spec["train"]["rollout"].update(prompts_per_step=64, group_size=16, max_new_tokens=8)
+    spec["train"]["algorithm"]["minibatches"] = 8  # the stop is heard between them
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=spec).json()["id"]
+        wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 1, timeout=120)
+        assert alice.post(f"/v1/jobs/{job_id}/pause").status_code == 202
+        paused = wait_status(alice, job_id, {"paused", *FINISHED}, timeout=60)
+        assert paused["status"] == "paused", paused
+        k = paused["progress"]["step"]
+        points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [k]
+    assert "did not stop within" not in svc.worker_log()
+    step_times = [m["step_time"] for m in read_metrics(svc, job_id)]
+    assert min(step_times) > 1.5, f"steps of {step_times} s prove nothing against a 0.5 s grace"
 
 
 def test_timeout_stops_both_ranks_and_keeps_the_checkpoint(

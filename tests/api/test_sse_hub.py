@@ -15,6 +15,7 @@ from sse_starlette import ServerSentEvent
 
 from api.events import BACKLOG_PAGE, EventHub, StreamLimitReached
 from api.sse_frames import Batch, Turns, encode, frames_after, pieces
+from api.sse_stream import _ended
 from pdppo.store import AsyncJobStore
 from pdppo.store.events import EncodedPage, EventIdError, parse_event_id
 
@@ -190,3 +191,78 @@ def test_a_subscriber_holds_at_most_its_limit_but_always_one_batch() -> None:
     caught_up = Subscriber(limit=5, until=(0, 0))
     assert caught_up.put(Batch.of(entries(1, 8)))
     assert not caught_up.put(Batch.of(entries(9, 1)))
+
+
+class GatedEvents(FakeEvents):
+    """Reads that take what the stream holds when they are issued and answer when the gate
+    opens: a read shared with a subscriber that came later, from before the job moved on."""
+
+    def __init__(self, stream: list[Entry]) -> None:
+        super().__init__(stream)
+        self.gate = asyncio.Event()
+
+    async def encoded_events_after(
+        self, job_id: str, after: tuple[int, int], count: int
+    ) -> EncodedPage:
+        self.reads += 1
+        later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
+        await self.gate.wait()
+        batch = Batch.of(later)
+        last = batch.frames[-1].id if batch.frames else None
+        return EncodedPage(
+            batch.chunk, f"{last[0]}-{last[1]}" if last else None, len(later), batch.done
+        )
+
+
+def event_ids(chunk: bytes) -> list[str]:
+    return [line[4:] for line in chunk.decode().splitlines() if line.startswith("id: ")]
+
+
+async def drain(stream: Any) -> bytes:
+    return b"".join([bytes(piece) async for piece in stream])
+
+
+def test_a_stream_that_shared_a_read_from_before_the_job_ended_reads_on_to_its_done() -> None:
+    """The job ended between the read this stream joined and the stream's own look at it: the
+    shared page stops short of the `done`, so the rest is read afresh, over several pages."""
+    total = BACKLOG_PAGE + 13
+    store = FakeStore(entries(1, 3))
+    events = store.events = GatedEvents(store.events.stream)
+    hub = EventHub(cast(Any, None), cast(AsyncJobStore, store))
+
+    async def scenario() -> bytes:
+        pages = hub.backlog("job", (0, 0))  # a running job's subscriber reads its backlog
+        early = asyncio.create_task(drain(page.chunk async for page in pages))
+        await asyncio.sleep(0.01)
+        events.stream += entries(4, total - 3, done_at=total)  # then the job went on and ended
+        late = asyncio.create_task(drain(_ended(hub, "job", (0, 0), (0, 0))))
+        await asyncio.sleep(0.01)
+        events.gate.set()
+        await early
+        return await late
+
+    chunk = asyncio.run(scenario())
+    assert event_ids(chunk) == [f"{n}-0" for n in range(1, total + 1)]
+    assert chunk.count(b"event: done") == 1 and chunk.rstrip().endswith(b'{"step": %d}' % total)
+
+
+def test_an_ended_jobs_done_goes_to_a_client_ahead_of_it_but_not_to_one_that_has_it() -> None:
+    hub, _ = hub_over(entries(1, 5, done_at=5))
+    has_it = asyncio.run(drain(_ended(hub, "job", (5, 0), (5, 0))))
+    assert has_it == b""
+    ahead = asyncio.run(drain(_ended(hub, "job", (9, 0), (9, 0))))
+    assert event_ids(ahead) == ["5-0"] and ahead.count(b"event: done") == 1
+    behind = asyncio.run(drain(_ended(hub, "job", (3, 0), (3, 0))))
+    assert event_ids(behind) == ["4-0", "5-0"]
+
+
+def test_a_stream_without_a_done_ends_after_its_history() -> None:
+    """A terminal job whose `done` is not in the stream (written after the status, or trimmed):
+    the history, then the end of the stream, never an error."""
+    hub, _ = hub_over(entries(1, 3))
+    assert asyncio.run(hub.done_frame("job")) is None
+    assert event_ids(asyncio.run(drain(_ended(hub, "job", (0, 0), (0, 0))))) == [
+        "1-0",
+        "2-0",
+        "3-0",
+    ]

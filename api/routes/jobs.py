@@ -1,24 +1,21 @@
 """Jobs: submit (and validate without submitting), list, get, cancel.
 
-Admission runs the same checks for `POST /v1/jobs` and `POST /v1/jobs:validate`: the spec's
-schema (FastAPI, from `JobSpec`), the local paths it names (`api.paths`), and its budget
-(`core.budget`: memory, parameters and tokens against the queue's `PDPPO_MAX_*` limits), so that
-one spec cannot take a shared worker down and a client can ask first what a spec would cost.
+`POST /v1/jobs` and `POST /v1/jobs:validate` run the same admission (`api.admission`), so that
+a client can ask first what a spec would cost and whether it would be taken.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 
+from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.observability import JOBS_SUBMITTED
-from api.paths import forbidden_paths
 from api.schemas import (
     BudgetEstimate,
     BudgetLimits,
@@ -27,15 +24,9 @@ from api.schemas import (
     JobList,
     JobStatus,
     JobValidation,
-    SpecProblem,
 )
-from core.budget import Budget, Limits, check, estimate
-from pdppo.files import spec_file_ids
-from pdppo.job_models import FIELD as JOB_MODEL_FIELD
-from pdppo.job_models import final_model_dir, job_model_problem, source_job_id
-from pdppo.settings import Settings
 from pdppo.spec import JobSpec
-from pdppo.store import AsyncFileStore, AsyncJobStore, spec_digest
+from pdppo.store import spec_digest
 from workers.celery_app import revoke_queued
 
 log = logging.getLogger(__name__)
@@ -51,122 +42,6 @@ def _broker_limiter() -> anyio.CapacityLimiter:
     if _limiter is None:
         _limiter = anyio.CapacityLimiter(2)
     return _limiter
-
-
-def _admission(
-    spec: JobSpec, settings: Settings, model_dir: Path | None = None
-) -> tuple[Budget, Limits, list[SpecProblem]]:
-    """The spec's budget on its queue and every reason `POST /v1/jobs` would refuse it.
-
-    A spec whose paths are refused is estimated without reading any file: the API must not
-    open what the tenant may not read, not even a header. `model_dir`: the final model a
-    `job:<id>` name stands for, once the job is known to be the tenant's own."""
-    paths = forbidden_paths(spec, [str(r) for r in settings.allowed_data_roots])
-    queue = spec.resources.device
-    budget = estimate(
-        spec.train,
-        queue=queue,
-        read_files=not paths,
-        data_roots=[str(r) for r in settings.allowed_data_roots],
-        model_dir=model_dir,
-    )
-    limits = settings.budget_limits(queue)
-    problems = [SpecProblem(field=p.split(":", 1)[0], kind="path", message=p) for p in paths]
-    timeout = spec.resources.timeout_minutes
-    if timeout is not None and timeout > settings.max_job_timeout_minutes:
-        problems.append(
-            SpecProblem(
-                field="resources.timeout_minutes",
-                kind="timeout",
-                message=(
-                    f"resources.timeout_minutes: {timeout:g} is more than this server's "
-                    f"maximum of {settings.max_job_timeout_minutes:g} minutes"
-                ),
-            )
-        )
-    gpus = spec.resources.gpus
-    if gpus > settings.max_job_devices:
-        problems.append(
-            SpecProblem(
-                field="resources.gpus",
-                kind="devices",
-                message=(
-                    f"resources.gpus: {gpus} is more devices than this server's workers give a "
-                    f"job (PDPPO_MAX_JOB_DEVICES={settings.max_job_devices})"
-                ),
-            )
-        )
-    engine = spec.train.rollout.engine
-    if engine not in settings.rollout_engines:
-        problems.append(
-            SpecProblem(
-                field="train.rollout.engine",
-                kind="engine",
-                message=(
-                    f"train.rollout.engine: {engine!r} is not offered by this server's workers "
-                    f"(they offer {settings.rollout_engines}); vLLM rollouts need the `vllm` "
-                    "extra (pip install 'pdppo[vllm]') in the workers, and the API told with "
-                    "PDPPO_ROLLOUT_ENGINES"
-                ),
-            )
-        )
-    problems += [
-        SpecProblem(field=p.field, kind=p.kind, message=str(p), estimate=p.estimate, limit=p.limit)
-        for p in check(budget, limits)
-    ]
-    return budget, limits, problems
-
-
-async def _admit(
-    spec: JobSpec, settings: Settings, tenant: str, store: AsyncJobStore
-) -> tuple[Budget, Limits, list[SpecProblem]]:
-    """`_admission`, in a worker thread when it may read files (a local model's headers, a
-    dataset's prompts), so that a slow disk never stalls the event loop; and the uploaded files
-    and the earlier job's model (`job:<id>`) the spec names, which must be the tenant's own."""
-    task = spec.train.task
-    model_dir, model_problems = await _job_model(spec, settings, tenant, store)
-    if spec.train.model.name.startswith("hf:") or task.path or task.validation_path or model_dir:
-        budget, limits, problems = await anyio.to_thread.run_sync(
-            _admission, spec, settings, model_dir
-        )
-    else:
-        budget, limits, problems = _admission(spec, settings)
-    problems = model_problems + problems
-    return budget, limits, problems + await _missing_files(spec, tenant, store.files)
-
-
-async def _job_model(
-    spec: JobSpec, settings: Settings, tenant: str, store: AsyncJobStore
-) -> tuple[Path | None, list[SpecProblem]]:
-    """For `model.name: job:<id>` (`pdppo.job_models`): that job's final-model folder, when it
-    is the tenant's own job that succeeded and this API process sees its artifact store (the
-    estimate reads it; a worker checks again), or the problem that refuses the spec."""
-    name = spec.train.model.name
-    source = source_job_id(name)
-    if source is None:
-        return None, []
-    problem = job_model_problem(name, await store.get(source), tenant)
-    if problem is not None:
-        return None, [SpecProblem(field=JOB_MODEL_FIELD, kind="file", message=problem)]
-    folder = final_model_dir(settings.artifact_dir, source)
-    return (folder if await anyio.Path(folder).is_dir() else None), []
-
-
-async def _missing_files(spec: JobSpec, tenant: str, files: AsyncFileStore) -> list[SpecProblem]:
-    """A problem per file id of the spec that the tenant has not uploaded (or has deleted)."""
-    named = spec_file_ids(spec.train.task)
-    if not named:
-        return []
-    have = await files.existing(tenant, [file_id for _, file_id in named])
-    return [
-        SpecProblem(
-            field=where,
-            kind="file",
-            message=f"{where}: file {file_id!r} not found; upload it first (POST /v1/files)",
-        )
-        for where, file_id in named
-        if file_id not in have
-    ]
 
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -222,7 +97,7 @@ async def create_job(
     (`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
     runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
     key would get back."""
-    _, _, problems = await _admit(spec, settings, tenant, store)
+    _, _, problems = await admit(spec, settings, tenant, store)
     if problems:
         raise HTTPException(422, detail="; ".join(p.message for p in problems))
     spec_json = spec.model_dump_json()
@@ -287,7 +162,7 @@ async def validate_job(
     """What the job would cost and whether `POST /v1/jobs` would take it, without creating or
     queueing anything: the same path and budget checks, answered as data (200) instead of a
     422, so that a client can size a spec before submitting it (`pdppo submit --dry-run`)."""
-    budget, limits, problems = await _admit(spec, settings, tenant, store)
+    budget, limits, problems = await admit(spec, settings, tenant, store)
     return JobValidation(
         ok=not problems,
         estimate=BudgetEstimate.model_validate(budget.to_dict()),

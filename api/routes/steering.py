@@ -17,9 +17,9 @@ from fastapi import APIRouter, Body, HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.routes.jobs import _admit
 from api.schemas import ErrorBody, Job
 from core.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
 from pdppo.spec import JobSpec
@@ -126,7 +126,7 @@ async def _checked(
             ["train", "steps"],
             f"the job is already at step {job.step}; give at least that many steps",
         )
-    _, _, problems = await _admit(spec, settings, tenant, store)
+    _, _, problems = await admit(spec, settings, tenant, store)
     if problems:
         errors = [
             {"loc": ("body", *p.field.split(".")), "msg": p.message, "type": p.kind}

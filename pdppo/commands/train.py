@@ -58,12 +58,11 @@ def _dry_run(spec: JobSpec) -> int:
 @click.option(
     "--nproc",
     type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
+    default=None,
     help=(
         "Data-parallel processes on this machine (torch.distributed: gloo on CPU, nccl on "
         "GPUs, one per device); each trains on its share of every step's groups, which "
-        "rollout.prompts_per_step must split evenly."
+        "rollout.prompts_per_step must split evenly. Default: the spec's resources.gpus."
     ),
 )
 @click.option(
@@ -75,7 +74,12 @@ def _dry_run(spec: JobSpec) -> int:
     ),
 )
 def train(
-    spec_path: str, out_dir: str | None, resume: bool, quiet: bool, nproc: int, dry_run: bool
+    spec_path: str,
+    out_dir: str | None,
+    resume: bool,
+    quiet: bool,
+    nproc: int | None,
+    dry_run: bool,
 ) -> None:
     """Train locally from a job spec; writes metrics.jsonl, checkpoints/ and final/ into --out."""
     from pdppo.spec import SpecError, load_spec
@@ -90,9 +94,11 @@ def train(
 
     from core.distributed import World, check_world
 
+    nproc = nproc or spec.resources.gpus  # a spec of N devices runs as N processes here too
     try:
         check_world(spec.train, World(0, nproc))
         if nproc > 1:
+            click.echo(f"training on {nproc} processes")
             result = _data_parallel(spec.train.model_dump_json(), out, resume, quiet, nproc)
         else:
             result = _train(spec.train.model_dump_json(), out, resume, quiet)

@@ -157,9 +157,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def spec_file(path: Path, steps: int) -> Path:
+def spec_file(path: Path, steps: int, gpus: int = 1) -> Path:
     cfg = small_config(steps=steps, checkpoint_every=2)
-    path.write_text(yaml.safe_dump({"name": "dp", "train": cfg.model_dump(mode="json")}))
+    spec = {"name": "dp", "resources": {"gpus": gpus}, "train": cfg.model_dump(mode="json")}
+    path.write_text(yaml.safe_dump(spec))
     return path
 
 
@@ -167,8 +168,10 @@ def test_pdppo_train_with_two_processes_writes_one_run_that_resumes_on_one_or_tw
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "two"
-    done = run_cli(str(spec_file(tmp_path / "two.yaml", 2)), "--out", str(out), "--nproc", "2")
+    # a spec of 2 devices runs as 2 processes (resources.gpus), as --nproc 2 does below
+    done = run_cli(str(spec_file(tmp_path / "two.yaml", 2, gpus=2)), "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "training on 2 processes" in done.stdout
     rows = read_metrics(out)  # rank 0 alone writes: one line per step
     assert [r["step"] for r in rows] == [1.0, 2.0]
     assert all(math.isfinite(v) for r in rows for v in r.values())

@@ -148,7 +148,14 @@ def test_baseline_reach_and_mutant_outcomes(
 
 def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
     config = load_config(ROOT / "bench" / "mutation.toml")
-    assert {g.name for g in config.groups} == {"trust-region", "workers", "auth", "store", "sse"}
+    assert {g.name for g in config.groups} == {
+        "trust-region",
+        "workers",
+        "ranks",
+        "auth",
+        "store",
+        "sse",
+    }
     for group in config.groups:
         assert any((ROOT / p).exists() for p in group.modules), group.name
         # quick tests are files of the group's or node ids in them, which exist

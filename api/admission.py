@@ -40,6 +40,7 @@ def admission(
         read_files=not paths,
         data_roots=[str(r) for r in settings.allowed_data_roots],
         model_dir=model_dir,
+        devices=spec.resources.gpus,
     )
     limits = settings.budget_limits(queue)
     problems = [SpecProblem(field=p.split(":", 1)[0], kind="path", message=p) for p in paths]

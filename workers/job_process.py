@@ -368,6 +368,7 @@ def _over_budget(
         queue=options.limits.queue,
         data_roots=list(options.data_roots),
         model_dir=model_dir,
+        devices=spec.resources.gpus,
     )
     problems = check(budget, options.limits)
     return "; ".join(str(p) for p in problems) or None

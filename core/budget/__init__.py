@@ -162,8 +162,11 @@ def estimate(
     read_files: bool = True,
     data_roots: Sequence[str] | None = None,
     model_dir: Path | None = None,
+    devices: int = 1,
 ) -> Budget:
-    """What the job `cfg` will cost on a worker of `queue` ("cpu" or "gpu").
+    """What the job `cfg` will cost on a worker of `queue` ("cpu" or "gpu"); memory is one
+    device's, of `devices` that each train a share of the batch (`resources.gpus`), holding a
+    whole replica or, with `sharding: fsdp`, a shard of the model (`core.sharding`).
 
     Cheap and side-effect free: no torch, no model loading, no network. It reads only the
     headers and config.json of a local `hf:` model (or one in the Hugging Face cache) and
@@ -189,7 +192,7 @@ def estimate(
     elif not shape.hidden or not shape.layers or not shape.vocab:
         notes.append(f"no memory estimate: {shape.source} (config.json lacks the model's shape)")
     else:
-        items = _memory(cfg, shape, prompt, device)
+        items = _memory(cfg, shape, prompt, device, devices)
         peak, peak_phases = _peak(items, device)
     if cfg.task.warmup_steps and cfg.task.name != "jsonl":
         notes.append(

@@ -135,7 +135,9 @@ def _forward_bytes(shape: ModelShape, rows: int, seq: int, width: int, *, grad: 
     return tokens * (layers * (per_layer * width + extra_fp32) + 20 * d * width) + mask
 
 
-def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) -> list[MemoryItem]:
+def _memory(
+    cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device, devices: int = 1
+) -> list[MemoryItem]:
     assert shape.params is not None and shape.trainable is not None
     r, a, task = cfg.rollout, cfg.algorithm, cfg.task
     width = _DTYPE_BYTES[cfg.model.dtype]
@@ -147,8 +149,11 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
     layers = shape.layers or 0
     kv_dim = shape.kv_dim or 0
     k = a.top_k
-    sequences = r.prompts_per_step * r.group_size
-    mb = sequences // a.minibatches // cfg.optim.grad_accumulation  # rows of one forward pass
+    sequences = r.prompts_per_step * r.group_size // devices  # this device's share
+    mb = max(sequences // a.minibatches // cfg.optim.grad_accumulation, 1)  # rows of a forward
+    # sharded (core.sharding): a device keeps 1/devices of the weights, gradients and AdamW
+    # state; a rollout gathers the whole model on every device
+    shards = devices if cfg.sharding == "fsdp" else 1
     new = r.max_new_tokens
     seq = prompt + new
     model_f = "train.model.lora" if lora else _model_field(cfg)
@@ -163,11 +168,15 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
             items.append(MemoryItem(name, phase, int(n), blame))
 
     # persistent: alive from the first step to the end
-    add("weights", "persistent", (params - (trainable if lora else 0)) * width, _model_field(cfg))
+    frozen = params - (trainable if lora else 0)
+    add("weights", "persistent", frozen * width // shards, _model_field(cfg))
     if lora:
         add("adapters", "persistent", trainable * twidth, model_f)
-    add("gradients", "persistent", trainable * twidth, model_f)
-    add("optimizer", "persistent", 2 * trainable * 4, model_f)  # AdamW exp_avg, exp_avg_sq
+    add("gradients", "persistent", trainable * twidth // shards, model_f)
+    add("optimizer", "persistent", 2 * trainable * 4 // shards, model_f)  # exp_avg, exp_avg_sq
+    if shards > 1:
+        gathered = params * width * (shards - 1) // shards  # the other devices' shards
+        add("gathered_weights", "rollout", gathered, "resources.gpus")
     if separate:
         blame = "train.rollout.dtype" if rwidth != width else "train.rollout.staleness"
         add("rollout_copy", "persistent", params * rwidth, blame)
@@ -226,7 +235,7 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
         logits = _fused_bytes(n_mb, vocab, shape.hidden or 0)
     add("logits", "update", logits, batch_f)
     if device == "cuda" and not lora:
-        add("optimizer_step", "update", trainable * 4, model_f)  # foreach AdamW temporaries
+        add("optimizer_step", "update", trainable * 4 // shards, model_f)  # AdamW temporaries
     if kl:
         # before the updates, one micro-batch at a time under no_grad: its forward pass, its
         # logits (B, T+1, V) in the model's dtype and two fp32 [N, V] (scaled, log-softmax);
@@ -254,7 +263,7 @@ def _memory(cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device) ->
         add("warmup_logits", "warmup", warm_logits, wf)
 
     # checkpoints and the final model: safetensors serializes into one buffer
-    add("serialized_weights", "checkpoint", params * width, _model_field(cfg))
+    add("serialized_weights", "checkpoint", params * width // shards, _model_field(cfg))
     add("overhead", "overhead", OVERHEAD_BYTES[device], "train")
     return items
 

@@ -30,7 +30,7 @@ def _dry_run(spec: JobSpec) -> int:
     except ValidationError as exc:
         raise click.ClickException(f"invalid PDPPO_* settings: {exc}") from exc
     queue = spec.resources.device
-    budget = estimate(spec.train, queue=queue)
+    budget = estimate(spec.train, queue=queue, devices=spec.resources.gpus)
     limits = settings.budget_limits(queue)
     for line in render(budget.to_dict()):
         click.echo(line)

@@ -211,6 +211,21 @@ def test_persistent_memory_follows_params_dtype_and_staleness() -> None:
     assert plain.peak_memory_bytes == sum(m.bytes for m in plain.memory)  # CPU: phases add up
 
 
+def test_each_device_holds_its_share_of_the_batch_and_with_fsdp_of_the_model() -> None:
+    p = 46_560
+    one = estimate(cfg(rollout={"group_size": 8}))
+    two = estimate(cfg(rollout={"group_size": 8}), devices=2)
+    assert item(two, "kv_cache") * 2 == item(one, "kv_cache")  # half the rows per device
+    assert item(two, "activations") * 2 == item(one, "activations")
+    assert item(two, "weights") == item(one, "weights") == 4 * p  # replicas
+    assert two.tokens_per_step == one.tokens_per_step  # the job's, not a device's
+    sharded = estimate(cfg(rollout={"group_size": 8}, sharding="fsdp"), devices=2)
+    assert item(sharded, "weights") == item(sharded, "gradients") == 2 * p
+    assert item(sharded, "optimizer") == 4 * p
+    assert item(sharded, "gathered_weights") == 2 * p  # the other half, for the rollout
+    assert item(estimate(cfg(sharding="fsdp")), "gathered_weights") == 0  # one device
+
+
 def test_batch_memory_scales_and_minibatches_split_the_update() -> None:
     small = estimate(cfg())
     double = estimate(cfg(rollout={"group_size": 8}))

@@ -1,6 +1,8 @@
-"""Step time and throughput of one job on 1 and N data-parallel processes (`pdppo train --nproc`).
+"""Step time and throughput of one job on 1 and N data-parallel processes (`pdppo train --nproc`),
+replicated and sharded (`train.sharding: fsdp`).
 
-The same spec runs with --nproc 1 and --nproc N, one after the other on this machine; printed
+The same spec runs with --nproc 1, --nproc N, and --nproc N sharded, one after the other on this
+machine; printed
 per run: median step time, median rollout and update time, and tokens/s (response tokens of the
 whole batch over the step's wall time), over the steps after a warm-up, and the speedup of N
 processes against one. On CPU each process gets cores / N threads, so the comparison is one
@@ -27,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def spec(args: argparse.Namespace) -> dict[str, object]:
+def spec(args: argparse.Namespace, sharding: str) -> dict[str, object]:
     """A model large enough that a step is mostly compute: builtin:tiny at d_model 256."""
     return {
         "name": "scaling",
@@ -47,6 +49,7 @@ def spec(args: argparse.Namespace) -> dict[str, object]:
             "checkpoint_every": 0,
             "seed": 0,
             "device": "cpu",
+            "sharding": sharding,
         },
     }
 
@@ -74,15 +77,16 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="pdppo-scaling-"))
-    spec_path = root / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(spec(args)))
     print(
         f"builtin:tiny d_model 256 x 4 layers, {args.prompts} prompts x {args.group} per step, "
         f"up to 16 new tokens, {args.steps} steps ({args.warmup} warm-up), {args.cores} cores"
     )
     base = None
-    for nproc in (1, args.nproc):
-        wall, rows = run(spec_path, root / f"n{nproc}", nproc, max(args.cores // nproc, 1))
+    for nproc, sharding in ((1, "replicate"), (args.nproc, "replicate"), (args.nproc, "fsdp")):
+        spec_path = root / f"{sharding}.yaml"
+        spec_path.write_text(yaml.safe_dump(spec(args, sharding)))
+        out = root / f"n{nproc}-{sharding}"
+        wall, rows = run(spec_path, out, nproc, max(args.cores // nproc, 1))
         timed = rows[args.warmup :]
         step = statistics.median(r["step_time"] for r in timed)
         rollout = statistics.median(r["rollout_time"] for r in timed)
@@ -90,8 +94,9 @@ def main() -> None:
         tokens = statistics.median(r["response_len"] * args.prompts * args.group for r in timed)
         speed = tokens / step
         base = base or speed
+        label = f"--nproc {nproc}" + (" fsdp" if sharding == "fsdp" and nproc > 1 else "")
         print(
-            f"--nproc {nproc}: step {step:.3f} s (rollout {rollout:.3f}, update {update:.3f}), "
+            f"{label}: step {step:.3f} s (rollout {rollout:.3f}, update {update:.3f}), "
             f"{speed:.0f} tokens/s, x{speed / base:.2f} of one process; whole run {wall:.1f} s"
         )
 

@@ -3,6 +3,8 @@
     out_dir/checkpoints/step-000010/
         model.safetensors   trainable weights (LoRA: the adapters only)
         optimizer.pt        AdamW state
+        (dcp/               in their place, from a sharded run: weights and AdamW state,
+                            one file per rank, `torch.distributed.checkpoint`)
         state.pt            RNG states and the stale-policy snapshots (so a resume is exact)
         meta.json           step, time, config: readable without torch
 
@@ -23,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.models.base import CausalLM
+from core.sharding import DCP_DIR, is_sharded, load_sharded, save_sharded
 
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -69,6 +72,20 @@ def save_checkpoint(
     weights = {n: p.detach().contiguous().cpu() for n, p in lm.trainable()}
     save_file(weights, str(tmp / "model.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    return _complete(tmp, out_dir, step, state, meta, keep)
+
+
+def _complete(
+    tmp: Path,
+    out_dir: Path,
+    step: int,
+    state: dict[str, Any],
+    meta: dict[str, Any],
+    keep: int | None,
+) -> Path:
+    """The run state and meta.json into `tmp`, then the rename that makes it the step's
+    checkpoint, and the oldest beyond `keep` removed."""
+    final = checkpoint_dir(out_dir, step)
     torch.save(state, tmp / "state.pt")
     (tmp / "meta.json").write_text(
         json.dumps({"step": step, "saved_at": time.time(), **meta}, indent=2, default=str)
@@ -81,12 +98,49 @@ def save_checkpoint(
     return final
 
 
+def save_sharded_checkpoint(
+    out_dir: Path,
+    step: int,
+    lm: CausalLM,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    meta: dict[str, Any],
+    keep: int | None = None,
+) -> Path | None:
+    """A checkpoint of a sharded run (`core.sharding`), written by every rank together: each its
+    shard of the weights and optimizer state under dcp/, rank 0 the rest (and the rename that
+    makes it complete, once all shards are in). Returns the folder on rank 0, None elsewhere."""
+    import torch.distributed as dist
+
+    final = checkpoint_dir(out_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    save_sharded(tmp, lm.module, optimizer)
+    dist.barrier()  # every shard written
+    if rank != 0:
+        return None
+    return _complete(tmp, out_dir, step, state, meta, keep)
+
+
 def load_checkpoint(
     path: Path, lm: CausalLM, optimizer: torch.optim.Optimizer
 ) -> tuple[int, dict[str, Any]]:
-    """Restore weights and optimizer in place; returns the step and the saved run state."""
+    """Restore weights and optimizer in place; returns the step and the saved run state. A
+    sharded run's checkpoint (dcp/) loads into any run; a whole one into an unsharded run."""
     path = Path(path)
-    lm.load_snapshot(load_file(str(path / "model.safetensors"), device=str(lm.device)))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=lm.device))
+    if (path / DCP_DIR).is_dir():
+        load_sharded(path, lm.module, optimizer)
+    elif is_sharded(lm):
+        raise ValueError(
+            f"{path} was written by an unsharded run; a run with sharding='fsdp' resumes "
+            "only from its own (sharded) checkpoints"
+        )
+    else:
+        lm.load_snapshot(load_file(str(path / "model.safetensors"), device=str(lm.device)))
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=lm.device))
     state = torch.load(path / "state.pt", map_location="cpu")
     return checkpoint_step(path), state

@@ -400,6 +400,15 @@ class TrainConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="'auto' picks CUDA when available."
     )
+    sharding: Literal["replicate", "fsdp"] = Field(
+        default="replicate",
+        description=(
+            "With several processes (resources.gpus, pdppo train --nproc): 'replicate' keeps a "
+            "whole model and optimizer in each; 'fsdp' shards weights, gradients and optimizer "
+            "state over them (torch FSDP2), for a model that does not fit one device. One "
+            "process trains unsharded either way."
+        ),
+    )
     eval_every: int = Field(
         default=0,
         ge=0,
@@ -467,6 +476,7 @@ class TrainConfig(Strict):
                 f"algorithm.minibatches = {per_update}"
             )
         self._check_engine()
+        self._check_sharding()
         t = self.task
         held_out = t.validation_path or t.validation_file or t.validation_fraction
         if self.eval_every and not held_out:
@@ -483,6 +493,22 @@ class TrainConfig(Strict):
                 f"{self.rollout.max_new_tokens} (needs >= {needed})"
             )
         return self
+
+    def _check_sharding(self) -> None:
+        """What a sharded run cannot do yet (`core.sharding`): a second copy of the model, or
+        adapters over a frozen base."""
+        if self.sharding != "fsdp":
+            return
+        refused = {
+            "rollout.staleness > 0": self.rollout.staleness > 0,
+            "a rollout.dtype other than model.dtype": self.rollout.dtype != self.model.dtype,
+            "algorithm.kl_beta > 0": self.algorithm.kl_beta > 0,
+            "model.lora": self.model.lora is not None,
+            "rollout.engine='vllm'": self.rollout.engine == "vllm",
+        }
+        named = [what for what, present in refused.items() if present]
+        if named:
+            raise ValueError(f"sharding='fsdp' does not support {', '.join(named)} yet")
 
     def _check_engine(self) -> None:
         """vLLM loads the model from its folder or hub id and returns only a top-K view; what

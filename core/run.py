@@ -13,6 +13,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from core.callbacks import TrainerCallback
-from core.checkpoint import save_checkpoint
+from core.checkpoint import save_checkpoint, save_sharded_checkpoint
 from core.config import OptimConfig, TrainConfig
 from core.distributed import World, check_world
 from core.evaluation import StepRollout
@@ -29,6 +30,7 @@ from core.models.base import check_chat_prompts, encode_example
 from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, generate
 from core.schedule import lr_at
+from core.sharding import gathered, shard
 from core.silence import SilenceWatch, zero_adv_groups
 from core.steering import changed, steered
 from core.tasks import Example, Task, make_task
@@ -132,6 +134,10 @@ class _Run:
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
+        # FSDP2 over the ranks (`core.sharding`): before the optimizer, which holds the shards
+        self.sharded = cfg.sharding == "fsdp" and self.world.parallel
+        if self.sharded:
+            shard(self.lm)
         params = [p for _, p in self.lm.trainable()]
         self.optimizer = build_optimizer(params, cfg.optim, self.device)
         self.prompt_rng = random.Random(cfg.seed)
@@ -212,15 +218,18 @@ class _Run:
         return changes
 
     def checkpoint(self) -> Path | None:
-        """Rank 0's checkpoint of the run (the other ranks hold the same replica; None there)."""
-        if self.world.rank != 0:
-            return None
+        """The run's checkpoint: rank 0's alone (the other ranks hold the same replica), or,
+        sharded, every rank's shard; the folder on rank 0, None on the others."""
         meta = {
             "config": self.cfg.model_dump(mode="json"),
             "model": self.cfg.model.name,
             "config_version": self.config_version,
         }
-        path = save_checkpoint(
+        if not self.sharded and self.world.rank != 0:
+            return None
+        # sharded, every rank writes its shard (and the folder is rank 0's to return)
+        save = save_sharded_checkpoint if self.sharded else save_checkpoint
+        path = save(
             self.out_dir,
             self.step,
             self.lm,
@@ -229,14 +238,23 @@ class _Run:
             meta,
             keep=self.cfg.keep_checkpoints,
         )
-        self.cb.on_checkpoint(self.step, path)
+        if path is not None:
+            self.cb.on_checkpoint(self.step, path)
         return path
 
     # -- warm-up ------------------------------------------------------------------------
 
     def warmup(self) -> bool:
-        """The supervised warm-up the task asks for (`core.warmup`); False if stopped midway."""
-        return supervised_warmup(self.cfg, self.lm, self.task, self.cb, self.device)
+        """The supervised warm-up the task asks for (`core.warmup`); False if stopped midway
+        (with several ranks, all of them, at the same warm-up step: they agree on a stop)."""
+        return supervised_warmup(
+            self.cfg,
+            self.lm,
+            self.task,
+            self.cb,
+            self.device,
+            should_stop=lambda: self.world.agree(self.cb.should_stop()),
+        )
 
     # -- one RL step --------------------------------------------------------------------
 
@@ -261,17 +279,19 @@ class _Run:
             batch, elapsed, extra["weight_sync_time"] = self._engine_sample(self.engine, ids)
         else:
             t0 = time.perf_counter()
-            batch = generate(
-                self.rollout_lm,
-                [p for p in ids for _ in range(r.group_size)],
-                max_new_tokens=r.max_new_tokens,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                top_k=self.cfg.algorithm.top_k,
-                keep_full=self.cfg.algorithm.estimator == "exact",
-                generator=self.sample_gen,
-                should_stop=self.inner_stop,
-            )
+            # sharded: every rank gathers the weights once, then samples without collectives
+            with gathered(self.rollout_lm) if self.sharded else nullcontext():
+                batch = generate(
+                    self.rollout_lm,
+                    [p for p in ids for _ in range(r.group_size)],
+                    max_new_tokens=r.max_new_tokens,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                    top_k=self.cfg.algorithm.top_k,
+                    keep_full=self.cfg.algorithm.estimator == "exact",
+                    generator=self.sample_gen,
+                    should_stop=self.inner_stop,
+                )
             _sync(self.device)
             elapsed = time.perf_counter() - t0
         grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])

@@ -25,7 +25,7 @@ import json
 import math
 import shutil
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from core.rollout import StopRequested
 from core.run import _adamw_kernel, _Run
 from core.run import build_optimizer as build_optimizer  # re-exported: callers import these here
 from core.run import resolve_device as resolve_device
+from core.sharding import full_state, gathered
 from core.update import group_advantages as group_advantages
 
 
@@ -149,8 +150,13 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
                 run.checkpoint()
                 last_saved = run.step
     final = out_dir / "final"
-    if writer:
+    if run.sharded:  # gathered on rank 0, by every rank
+        state = full_state(run.lm.module)
+        if writer:
+            run.lm.save_final_state(final, state)
+    elif writer:
         run.lm.save_final(final)
+    if writer:
         cb.on_log(f"final model saved to {final}")
     return TrainResult(step=run.step, stopped=False, final_model=final)
 
@@ -187,7 +193,8 @@ def _evaluate(run: _Run, results: RunResults, last_saved: int) -> TrainResult | 
     run with the step checkpointed and its evaluation undone: the resumed run evaluates that
     step first, with the same generator seed, so the numbers are the ones it would have had."""
     try:
-        results.evaluate_if_owed(run.step)
+        with _gathered_for_eval(run):
+            results.evaluate_if_owed(run.step)
     except StopRequested as stop:
         if last_saved != run.step:
             run.checkpoint()
@@ -214,3 +221,14 @@ def _check_finite(metrics: dict[str, float]) -> None:
     bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
     if bad:
         raise FloatingPointError(f"non-finite metrics at step {int(metrics['step'])}: {bad}")
+
+
+def _gathered_for_eval(run: _Run) -> AbstractContextManager[None]:
+    """A sharded run's weights gathered on every rank when an evaluation may be due at this
+    step (rank 0 alone evaluates, and its forwards must call no collective: `core.sharding`)."""
+    cfg, step = run.cfg, run.step
+    every = cfg.eval_every
+    due = bool(every) and (
+        (step == 0 and cfg.eval_on_start) or (step > 0 and (step % every == 0 or step == cfg.steps))
+    )
+    return gathered(run.lm) if run.sharded and due else nullcontext()

@@ -41,6 +41,7 @@ from core.loss import PolicyLossOutput, policy_loss
 from core.models.base import CausalLM
 from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
+from core.sharding import full_norm, is_sharded
 from core.truncation import truncate_to_nucleus
 
 
@@ -99,6 +100,8 @@ def update_policy(
     # policy each token's own update started from
     offpolicy_sum, offpolicy_tokens = 0.0, 0
     params = [p for _, p in lm.trainable()]
+    sharded = is_sharded(lm)  # FSDP reduces the gradients itself, as a mean: see core.sharding
+    scale = float(world.size) if sharded else 1.0
     for epoch in range(a.epochs):
         order = torch.randperm(b, generator=shuffle_gen).to(lm.device)
         for i in range(a.minibatches):
@@ -113,7 +116,7 @@ def update_policy(
             mb_loss = 0.0
             for piece in rows.chunk(accum):
                 out = _piece_loss(lm, batch, piece, adv_seq, ref, norm, cfg)
-                out.loss.backward()
+                (out.loss * scale if sharded else out.loss).backward()
                 mb_loss += float(out.loss.detach())
                 w = float(len(out.log_ratio))
                 for k, v in out.stats.items():
@@ -125,8 +128,9 @@ def update_policy(
                 if epoch == 0:
                     offpolicy_sum += float(out.log_ratio.abs().sum())
                     offpolicy_tokens += len(out.log_ratio)
-            world.sum_grads(params)  # each rank's loss has the global denominator: a sum
-            gn = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+            if not sharded:
+                world.sum_grads(params)  # each rank's loss has the global denominator: a sum
+            gn = full_norm(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
             before_step()
             optimizer.step()
             grad_norms.append(float(gn))
@@ -188,7 +192,8 @@ def fused_loss_applies(cfg: TrainConfig) -> bool:
     The model must have a plain output projection too (`CausalLM.output_projection`); where
     any of it fails the unfused loss runs, with the same results up to fp32 rounding."""
     a = cfg.algorithm
-    return a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
+    fused = a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
+    return fused and cfg.sharding != "fsdp"  # FSDP gathers no weight outside a forward
 
 
 def _piece_loss(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +24,12 @@ from core.tasks import Task
 
 
 def supervised_warmup(
-    cfg: TrainConfig, lm: CausalLM, task: Task, cb: TrainerCallback, device: torch.device
+    cfg: TrainConfig,
+    lm: CausalLM,
+    task: Task,
+    cb: TrainerCallback,
+    device: torch.device,
+    should_stop: Callable[[], bool] | None = None,
 ) -> bool:
     """Supervised steps before RL: on right-shaped, random-content completions (`format`:
     the task is left for RL to learn), or on the true answers (`answer`: a head start that
@@ -34,7 +40,8 @@ def supervised_warmup(
     model allows it (`core.fused.projected_token_logprobs`).
 
     False when the callback asked to stop midway: nothing is checkpointed then, so a
-    resumed run finds no checkpoint and starts over, warm-up included."""
+    resumed run finds no checkpoint and starts over, warm-up included. `should_stop`: asked in
+    place of the callback's (the ranks of a data-parallel run agree on it)."""
     t = cfg.task
     if not t.warmup_steps:
         return True
@@ -44,7 +51,7 @@ def supervised_warmup(
     t0 = time.perf_counter()
     loss = torch.tensor(0.0)
     for _ in range(t.warmup_steps):
-        if cb.should_stop():
+        if (should_stop or cb.should_stop)():
             cb.on_log("stopped during the warm-up")
             return False
         exs = [task.sample(rng) for _ in range(t.warmup_batch_size)]
@@ -65,7 +72,9 @@ def supervised_warmup(
         # make sequences longer than any the job is sized for, to teach text no rollout produces
         comps = [[*tok.encode(text), tok.eos_id][: cfg.rollout.max_new_tokens] for text in texts]
         batch = _pack(prompts, comps, tok.pad_id, device)
-        proj = response_projection(lm, batch, 1.0) if cfg.algorithm.fused_loss else None
+        # (not sharded: FSDP does not gather the output layer outside its forward)
+        fused = cfg.algorithm.fused_loss and cfg.sharding != "fsdp"
+        proj = response_projection(lm, batch, 1.0) if fused else None
         if proj is not None:  # cross-entropy without the logits (core.fused)
             loss = projected_token_logprobs(proj, batch.tokens).mean().neg()
         else:

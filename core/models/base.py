@@ -132,6 +132,15 @@ class CausalLM(abc.ABC):
     def save_final(self, path: Path) -> None:
         """The trained model in its family's own format, loadable without pdppo where possible."""
 
+    def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
+        """`save_final` of the weights in `state` (this model's own are sharded, `core.sharding`,
+        and `state` is their gathered whole)."""
+        raise TypeError(f"{type(self).__name__} cannot save a gathered state")
+
+    def blocks(self) -> list[nn.Module]:
+        """The transformer blocks, each a unit of FSDP sharding (`core.sharding`)."""
+        raise TypeError(f"{type(self).__name__} cannot be sharded")
+
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device

@@ -309,6 +309,14 @@ class HFLM(CausalLM):
         cache.batch_select_indices(rows)
         return cache
 
+    def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        module: Any = self.module
+        module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+
+    def blocks(self) -> list[torch.nn.Module]:
+        return list(self._base_model().get_decoder().layers)
+
     def save_final(self, path: Path) -> None:
         """Safetensors via save_pretrained; LoRA adapters are merged so the result loads alone."""
         import copy

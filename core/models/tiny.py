@@ -259,6 +259,15 @@ class TinyLM(CausalLM):
         meta = {"model": "builtin:tiny", "tiny": cfg, "vocab_size": self.cfg.vocab_size}
         (path / "config.json").write_text(json.dumps(meta, indent=2))
 
+    def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
+        whole = TinyLM(self.cfg)  # on the CPU, where `state` is
+        whole.module.load_state_dict(state)
+        whole.save_final(path)
+
+    def blocks(self) -> list[nn.Module]:
+        assert isinstance(self.module, TinyTransformer)
+        return list(self.module.blocks)
+
 
 def load_tiny_final(path: Path) -> TinyLM:
     """Rebuild a `builtin:tiny` model saved by `save_final`."""

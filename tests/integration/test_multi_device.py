@@ -11,11 +11,13 @@ has is refused at submit.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import signal
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +121,32 @@ def test_a_two_device_job_streams_the_metrics_of_a_local_two_process_run(
         assert {"reward_mean", "loss", "masked_fraction", "response_len", "lr"} <= keys
         for key in sorted(keys):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-9), (step, key)
+
+
+def test_a_sharded_job_downloads_a_checkpoint_of_every_ranks_shard(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """train.sharding: fsdp through the service: each rank holds half the model and writes its
+    half of every checkpoint; the download has both, and the final model is whole."""
+    svc = start(make_service)
+    spec = two_device_spec(steps=4, checkpoint_every=2)
+    spec["train"]["sharding"] = "fsdp"
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=spec).json()["id"]
+        done = wait_status(alice, job_id, FINISHED, timeout=120)
+        assert done["status"] == "succeeded", done
+        assert metric_steps(read_events(alice, job_id)) == [1, 2, 3, 4]
+        points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [2, 4]
+        download = alice.get(f"/v1/jobs/{job_id}/checkpoints/{points[-1]['name']}")
+        assert download.status_code == 200
+        with tarfile.open(fileobj=io.BytesIO(download.content)) as tar:
+            names = sorted(Path(n).name for n in tar.getnames())
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "state.pt", "meta.json"} <= set(names)
+        model = alice.get(f"/v1/jobs/{job_id}/model")
+        assert model.status_code == 200
+        with tarfile.open(fileobj=io.BytesIO(model.content)) as tar:
+            assert "model.safetensors" in {Path(n).name for n in tar.getnames()}
 
 
 def test_cancel_stops_every_rank_within_seconds(make_service: Callable[..., Service]) -> None:
@@ -305,3 +333,31 @@ def test_a_job_of_more_devices_than_the_server_gives_is_refused(
         assert refused.status_code == 422
         assert "rollout.prompts_per_step=4 must split evenly over 3" in refused.text
         assert alice.get("/v1/jobs").json()["items"] == []
+
+
+def test_a_model_that_fits_only_sharded_is_taken_sharded_and_refused_replicated(
+    make_service: Callable[..., Service],
+) -> None:
+    """The memory limit is per device: with `sharding: fsdp` over 2 devices a device holds half
+    the weights, gradients and AdamW state, which a limit between the two estimates tells."""
+    from core.budget import estimate
+    from pdppo.spec import JobSpec
+
+    big = two_device_spec()
+    big["train"]["model"]["tiny"].update(d_model=512, n_layers=8, n_heads=8)
+    sharded = json.loads(json.dumps(big))
+    sharded["train"]["sharding"] = "fsdp"
+    peaks = [
+        estimate(JobSpec.model_validate(s).train, devices=2).peak_memory_bytes
+        for s in (big, sharded)
+    ]
+    assert peaks[0] is not None and peaks[1] is not None and peaks[1] < peaks[0]
+    limit = (peaks[0] + peaks[1]) / 2 / 2**30
+    svc = make_service(PDPPO_MAX_JOB_DEVICES="2", PDPPO_MAX_JOB_MEMORY_GB_CPU=f"{limit:.6f}")
+    svc.start_api()
+    with svc.client("alice") as alice:
+        refused = alice.post("/v1/jobs", json=big)
+        assert refused.status_code == 422 and "memory" in refused.json()["detail"], refused.text
+        checked = alice.post("/v1/jobs:validate", json=sharded).json()
+        assert checked["ok"] and checked["estimate"]["peak_memory_bytes"] == peaks[1]
+        assert alice.post("/v1/jobs", json=sharded).status_code == 201

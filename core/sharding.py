@@ -1,0 +1,115 @@
+"""FSDP2 (`train.sharding: fsdp`): each rank of a data-parallel run holds 1/N of the weights,
+gradients and optimizer state instead of a whole replica (`core.distributed`).
+
+`torch.distributed.fsdp.fully_shard` wraps each transformer block and the whole model: a
+module's weights are gathered for its forward and backward and freed after, and gradients are
+reduce-scattered, so each rank keeps the shard of the step it owns. What this trainer does
+besides a training forward needs care, and this module holds it:
+
+- **Sampling and evaluation run on gathered weights.** FSDP gathers in collectives, which every
+  rank must enter together, but ranks sample different completions and stop at different
+  lengths (and only rank 0 evaluates). So before a rollout or an evaluation every rank gathers
+  every block once (`gathered`), and the forwards in between call no collective.
+- **Gradients are summed, not averaged.** Each rank's loss already carries the whole batch's
+  denominator (`core.update`), so the ranks' gradients must be summed. FSDP averages (gloo
+  cannot pre-multiply): `core.update` scales the loss by the world size instead.
+- **Checkpoints are sharded** (`torch.distributed.checkpoint`): every rank writes its shard of
+  the weights and optimizer state, and a checkpoint loads on any number of ranks, sharded or
+  not, one process included.
+- **The final model is gathered** on rank 0 (full tensors on the CPU) and saved as always.
+
+Not supported yet, refused by the config: separate rollout copies (staleness, a rollout
+dtype), the KL reference (a second model), LoRA, vLLM. The fused loss reads the output layer's
+weight outside its module's forward, which FSDP does not gather for it: it is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from core.models.base import CausalLM
+
+DCP_DIR = "dcp"  # a sharded checkpoint's weights and optimizer state, in a checkpoint folder
+
+
+def shard(lm: CausalLM) -> None:
+    """Shard `lm` over the default process group: each block, then the whole model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = "cuda" if lm.device.type == "cuda" else "cpu"
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    for block in lm.blocks():
+        fully_shard(block, mesh=mesh)
+    fully_shard(lm.module, mesh=mesh)
+
+
+def _fsdp_modules(lm: CausalLM) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in lm.module.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(lm: CausalLM) -> bool:
+    return bool(_fsdp_modules(lm))
+
+
+@contextlib.contextmanager
+def gathered(lm: CausalLM) -> Iterator[None]:
+    """Every block's full weights on every rank until the end of the block, and forwards that
+    call no collective (each rank may run as many as it likes). A collective itself: every rank
+    enters it. Nothing for a model that is not sharded."""
+    modules = _fsdp_modules(lm)
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """`clip_grad_norm_`'s total norm as a plain tensor (a DTensor over sharded gradients)."""
+    full = getattr(norm, "full_tensor", None)
+    return full() if full is not None else norm
+
+
+def save_sharded(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every rank writes its shard of the weights and optimizer state under `path`/dcp."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / DCP_DIR))
+
+
+def load_sharded(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Weights and optimizer state from `path`/dcp, written by any number of ranks, into this
+    run's (sharded over any number, or whole in one process)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(path / DCP_DIR))
+    set_state_dict(
+        module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+
+
+def full_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as CPU tensors on rank 0 (empty on the others); a collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(module, options=options))

@@ -4,7 +4,6 @@ parameters and metrics of one process's update on the whole batch."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -21,19 +20,17 @@ import torch.multiprocessing as mp
 import yaml
 
 from core.callbacks import TrainerCallback
-from core.checkpoint import list_checkpoints, load_checkpoint
-from core.config import ModelConfig, TrainConfig
+from core.checkpoint import list_checkpoints
+from core.config import TrainConfig
 from core.distributed import World
 from core.models import load_model
-from core.models.local_hf import make_chat_hf, make_tiny_hf
-from core.models.tiny import load_tiny_final
 from core.rollout import RolloutBatch, generate
 from core.run import _Run
 from core.sharding import shard
 from core.trainer import build_optimizer, train
 from core.update import group_advantages, update_policy
 from tests.core.test_trainer import SpreadReward, read_metrics, small_config
-from tests.integration.stack import REPO, pdppo_command
+from tests.integration.stack import pdppo_command
 
 GROUPS, GROUP_SIZE = 4, 4
 
@@ -148,44 +145,6 @@ def test_two_ranks_take_the_single_process_step(tmp_path: Path, algorithm: dict[
     assert 0 < want_metrics["masked_fraction"] < 1
 
 
-@pytest.mark.parametrize(
-    ("model", "loss_agg"),
-    [("tiny", "token_mean"), ("tiny", "seq_mean"), ("llama", "token_mean")],
-)
-def test_two_sharded_ranks_take_the_single_process_step(
-    tmp_path: Path, model: str, loss_agg: str
-) -> None:
-    """FSDP2 (`core.sharding`): each rank holds half of every weight and its optimizer state;
-    gathered, the step is the single-process step on the whole batch (the builtin model, and a
-    Hugging Face Llama whose blocks are its decoder's layers)."""
-    cfg = config(loss_agg=loss_agg).model_copy(update={"sharding": "fsdp"})
-    if model == "llama":
-        hf = make_tiny_hf(tmp_path / "llama")
-        cfg = cfg.model_copy(update={"model": ModelConfig(name=f"hf:{hf}")})
-    want_params, want_metrics = step(cfg, World())
-    (params0, metrics0), (params1, _) = data_parallel(cfg, tmp_path)
-    for name in want_params:
-        assert torch.equal(params0[name], params1[name]), name
-    if model == "tiny":
-        for name, want in want_params.items():
-            torch.testing.assert_close(params0[name], want, rtol=1e-5, atol=1e-6)
-    else:
-        # The ranks' gradients are summed in another order than one process sums the batch's;
-        # a gradient element that nearly cancels (|g| near AdamW's eps, 1e-6 here) then takes a
-        # visibly different step. Measured on this Llama: 6 to 7 of its 57248 weights beyond
-        # 1e-6 + 1e-5 |w|, at most 1.3e-5 apart (of a 1e-2 step), with `replicate` as with
-        # `fsdp`: the order of the sum, not the sharding.
-        beyond = sum(
-            int(((params0[n] - w).abs() > 1e-6 + 1e-5 * w.abs()).sum())
-            for n, w in want_params.items()
-        )
-        worst = max(float((params0[n] - w).abs().max()) for n, w in want_params.items())
-        total = sum(w.numel() for w in want_params.values())
-        assert beyond <= total // 2000 and worst < 5e-5, (beyond, total, worst)
-    for name, value in want_metrics.items():
-        assert metrics0[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
-
-
 def test_a_rank_alone_is_not_the_whole_batch(tmp_path: Path) -> None:
     """The check above can fail: a rank that kept its own gradient (no sum over the ranks)
     takes a different step from the whole batch's."""
@@ -249,76 +208,6 @@ def test_pdppo_train_with_two_processes_writes_one_run_that_resumes_on_one_or_tw
         assert [p.name for p in list_checkpoints(target)] == ["step-000002", "step-000004"]
     # the steps before the resume are the two-process run's, whichever resumed it
     assert read_metrics(out)[:2] == read_metrics(alone)[:2] == rows
-
-
-def test_what_a_sharded_run_cannot_do_yet_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"does not support rollout.staleness > 0, algorithm"):
-        small_config(sharding="fsdp", rollout={"staleness": 1}, algorithm={"kl_beta": 0.1})
-    with pytest.raises(ValueError, match=r"a rollout\.dtype other than model\.dtype"):
-        small_config(sharding="fsdp", rollout={"dtype": "bfloat16"})
-    assert small_config(sharding="fsdp").sharding == "fsdp"
-
-
-def test_a_sharded_run_checkpoints_its_shards_and_resumes_on_two_or_one(tmp_path: Path) -> None:
-    """sharding: fsdp. Each rank writes its shard (torch.distributed.checkpoint); the shards
-    load back to the very weights the run had (its final model, gathered at the same step),
-    and the run resumes on 2 processes (sharded) and on 1 (whole)."""
-    out = tmp_path / "two"
-    done = run_cli(str(spec_file(tmp_path / "two.yaml", 2, 2, "fsdp")), "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    [saved] = list_checkpoints(out)
-    assert sorted(p.name for p in saved.iterdir()) == ["dcp", "meta.json", "state.pt"]
-    assert sorted(p.name for p in (saved / "dcp").iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp"
-    ]  # fmt: skip
-
-    cfg = small_config(steps=2, checkpoint_every=2, sharding="fsdp")
-    lm = load_model(cfg.model, torch.device("cpu"))
-    optimizer = build_optimizer([p for _, p in lm.trainable()], cfg.optim, lm.device)
-    step_, _ = load_checkpoint(saved, lm, optimizer)
-    final = load_tiny_final(out / "final")
-    assert step_ == 2
-    for name, tensor in final.module.state_dict().items():
-        assert torch.equal(lm.module.state_dict()[name], tensor), name
-    # AdamW's state came back too: 2 steps of 2 minibatches each, for every weight
-    counts = [float(s["step"]) for s in optimizer.state_dict()["state"].values()]
-    assert counts == [4.0] * len(lm.trainable())
-
-    alone = resume_on_two_and_one(out, spec_file(tmp_path / "four.yaml", 4, 2, "fsdp"))
-    assert (out / "checkpoints" / "step-000004" / "dcp").is_dir()  # sharded on 2
-    assert (alone / "checkpoints" / "step-000004" / "model.safetensors").is_file()  # whole on 1
-
-
-def test_a_sharded_run_warms_up_and_evaluates_with_rank_0_alone_generating(tmp_path: Path) -> None:
-    """The warm-up trains every rank alike; the evaluations generate on rank 0 alone, over
-    weights every rank gathered first (a forward that all-gathered on rank 0 alone would wait
-    for the others forever)."""
-    model = make_chat_hf(tmp_path / "chat")
-    cfg = small_config(
-        model={"name": f"hf:{model}"},
-        task={
-            "name": "jsonl",
-            "path": str(REPO / "examples" / "data" / "chat_math.jsonl"),
-            "validation_path": str(REPO / "examples" / "data" / "chat_math_val.jsonl"),
-            "warmup_steps": 2,
-            "warmup_target": "answer",
-        },
-        eval_every=2,
-        eval_on_start=True,
-        eval_max_prompts=8,
-        sharding="fsdp",
-    )
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        yaml.safe_dump({"resources": {"gpus": 2}, "train": cfg.model_dump(mode="json")})
-    )
-    out = tmp_path / "out"
-    done = run_cli(str(spec), "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "answer warm-up: 2 steps" in done.stdout
-    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in evals] == [0, 2, 4]
-    assert all(e["eval_prompts"] == 8 for e in evals)
 
 
 def test_a_batch_that_does_not_split_over_the_processes_is_refused(tmp_path: Path) -> None:

@@ -63,9 +63,9 @@ def is_sharded(lm: CausalLM) -> bool:
 
 @contextlib.contextmanager
 def gathered(lm: CausalLM) -> Iterator[None]:
-    """Every block's full weights on every rank until the end of the block, and forwards that
-    call no collective (each rank may run as many as it likes). A collective itself: every rank
-    enters it. Nothing for a model that is not sharded."""
+    """The whole model's weights on every rank until the `with` ends, and forwards that call no
+    collective meanwhile (each rank may run as many as it likes). A collective itself: every
+    rank enters it."""
     modules = _fsdp_modules(lm)
     for m in modules:
         m.set_reshard_after_forward(False, recurse=False)

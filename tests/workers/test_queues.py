@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from pdppo.queues import job_queue, parse_queue, worker_queues
+from pdppo.queues import job_queue, parse_queue, queue_device, worker_queues
 from pdppo.spec import JobSpec
 from tests.integration.stack import smoke_spec
 
@@ -20,6 +20,18 @@ def test_one_device_jobs_keep_the_plain_queues() -> None:
     for bad in ("gpu.x1", "gpu.x65", "tpu", "cpu.x", "cpu.4"):
         with pytest.raises(ValueError):
             parse_queue(bad)
+
+
+def test_device_counts_are_bounded_at_1_and_64_on_both_sides() -> None:
+    """The mutation run's survivors (bench/mutation.py, group ranks): 0 and 64 devices."""
+    assert job_queue("gpu", 64) == "gpu.x64" and parse_queue("gpu.x64") == ("gpu", 64)
+    assert worker_queues(["cpu"], 64)[0] == "cpu.x64" and len(worker_queues(["cpu"], 64)) == 64
+    for bad in (0, 65):
+        with pytest.raises(ValueError, match="1 to 64"):
+            job_queue("cpu", bad)
+        with pytest.raises(ValueError, match="1 to 64"):
+            worker_queues(["cpu"], bad)
+    assert queue_device("gpu.x4") == "gpu" and queue_device("cpu") == "cpu"
 
 
 def test_a_worker_takes_every_job_that_fits_it_and_none_bigger() -> None:

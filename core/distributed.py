@@ -22,6 +22,7 @@ called and the update is bit for bit the one without this module.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -101,6 +102,26 @@ class World:
             n = p.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
             offset += n
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a group's rendezvous (rank 0 binds it next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def join_group(rank: int, size: int, port: int, cuda: bool) -> None:
+    """This process joins a group of `size` on this machine as `rank`, rendezvous at rank 0's
+    `port`: nccl with the GPU of its rank, else gloo on the CPU."""
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+    )
 
 
 def _device() -> torch.device:

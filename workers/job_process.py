@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from core.budget import Limits
+from core.distributed import free_port
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model
 from pdppo.spec import JobSpec
@@ -71,7 +72,7 @@ from workers.config_watch import ConfigWatch
 from workers.job_events import EventPublisher as EventPublisher
 from workers.job_events import JobCallback
 from workers.job_events import backfill as backfill
-from workers.job_ranks import Failure, RankJob, data_parallel, free_port
+from workers.job_ranks import Failure, RankJob, data_parallel
 from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from core.distributed import World, join_group
 from core.parent_death import die_with_parent
 from workers.exits import describe_exit
 
@@ -163,13 +163,11 @@ def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterat
     end the job process (its main thread may be waiting in a collective that never completes)."""
     import torch.distributed as dist
 
-    from core.distributed import World
-
     ranks = Ranks(job, on_failure)
     ranks.start()
     finished = False
     try:
-        _join_group(job, 0)
+        join_group(0, job.size, job.port, job.cuda)
         yield World(0, job.size)
         finished = True
     finally:
@@ -182,26 +180,6 @@ def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterat
             ranks.kill()  # rank 0 stopped mid-run: the others would wait in a collective
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _join_group(job: RankJob, rank: int) -> None:
-    import torch
-    import torch.distributed as dist
-
-    if job.cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if job.cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{job.port}",
-        rank=rank,
-        world_size=job.size,
-    )
 
 
 def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
@@ -234,12 +212,11 @@ def _train_rank(job: RankJob, rank: int) -> None:
 
     from core.callbacks import TrainerCallback
     from core.config import TrainConfig
-    from core.distributed import World
     from core.trainer import train
 
     if job.torch_threads:
         torch.set_num_threads(job.torch_threads)
-    _join_group(job, rank)
+    join_group(rank, job.size, job.port, job.cuda)
     train(
         TrainConfig.model_validate_json(job.config_json),
         Path(job.out_dir),

@@ -128,14 +128,12 @@ def _train(config_json: str, out: Path, resume: bool, quiet: bool, world: Any = 
 
 def _data_parallel(config_json: str, out: Path, resume: bool, quiet: bool, nproc: int) -> Any:
     """`nproc` processes on this machine, rendezvous on a free local port; rank 0's result."""
-    import socket
-
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from core.distributed import free_port
+
+    port = free_port()
     queue = mp.get_context("spawn").SimpleQueue()
     try:
         mp.spawn(
@@ -162,19 +160,14 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
-    from core.distributed import World
+    from core.distributed import World, join_group
     from core.parent_death import die_with_parent
 
     # torch's spawn arms SIGINT, which a rank blocked in a collective never acts on: the
     # fresh-clone CI of a81de89 saw both ranks of a killed `pdppo train` outlive it
     if not die_with_parent(parent):
         os._exit(1)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc
-    )
+    join_group(rank, nproc, port, cuda=torch.cuda.is_available())
     try:
         result = _train(config_json, out, resume, quiet, World(rank, nproc))
         if rank == 0:

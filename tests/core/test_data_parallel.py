@@ -30,7 +30,7 @@ from core.sharding import shard
 from core.trainer import build_optimizer, train
 from core.update import group_advantages, update_policy
 from tests.core.test_trainer import SpreadReward, read_metrics, small_config
-from tests.integration.stack import pdppo_command
+from tests.integration.stack import children, pdppo_command, running, still_running
 
 GROUPS, GROUP_SIZE = 4, 4
 
@@ -269,31 +269,16 @@ def test_a_steps_metrics_are_the_whole_batchs_on_every_rank(tmp_path: Path) -> N
     assert m0["reward_std"] == pytest.approx(float(rewards.std()), rel=1e-6)
 
 
-def _children(pid: int) -> list[int]:
+def spawned(pid: int) -> list[int]:
+    """The ranks `pdppo train` (process `pid`) started: its multiprocessing spawn children."""
     out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child in children(pid):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if "spawn" in Path(f"/proc/{child}/cmdline").read_text():
+                out.append(child)
         except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
+            continue  # gone meanwhile
     return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_rank_killed_with_9_fails_the_run_and_leaves_no_process(tmp_path: Path) -> None:
@@ -310,9 +295,7 @@ def test_a_rank_killed_with_9_fails_the_run_and_leaves_no_process(tmp_path: Path
         while not metrics.exists() or len(read_metrics(out)) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
-        ranks = [
-            p for p in _children(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()
-        ]
+        ranks = spawned(proc.pid)
         assert len(ranks) == 2, ranks
         os.kill(ranks[1], signal.SIGKILL)
         code = proc.wait(timeout=60)
@@ -321,7 +304,7 @@ def test_a_rank_killed_with_9_fails_the_run_and_leaves_no_process(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
     assert code != 0 and "Error" in err and "SIGKILL" in err, err[-2000:]
-    assert not any(_alive(p) for p in ranks)  # the other rank was stopped too
+    assert not any(running(p) for p in ranks)  # the other rank was stopped too
 
 
 def test_ranks_die_with_a_pdppo_train_killed_with_9(tmp_path: Path) -> None:
@@ -341,15 +324,12 @@ def test_ranks_die_with_a_pdppo_train_killed_with_9(tmp_path: Path) -> None:
         while not metrics.exists() or len(read_metrics(out)) < 2:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        ranks = [p for p in _children(proc.pid) if "spawn" in _cmdline(p)]
+        ranks = spawned(proc.pid)
         assert len(ranks) == 2, ranks
     finally:
         proc.kill()
         proc.wait()
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(p) for p in ranks)
+    assert still_running(ranks, 10) == []
 
 
 class StopOnSecondAsk(TrainerCallback):

@@ -57,6 +57,19 @@ def running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, as /proc lists them now."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def still_running(pids: list[int], timeout: float) -> list[int]:
     """The pids still running after up to `timeout` seconds (empty as soon as all ended)."""
     deadline = time.monotonic() + timeout

@@ -42,7 +42,7 @@ from kombu import Queue
 
 from pdppo.store import events_key, job_key, lease_key
 from tests.integration.conftest import TERMINAL, metric_steps, read_events, wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.integration.stack import Service, children, running, smoke_spec
 from workers.celery_app import TRAIN_TASK
 
 STEPS = 150
@@ -60,38 +60,17 @@ def publish_again(redis_url: str, job_id: str) -> None:
         app.close()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 def job_processes(worker: subprocess.Popen[bytes]) -> list[int]:
     """The worker's job processes: children of its fork server (`workers.job_process`)."""
     found = []
-    for child in _children(worker.pid):
+    for child in children(worker.pid):
         try:
             cmdline = (Path("/proc") / str(child) / "cmdline").read_bytes()
         except OSError:
             continue
         if b"forkserver" in cmdline:
-            found += [pid for pid in _children(child) if _alive(pid)]
+            found += [pid for pid in children(child) if running(pid)]
     return found
-
-
-def _alive(pid: int) -> bool:
-    """Running or stopped, not a zombie waiting for its parent to reap it."""
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def claimed_by(client: redis.Redis, job_id: str) -> str:

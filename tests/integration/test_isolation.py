@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import read_events, wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.integration.stack import Service, running, smoke_spec, still_running
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 LONG = {"steps": 5000, "checkpoint_every": 0}
@@ -29,22 +29,6 @@ def job_pid(service: Service, job_id: str, worker: int = 0, timeout: float = 30)
         assert time.monotonic() < deadline, service.worker_log(worker)[-3000:]
         time.sleep(0.1)
     return int(found[-1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status").read_text()  # a zombie is dead, only not yet reaped
-    return "\nState:\tZ" not in status
-
-
-def wait_gone(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        assert time.monotonic() < deadline, f"process {pid} is still alive"
-        time.sleep(0.05)
 
 
 def logs(client: httpx.Client, job_id: str) -> list[str]:
@@ -123,8 +107,8 @@ def test_a_job_that_ignores_the_stop_is_killed_and_the_worker_goes_on(
     assert done["status"] == "cancelled", done
     assert 4.5 < took < 10, f"cancel took {took:.1f}s"
     assert "cancelled (killed after the grace period)" in logs(alice, job["id"])
-    wait_gone(pid, 5)
-    assert alive(worker)
+    assert still_running([pid], 5) == [], f"process {pid} is still alive"
+    assert running(worker)
     smoke_succeeds(alice)
 
 
@@ -181,7 +165,7 @@ def test_a_killed_worker_takes_its_job_process_with_it(
         wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 2)
         pid = job_pid(svc, job["id"])
         svc.kill_worker(worker)
-        wait_gone(pid, 3)
+        assert still_running([pid], 3) == [], f"process {pid} is still alive"
         alice.post(f"/v1/jobs/{job['id']}/cancel")
 
 

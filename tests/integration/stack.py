@@ -7,6 +7,7 @@ process is a child of this one, and `stop()` ends exactly those children.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -68,6 +69,18 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             out.append(int(stat.parent.name))
     return out
+
+
+def rank_pids(svc: Service, job_id: str, worker: int = 0) -> list[int]:
+    """Ranks 1.. of a multi-device job's runs, as its job process logged them."""
+    pattern = rf"job {job_id}: rank \d+ of \d+ in process (\d+)"
+    return [int(pid) for pid in re.findall(pattern, svc.worker_log(worker))]
+
+
+def job_pids(svc: Service, job_id: str, worker: int = 0) -> list[int]:
+    """The job's job processes (one per run), as the worker logged them."""
+    pattern = rf"job {job_id}: training in process (\d+)"
+    return [int(pid) for pid in re.findall(pattern, svc.worker_log(worker))]
 
 
 def still_running(pids: list[int], timeout: float) -> list[int]:

@@ -54,6 +54,13 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        options: dict[str, Any] = {}
+        if not torch.cuda.is_available():
+            # a prompt's prefill split over two engine steps rewinds its request's seeded
+            # generator, which a CPU generator cannot ("CPU Generator does not use offset"):
+            # whole prompts only (vLLM then budgets a step for the longest one)
+            options["enable_chunked_prefill"] = False
+
         self.llm = LLM(
             model=source,
             tokenizer=source,
@@ -64,6 +71,7 @@ class VLLMEngine:
             seed=cfg.seed,
             gpu_memory_utilization=cfg.rollout.vllm_memory,
             enforce_eager=not torch.cuda.is_available(),
+            **options,
         )
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> float:

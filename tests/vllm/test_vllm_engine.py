@@ -203,3 +203,14 @@ def test_a_stop_aborts_the_rollout_and_leaves_the_engine_usable(
     assert not engine.llm.llm_engine.has_unfinished_requests()
     batch = sample(engine, lm)
     assert gap(lm, batch) < PRECISION
+
+
+def test_a_batch_over_one_engine_steps_token_budget_samples(engine: VLLMEngine, lm: HFLM) -> None:
+    """32 prompts of 200 tokens, two completions each: more prompt tokens than vLLM schedules
+    in one engine step (4096 on CPU). vLLM then split a prompt's prefill over two steps, and
+    a seeded request's split prefill failed on CPU ("CPU Generator does not use offset": it
+    rewinds the request's generator, which only CUDA generators can)."""
+    prompts = [[1, *((7 * i + j) % 70 + 20 for j in range(199))] for i in range(32)]
+    batch = sample(engine, lm, prompts=prompts, group_size=2, max_new_tokens=4)
+    assert batch.input_ids.shape[0] == 64
+    assert gap(lm, batch) < PRECISION

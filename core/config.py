@@ -538,6 +538,4 @@ class TrainConfig(Strict):
                 f"rollout.prompts_per_step={self.rollout.prompts_per_step} must split evenly over "
                 f"{processes} processes (each takes whole groups)"
             )
-        if self.rollout.engine == "vllm":
-            return "rollout.engine='vllm' runs in one process for now; use engine 'hf'"
         return None

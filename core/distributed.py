@@ -23,6 +23,7 @@ called and the update is bit for bit the one without this module.
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -122,6 +123,18 @@ def join_group(rank: int, size: int, port: int, cuda: bool) -> None:
         rank=rank,
         world_size=size,
     )
+
+
+def leave_group() -> None:
+    """Tear down this process's group. A vLLM engine in the process (`rollout.engine: vllm`
+    on several ranks) built its own groups inside it: those go first, or its exit handler
+    finds them invalid and fails the process's end."""
+    if "vllm.distributed.parallel_state" in sys.modules:
+        from core.vllm_engine import leave_groups
+
+        leave_groups()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _device() -> torch.device:

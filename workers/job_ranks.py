@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from core.distributed import World, join_group
+from core.distributed import World, join_group, leave_group
 from core.parent_death import die_with_parent
 from workers.exits import describe_exit
 
@@ -178,8 +178,7 @@ def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterat
             ranks.join(60)
         else:
             ranks.kill()  # rank 0 stopped mid-run: the others would wait in a collective
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_group()
 
 
 def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
@@ -228,4 +227,4 @@ def _train_rank(job: RankJob, rank: int) -> None:
         world=World(rank, job.size),
     )
     dist.barrier()
-    dist.destroy_process_group()
+    leave_group()

@@ -160,7 +160,7 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
-    from core.distributed import World, join_group
+    from core.distributed import World, join_group, leave_group
     from core.parent_death import die_with_parent
 
     # torch's spawn arms SIGINT, which a rank blocked in a collective never acts on: the
@@ -176,7 +176,7 @@ def _rank_main(
         # gloo abort that rank ("terminate called without an active exception", SIGABRT)
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        leave_group()
 
 
 def _progress(total: int, quiet: bool) -> Any:

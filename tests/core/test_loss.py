@@ -166,7 +166,11 @@ def test_kl_gradient_is_the_closed_form_of_k3() -> None:
     assert (logits.grad[rmask].abs().sum(-1) > 0).all()
 
 
-def test_kl_is_zero_at_the_reference_and_beta_zero_changes_nothing() -> None:
+@pytest.mark.parametrize("gap", [1.0, 100.0])
+def test_kl_is_zero_at_the_reference_and_beta_zero_changes_nothing(gap: float) -> None:
+    """With kl_beta = 0 the penalty stays out of the loss, not in it times 0: at a gap of 100
+    nats k3 = expm1(100) - 100 overflows fp32 (a token the policy has all but ruled out and
+    the reference has not), and 0 * inf would make the loss NaN."""
     p = positions(32, 60, seed=7)
     own = torch.log_softmax(p.logits, -1).gather(-1, p.tokens[:, None])[:, 0]
     args = {"tokens": p.tokens, "behavior": p.behavior, "advantages": p.advantages}
@@ -174,7 +178,7 @@ def test_kl_is_zero_at_the_reference_and_beta_zero_changes_nothing() -> None:
     plain = policy_loss(logits=plain_logits, **args)
     plain.loss.backward()
     off_logits = p.logits.clone().requires_grad_()
-    off = policy_loss(logits=off_logits, ref_logprobs=own + 1.0, kl_beta=0.0, **args)
+    off = policy_loss(logits=off_logits, ref_logprobs=own + gap, kl_beta=0.0, **args)
     off.loss.backward()
     assert torch.equal(off.loss, plain.loss)  # beta = 0: bit for bit
     assert off_logits.grad is not None and plain_logits.grad is not None

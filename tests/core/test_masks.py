@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from core import trust_region_mask
+from core.behavior import BehaviorView
 from core.divergence import ESTIMATORS, KINDS
-from core.masks import MASKS, ratio_moves_away
+from core.masks import MASKS, ratio_moves_away, trust_region
 from core.synthetic import Positions, positions
 from tests.core.references import (
     autograd_change,
@@ -166,3 +169,25 @@ def test_ratio_direction_at_its_boundaries() -> None:
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 1.0, -1.0, 0.0])
     want = [False, False, True, True, False, False, False, False, False]
     assert ratio_moves_away(log_ratio, advantages).tolist() == want
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_predictive_keeps_a_far_token_whose_step_cannot_move_the_divergence(
+    kind: str, estimator: str
+) -> None:
+    """The predictive mask masks a far token only where its step would increase D (g > 0). A
+    token pi has saturated (logit margin 200: pi(a) is exactly 1 in fp32) has a zero gradient,
+    so g is exactly 0 while D to a uniform mu is far past 0.15: kept, and not counted in the
+    masked fractions, with either sign of A."""
+    v = 6
+    logits = torch.tensor([[200.0] + [0.0] * (v - 1)] * 2)
+    tokens = torch.tensor([0, 0])
+    advantages = torch.tensor([1.0, -1.0])
+    mu = torch.full((2, v), -math.log(v))
+    view = BehaviorView(mu[:, 0].clone(), torch.tensor([[0, 1, 2]] * 2), mu[:, :3].clone(), mu)
+    region = trust_region(logits, view, tokens, advantages, "predictive", kind, estimator)
+    assert region.divergence is not None and region.change is not None
+    assert (region.divergence > 0.5).all()
+    assert region.change.tolist() == [0.0, 0.0]
+    assert region.keep.tolist() == [True, True]

@@ -1,17 +1,19 @@
-"""The wall-clock limit the worker gives a job (`workers.runner.timeout_seconds`): the spec's own,
-else the server's default, never past the server's maximum, and the default for a spec the
-worker cannot read (the job process then fails it, naming the error)."""
+"""The limits the worker gives a job. Wall clock (`workers.runner.timeout_seconds`): the spec's
+own, else the server's default, never past the server's maximum, and the default for a spec the
+worker cannot read (the job process then fails it, naming the error). Memory
+(`memory_limit_bytes`): PDPPO_JOB_MEMORY_LIMIT_MB, else 80% of the machine's (README)."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import fields
 
 import pytest
 
 from pdppo.settings import Settings
 from pdppo.store.records import JobRecord
-from workers.runner import timeout_seconds
+from workers.runner import memory_limit_bytes, timeout_seconds
 
 SETTINGS = Settings(job_timeout_minutes=30, max_job_timeout_minutes=120)
 
@@ -42,3 +44,9 @@ def test_timeout_is_the_specs_else_the_default_never_past_the_maximum(
     spec_json: str, seconds: float
 ) -> None:
     assert timeout_seconds(_job(spec_json), SETTINGS) == seconds
+
+
+def test_memory_limit_is_the_settings_else_80_percent_of_the_machine() -> None:
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory_limit_bytes(Settings(job_memory_limit_mb=512)) == 512 * 2**20
+    assert memory_limit_bytes(Settings(job_memory_limit_mb=None)) == int(0.8 * machine)

@@ -504,7 +504,6 @@ class TrainConfig(Strict):
             "a rollout.dtype other than model.dtype": self.rollout.dtype != self.model.dtype,
             "algorithm.kl_beta > 0": self.algorithm.kl_beta > 0,
             "model.lora": self.model.lora is not None,
-            "rollout.engine='vllm'": self.rollout.engine == "vllm",
         }
         named = [what for what, present in refused.items() if present]
         if named:

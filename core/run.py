@@ -312,7 +312,9 @@ class _Run:
         if r.staleness > 0:
             self.snapshots.append(self.lm.snapshot())
             stale = self.snapshots[0]
-        sync_time = engine.load_weights(self._engine_weights(stale))
+        # sharded: every rank gathers the weights for its own engine (a collective: all enter)
+        with gathered(self.lm) if self.sharded else nullcontext():
+            sync_time = engine.load_weights(self._engine_weights(stale))
         seed = int(torch.randint(0, 2**31, (1,), generator=self.sample_gen, device=self.device))
         tok = self.lm.tokenizer
         t0 = time.perf_counter()

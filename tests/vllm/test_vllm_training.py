@@ -106,7 +106,8 @@ def test_two_processes_sample_with_an_engine_each_and_resume_on_two_and_on_one(
 ) -> None:
     """`--nproc 2`: each rank samples its two prompts with an engine of its own (vLLM's
     external launcher inside the run's gloo group) and syncs its own weights into it; the
-    global off-policy gap stays at precision only if both engines took every sync. A resume
+    global off-policy gap stays at precision only if both engines took every sync. Sharded
+    (fsdp), the ranks gather the weights for the sync and draw the same rollouts. A resume
     on 2 processes draws the same rollouts again; on 1 it goes on from the shared checkpoint
     with one engine, still on policy."""
     model, data = setup
@@ -116,6 +117,14 @@ def test_two_processes_sample_with_an_engine_each_and_resume_on_two_and_on_one(
         assert m["offpolicy_logratio_abs"] < PRECISION, m
         assert 0 < m["weight_sync_time"] < 10
     assert full[-1]["grad_norm"] > 0
+
+    # sharded, each rank gathers the weights for its engine: the same rollouts, on policy
+    body = spec(model, data, STEPS)
+    body["train"]["sharding"] = "fsdp"
+    sharded = train(tmp_path, body, tmp_path / "sharded", "--nproc", "2")
+    for a, b in zip(full, sharded, strict=True):
+        assert a["reward_mean"] == b["reward_mean"], (a, b)
+        assert b["offpolicy_logratio_abs"] < PRECISION, b
 
     part = tmp_path / "part"
     train(tmp_path, spec(model, data, 3), part, "--nproc", "2")

@@ -9,7 +9,8 @@ besides a training forward needs care, and this module holds it:
 - **Sampling and evaluation run on gathered weights.** FSDP gathers in collectives, which every
   rank must enter together, but ranks sample different completions and stop at different
   lengths (and only rank 0 evaluates). So before a rollout or an evaluation every rank gathers
-  every block once (`gathered`), and the forwards in between call no collective.
+  every block once (`gathered`), and the forwards in between call no collective. With vLLM,
+  every rank gathers the weights to load them into its engine.
 - **Gradients are summed, not averaged.** Each rank's loss already carries the whole batch's
   denominator (`core.update`), so the ranks' gradients must be summed. FSDP averages (gloo
   cannot pre-multiply): `core.update` scales the loss by the world size instead.
@@ -19,7 +20,7 @@ besides a training forward needs care, and this module holds it:
 - **The final model is gathered** on rank 0 (full tensors on the CPU) and saved as always.
 
 Not supported yet, refused by the config: separate rollout copies (staleness, a rollout
-dtype), the KL reference (a second model), LoRA, vLLM. The fused loss reads the output layer's
+dtype), the KL reference (a second model), LoRA. The fused loss reads the output layer's
 weight outside its module's forward, which FSDP does not gather for it: it is not used.
 """
 

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="pdppo-scaling-"))
-    model = "builtin:tiny d_model 256 x 4 layers"
+    model = "builtin:tiny d_model 256 x 4 layers,"
     if args.engine == "vllm":
         model = "hf chat Llama (hidden 128, 2 layers), vLLM rollouts,"
     print(

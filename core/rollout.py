@@ -371,10 +371,12 @@ def response_projection(
     """`response_logits` left as the final hidden states (N, H) and the output projection,
     never multiplied out (the fused loss, `core.fused`); None where the model has no plain
     output projection (`CausalLM.output_projection`): the caller takes the logits then."""
-    projection = lm.output_projection()
-    if projection is None:
+    if lm.output_projection() is None:
         return None
     hidden = _response_outputs(lm, batch, prefix, hidden=True)
+    # read after the forward: a sharded model (`core.sharding`) gathers the layer for it
+    projection = lm.output_projection()
+    assert projection is not None
     return ProjectedLogits(hidden, projection[0], projection[1], temperature)
 
 

@@ -17,11 +17,12 @@ besides a training forward needs care, and this module holds it:
 - **Checkpoints are sharded** (`torch.distributed.checkpoint`): every rank writes its shard of
   the weights and optimizer state, and a checkpoint loads on any number of ranks, sharded or
   not, one process included.
+- **The fused loss goes through the root.** It reads the output layer's weight outside any
+  forward, after `forward_hidden`, which FSDP learns to treat as a forward of the whole model.
 - **The final model is gathered** on rank 0 (full tensors on the CPU) and saved as always.
 
 Not supported yet, refused by the config: separate rollout copies (staleness, a rollout
-dtype), the KL reference (a second model), LoRA. The fused loss reads the output layer's
-weight outside its module's forward, which FSDP does not gather for it: it is not used.
+dtype), the KL reference (a second model), LoRA.
 """
 
 from __future__ import annotations
@@ -50,6 +51,24 @@ def shard(lm: CausalLM) -> None:
     for block in lm.blocks():
         fully_shard(block, mesh=mesh)
     fully_shard(lm.module, mesh=mesh)
+    if lm.output_projection() is not None and lm.hidden_skips_module:
+        _hidden_through_the_root(lm)
+
+
+def _hidden_through_the_root(lm: CausalLM) -> None:
+    """The fused loss runs `forward_hidden`, which for a Hugging Face model calls the decoder,
+    not the whole model: the root's FSDP hooks, which gather the weights outside the blocks
+    (embeddings, final norm, output layer) and reduce their gradients after the backward,
+    would never run. Registered as one of the root's forward methods, it runs them; the root
+    keeps its weights gathered until its backward, so `output_projection` read after it holds
+    the whole output layer. Not for a `forward_hidden` that calls the root itself: nested,
+    the outer hook would reshard what the inner one leaves gathered."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    module = cast(Any, lm.module)
+    module.pdppo_forward_hidden = lm.forward_hidden
+    register_fsdp_forward_method(lm.module, "pdppo_forward_hidden")
+    lm.forward_hidden = module.pdppo_forward_hidden  # type: ignore[method-assign]
 
 
 def _fsdp_modules(lm: CausalLM) -> list[Any]:
@@ -76,7 +95,9 @@ def gathered(lm: CausalLM) -> Iterator[None]:
     finally:
         for m in modules:
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            # FSDP's defaults back: blocks free their weights after each forward, the root
+            # keeps its own until the backward (the fused loss reads the output layer then)
+            m.set_reshard_after_forward(m is not lm.module, recurse=False)
 
 
 def full_norm(norm: torch.Tensor) -> torch.Tensor:

@@ -192,8 +192,7 @@ def fused_loss_applies(cfg: TrainConfig) -> bool:
     The model must have a plain output projection too (`CausalLM.output_projection`); where
     any of it fails the unfused loss runs, with the same results up to fp32 rounding."""
     a = cfg.algorithm
-    fused = a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
-    return fused and cfg.sharding != "fsdp"  # FSDP gathers no weight outside a forward
+    return a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
 
 
 def _piece_loss(

@@ -110,6 +110,12 @@ class CausalLM(abc.ABC):
         return None
 
     @property
+    def hidden_skips_module(self) -> bool:
+        """True where `forward_hidden` calls a submodule (a decoder) rather than `module`
+        itself: FSDP's hooks on the whole module then never run for it (`core.sharding`)."""
+        return False
+
+    @property
     def shares_prefix(self) -> bool:
         """True when `expand_cache` works for this model: a prompt's keys and values, computed
         once, serve every row that starts with it, with the same logits and gradients as

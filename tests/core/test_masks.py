@@ -143,11 +143,14 @@ def test_unknown_mask_and_negative_delta_are_rejected() -> None:
         _mask(p, "trpo")
     with pytest.raises(ValueError, match=r"delta_low=-0\.1"):
         trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=-0.1)
-    # a delta of 0 is a region of width 0 (every token past any divergence is far), not an error
+    # a delta of 0 is a region of width 0, not an error: every token the default masks, and more
+    q = positions(400, 60, gap=0.3, seed=11)
+    default = trust_region_mask(q.logits, q.behavior, q.tokens, q.advantages, "dppo")
     zero = trust_region_mask(
-        p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=0.0, delta_high=0.0
+        q.logits, q.behavior, q.tokens, q.advantages, "dppo", delta_low=0.0, delta_high=0.0
     )
-    assert zero.shape == p.tokens.shape
+    assert not (zero & ~default).any()
+    assert int((~zero).sum()) > int((~default).sum())
 
 
 def test_default_deltas_are_the_documented_0_15() -> None:

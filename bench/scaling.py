@@ -11,7 +11,7 @@ data parallelism), not free extra hardware.
 
 `--engine vllm` (in a virtualenv with the `vllm` extra) samples with vLLM instead, an engine per
 process: the chat example's Llama shape (built locally, heads of 64 for vLLM's CPU kernels) on
-its arithmetic records, 1 and N processes (vLLM is not offered with sharding).
+its arithmetic records, 1 and N processes, replicated.
 
     python bench/scaling.py [--nproc 2] [--steps 12] [--warmup 2] [--prompts 16] [--group 8]
     python bench/scaling.py --engine vllm

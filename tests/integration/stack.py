@@ -23,6 +23,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 REDIS_DATABASES = 1024
 """Databases of the tests' redis-server: one per service, never shared (see `make_service`)."""
+
+# a CPU worker that declares 2 devices, and an API that takes jobs of 2 (`resources.gpus: 2`)
+TWO_DEVICES = {"PDPPO_WORKER_DEVICES": "2", "PDPPO_MAX_JOB_DEVICES": "2"}
+
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "carol": "carol-key-012345"}
 
 

@@ -28,6 +28,7 @@ import yaml
 
 from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
 from tests.integration.stack import (
+    TWO_DEVICES,
     Service,
     job_pids,
     pdppo_command,
@@ -37,7 +38,6 @@ from tests.integration.stack import (
     still_running,
 )
 
-TWO_DEVICES = {"PDPPO_WORKER_DEVICES": "2", "PDPPO_MAX_JOB_DEVICES": "2"}
 FINISHED = {"succeeded", "failed", "cancelled"}
 # wall-clock figures differ between two runs of the same steps; everything else must not
 TIMING = {"rollout_time", "update_time", "step_time", "tokens_per_s", "time"}

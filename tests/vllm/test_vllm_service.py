@@ -16,6 +16,7 @@ from core.models.local_hf import make_chat_hf
 from tests.integration.conftest import read_events, wait_for, wait_status
 from tests.integration.stack import (
     REPO,
+    TWO_DEVICES,
     RedisServer,
     Service,
     job_pids,
@@ -30,8 +31,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    devices = {"PDPPO_WORKER_DEVICES": "2", "PDPPO_MAX_JOB_DEVICES": "2"}
-    svc = Service(redis, tmp_path_factory.mktemp("service"), env=devices)
+    svc = Service(redis, tmp_path_factory.mktemp("service"), env=TWO_DEVICES)
     try:
         make_chat_hf(svc.data_dir / "chat-llama")
         shutil.copy(REPO / "examples" / "data" / "chat_math.jsonl", svc.data_dir)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import warnings
 
 import pytest
 import torch
@@ -205,6 +207,65 @@ def test_softmax_stats_match_direct_reductions() -> None:
     torch.testing.assert_close(
         stats.entropy.double(), -(logp.exp() * logp).sum(-1), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("chunk_elements", [4 * 50, 30], ids=["4-rows", "under-a-row"])
+@pytest.mark.parametrize("given", ["nothing", "tokens", "tokens-and-view"])
+def test_softmax_stats_over_many_chunks_equal_float64_sums(
+    given: str, chunk_elements: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 4 rows over 11 (the last one shorter, so the reused scratch is sliced), or of
+    one row where a row is longer than the chunk budget (a vocabulary over 2M entries), logits
+    with -inf columns (a vocabulary padded or cut by top-p: their e * z is 0 * -inf) and every
+    sum asked for, against float64 reductions. The logits require grad, as the loss's do: the
+    pass must not record a graph, and must not warn (an `out=` of the wrong size resizes with a
+    warning instead of failing)."""
+    # the module, not `core.divergence` the function that `core` exports under its name
+    monkeypatch.setattr(
+        importlib.import_module("core.divergence"), "CHUNK_ELEMENTS", chunk_elements
+    )
+    n, v = 11, 50
+    p = positions(n, v, k=6, gap=0.5, seed=7)
+    logits = p.logits.clone()
+    logits[::3, 40:] = float("-inf")  # rows 0, 3, 6, 9: every chunk has some
+    logits.requires_grad_()
+    tokens = p.tokens if given != "nothing" else None
+    view_ids = p.behavior.topk_ids if given == "tokens-and-view" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = softmax_stats(logits, entropy=True, tokens=tokens, view_ids=view_ids)
+
+    z = logits.detach().double()
+    pi = torch.softmax(z, -1)
+    logp = torch.log_softmax(z, -1)
+
+    def close(got: torch.Tensor | None, want: torch.Tensor) -> None:
+        assert got is not None and not got.requires_grad
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-7)
+
+    close(stats.lse, torch.logsumexp(z, -1))
+    close(stats.zmax, z.amax(-1))
+    close(stats.sum_sq, (pi * pi).sum(-1))
+    close(stats.entropy, -(pi * logp.clamp_min(-1e30)).sum(-1))
+    if tokens is None:
+        assert stats.rest_mass is None and stats.rest_sq is None
+        return
+    rest = pi.scatter(-1, tokens[:, None], 0.0)
+    close(stats.rest_mass, rest.sum(-1))
+    close(stats.rest_sq, (rest * rest).sum(-1))
+    if view_ids is None:
+        assert stats.tail_mass is None and stats.tail_sq is None
+        return
+    tail = rest.scatter(-1, view_ids, 0.0)
+    close(stats.tail_mass, tail.sum(-1))
+    close(stats.tail_sq, (tail * tail).sum(-1))
+
+
+def test_softmax_stats_compute_the_entropy_only_when_asked() -> None:
+    """The entropy costs a second (N, V) scratch buffer and a pass over it."""
+    p = positions(8, 40, seed=1)
+    assert softmax_stats(p.logits).entropy is None
+    assert softmax_stats(p.logits, entropy=True).entropy is not None
 
 
 def test_bad_arguments_name_the_problem() -> None:

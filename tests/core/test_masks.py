@@ -10,7 +10,7 @@ import torch
 from core import trust_region_mask
 from core.behavior import BehaviorView
 from core.divergence import ESTIMATORS, KINDS
-from core.masks import MASKS, ratio_moves_away, trust_region
+from core.masks import MASKS, far_from_behavior, ratio_moves_away, trust_region
 from core.synthetic import Positions, positions
 from tests.core.references import (
     autograd_change,
@@ -202,3 +202,72 @@ def test_predictive_keeps_a_far_token_whose_step_cannot_move_the_divergence(
     assert (region.divergence > 0.5).all()
     assert region.change.tolist() == [0.0, 0.0]
     assert region.keep.tolist() == [True, True]
+
+
+def test_far_from_behavior_is_strictly_past_the_threshold_of_the_advantage_sign() -> None:
+    """D must exceed delta_high where A > 0 and delta_low where A < 0 (a token exactly at the
+    threshold is inside the region), and a token with A = 0 is never far. The masks cannot show
+    the A = 0 rule (such a token never moves away), but the loss's masked_only_* statistics and
+    any other caller of the helper read `far` alone. Deltas 0.125 and 0.25 are exact in fp32."""
+    advantages = torch.tensor([0.0, 0.5, -0.5, 0.5, 0.5, -0.5, -0.5, -0.5, 0.5])
+    divergence = torch.tensor([1.0, 1.0, 1.0, 0.25, 0.26, 0.125, 0.13, 0.2, 0.2])
+    want = [False, True, True, False, True, False, True, True, False]
+    assert far_from_behavior(divergence, advantages, 0.125, 0.25).tolist() == want
+
+
+def test_ppo_clip_keeps_a_ratio_exactly_at_its_bounds() -> None:
+    """PPO clips a ratio beyond 1 + delta_high (A > 0) or below 1 - delta_low (A < 0), not one
+    at the bound. The behavior log-probabilities are picked so that the fp32 ratio lands exactly
+    on 1.25 and 0.75 (checked), then the nearest fp32 values past each."""
+    logits = torch.zeros(6, 2)  # pi(a) = 1/2 everywhere
+    logp_a = torch.log_softmax(logits, -1)[:, 0]
+    want_ratio = torch.tensor([1.25, 0.75])
+    mu = logp_a[:2] - torch.log(want_ratio)
+    for _ in range(8):  # walk mu by fp32 ulps until exp(logp_a - mu) is the bound exactly
+        ratio = (logp_a[:2] - mu).exp()
+        mu = torch.where(ratio > want_ratio, torch.nextafter(mu, mu + 1), mu)
+        mu = torch.where(ratio < want_ratio, torch.nextafter(mu, mu - 1), mu)
+    assert torch.equal((logp_a[:2] - mu).exp(), want_ratio)
+    past = mu.clone()
+    while not ((logp_a[0] - past[0]).exp() > 1.25 and (logp_a[1] - past[1]).exp() < 0.75):
+        past = torch.stack(
+            [torch.nextafter(past[0], past[0] - 1), torch.nextafter(past[1], past[1] * 0)]
+        )
+    behavior_lp = torch.cat([mu, past, mu])
+    tokens = torch.zeros(6, dtype=torch.long)
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
+    full = torch.log_softmax(logits, -1)
+    view = BehaviorView(behavior_lp, tokens[:, None], behavior_lp[:, None], full)
+    region = trust_region(
+        logits, view, tokens, advantages, "ppo_clip", delta_low=0.25, delta_high=0.25
+    )
+    ratio = region.log_ratio.exp()
+    assert ratio[:2].tolist() == [1.25, 0.75] and ratio[2] > 1.25 and ratio[3] < 0.75
+    # at the bounds: kept; just past: clipped; a ratio on the other side of 1: kept
+    assert region.keep.tolist() == [True, True, False, False, True, True]
+
+
+def test_trust_region_holds_no_graph_and_computes_d_only_when_asked() -> None:
+    """The mask is a decision, not a loss term: with logits that require grad it returns tensors
+    without a graph (so the activations of its full-vocabulary passes are freed at once), and
+    a ratio mask computes D and g only with `always_estimate` (the default skips that pass)."""
+    p = positions(50, 40, gap=1.0, seed=3)
+    logits = p.logits.clone().requires_grad_()
+    for mask in MASKS:
+        region = trust_region(logits, p.behavior, p.tokens, p.advantages, mask, "kl")
+        assert not region.log_ratio.requires_grad
+        estimated = mask in ("dppo", "predictive")
+        assert (region.divergence is not None) == estimated, mask
+        assert (region.change is not None) == estimated, mask
+        if region.divergence is not None and region.change is not None:
+            assert not region.divergence.requires_grad and not region.change.requires_grad
+    asked = trust_region(
+        logits, p.behavior, p.tokens, p.advantages, "ppo_clip", "kl", always_estimate=True
+    )
+    assert asked.divergence is not None and asked.change is not None
+
+
+def test_a_negative_delta_high_is_rejected_like_a_negative_delta_low() -> None:
+    p = positions(4, 30, seed=0)
+    with pytest.raises(ValueError, match=r"delta_high=-0\.1"):
+        trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_high=-0.1)

@@ -124,7 +124,7 @@ def plan_module(
     config: Config, copy: Path, module: str, args: argparse.Namespace
 ) -> tuple[ModuleRun, list[Mutant]]:
     mutants, left_out = generate(copy, module, config.operators)
-    kept, equivalents, stale = split_equivalents(copy, mutants, config.equivalents)
+    kept, equivalents, stale = split_equivalents(copy, mutants, config.equivalents, config.rules)
     for entry in stale:
         if entry.file == module:
             print(

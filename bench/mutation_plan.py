@@ -65,10 +65,32 @@ class Equivalent:
 
 
 @dataclass(frozen=True)
+class EquivalentRule:
+    """A kind of mutant reviewed once for many lines: every mutant of `operator` in `files`
+    (globs) whose original line, with `@` inserted where the mutation starts, matches the regex
+    `context`. For a reason that holds by construction of those modules (a shape they check on
+    entry), where one entry per line would bury the reviewed ones that need a reason each."""
+
+    name: str
+    files: tuple[str, ...]
+    operator: str
+    context: str
+    reason: str
+
+    def matches(self, mutant: Mutant, line: str) -> bool:
+        return (
+            mutant.short_operator == self.operator
+            and any(fnmatch.fnmatchcase(mutant.module, f) for f in self.files)
+            and re.search(self.context, f"{line[: mutant.col]}@{line[mutant.col :]}") is not None
+        )
+
+
+@dataclass(frozen=True)
 class Config:
     operators: tuple[str, ...]
     groups: tuple[Group, ...]
     equivalents: tuple[Equivalent, ...]
+    rules: tuple[EquivalentRule, ...] = ()
 
     def group(self, name: str) -> Group:
         for group in self.groups:
@@ -136,6 +158,25 @@ def load_config(path: Path) -> Config:
         if missing:
             raise SystemExit(f"{path}: equivalent[{index}] lacks {', '.join(sorted(missing))}")
         equivalents.append(Equivalent(**{k: table[k] for k in Equivalent.__dataclass_fields__}))
+    rules = []
+    for index, table in enumerate(raw.get("equivalent_rule", [])):
+        where = f"equivalent_rule[{index}]"
+        missing = {"name", "files", "operator", "context", "reason"} - set(table)
+        if missing:
+            raise SystemExit(f"{path}: {where} lacks {', '.join(sorted(missing))}")
+        try:
+            re.compile(table["context"])
+        except re.error as exc:
+            raise SystemExit(f"{path}: {where}.context is not a regex: {exc}") from None
+        rules.append(
+            EquivalentRule(
+                name=table["name"],
+                files=_strings(table, "files", where),
+                operator=table["operator"],
+                context=table["context"],
+                reason=table["reason"],
+            )
+        )
     operators = _strings(raw.get("operators", {}), "use", "operators")
     known = [name.split("/", 1)[1] for name in cosmic_ray.plugins.operator_names()]
     for pattern in operators:
@@ -145,6 +186,7 @@ def load_config(path: Path) -> Config:
         operators=operators,
         groups=tuple(groups),
         equivalents=tuple(equivalents),
+        rules=tuple(rules),
     )
 
 
@@ -260,13 +302,18 @@ def generate(
 
 
 def split_equivalents(
-    root: Path, mutants: list[Mutant], equivalents: tuple[Equivalent, ...]
+    root: Path,
+    mutants: list[Mutant],
+    equivalents: tuple[Equivalent, ...],
+    rules: tuple[EquivalentRule, ...] = (),
 ) -> tuple[list[Mutant], list[tuple[Mutant, Equivalent]], list[Equivalent]]:
     """(mutants to run, (mutant, entry) pairs subtracted, entries that matched nothing).
 
     An entry matches by file, operator and the original and mutated text, so that it survives
     edits above it; its line picks among identical lines. A stale entry is printed, not ignored:
-    the list must not quietly excuse a mutant it no longer describes."""
+    the list must not quietly excuse a mutant it no longer describes. A mutant no entry matches
+    is subtracted by the first rule it matches, under an entry made from the rule (its name in
+    front of its reason)."""
     matched: dict[str, tuple[Mutant, Equivalent]] = {}
     stale = []
     for entry in equivalents:
@@ -284,6 +331,21 @@ def split_equivalents(
             stale.append(entry)
         for mutant in candidates:
             matched[mutant.key] = (mutant, entry)
+    sources: dict[str, list[str]] = {}
+    for mutant in mutants:
+        if mutant.key in matched:
+            continue
+        if mutant.module not in sources:
+            sources[mutant.module] = (root / mutant.module).read_text().splitlines()
+        line = sources[mutant.module][mutant.line - 1]
+        rule = next((r for r in rules if r.matches(mutant, line)), None)
+        if rule is not None:
+            described = describe(root, mutant)
+            reason = f"[{rule.name}] {rule.reason}"
+            entry = Equivalent(
+                mutant.module, mutant.line, rule.operator, mutant.code, described.mutated, reason
+            )
+            matched[mutant.key] = (described, entry)
     return [m for m in mutants if m.key not in matched], list(matched.values()), stale
 
 

@@ -19,6 +19,7 @@ from bench.mutation_cover import run_baseline  # noqa: E402
 from bench.mutation_exec import KILLED, NOT_COVERED, SURVIVED, run_mutant  # noqa: E402
 from bench.mutation_plan import (  # noqa: E402
     Equivalent,
+    EquivalentRule,
     describe,
     generate,
     load_config,
@@ -111,6 +112,27 @@ def test_equivalents_are_subtracted_and_stale_entries_reported(toy: Path) -> Non
     assert len(kept) == len(mutants) - 1
 
 
+def test_a_rule_subtracts_the_mutants_its_context_names_and_no_others(toy: Path) -> None:
+    """A rule matches the operator, a file glob and the line around the mutation's start (`@`):
+    here the `+ 1` of `unused`, not the `+` of `total` nor any number of another file."""
+    mutants, _ = generate(toy, "toy.py", OPERATORS)
+    rule = EquivalentRule(
+        "plus-one", ("toy*.py",), "ReplaceBinaryOperator_Add_Sub", r"a @\+ 1$", "never called"
+    )
+    elsewhere = EquivalentRule("other", ("core/*.py",), "NumberReplacer", "@", "not this file")
+    kept, matched, unmatched = split_equivalents(toy, mutants, (), (rule, elsewhere))
+    assert [(m.line, m.mutated, e.reason) for m, e in matched] == [
+        (18, "return a - 1", "[plus-one] never called")
+    ]
+    assert unmatched == [] and len(kept) == len(mutants) - 1
+    # an entry takes precedence over a rule for the same mutant: its reason is the one shown
+    entry = Equivalent(
+        "toy.py", 18, "ReplaceBinaryOperator_Add_Sub", "return a + 1", "return a - 1", "dead code"
+    )
+    _, matched, _ = split_equivalents(toy, mutants, (entry,), (rule,))
+    assert [e.reason for _, e in matched] == ["dead code"]
+
+
 def test_sample_is_seeded_per_module(toy: Path) -> None:
     mutants, _ = generate(toy, "toy.py", OPERATORS)
     first = sample(mutants, 3, seed=7, module="toy.py")
@@ -163,3 +185,14 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
             path, _, node = quick.partition("::")
             assert path in group.tests, (group.name, quick)
             assert not node or f"def {node.split('[')[0]}(" in (ROOT / path).read_text(), quick
+    # every rule names existing modules and matches some mutant in them
+    for rule in config.rules:
+        modules = [p for f in rule.files for p in sorted(ROOT.glob(f))]
+        assert modules, rule.name
+        mutants = [
+            m
+            for p in modules
+            for m in generate(ROOT, str(p.relative_to(ROOT)), config.operators)[0]
+        ]
+        _, matched, _ = split_equivalents(ROOT, mutants, (), (rule,))
+        assert matched, rule.name

@@ -141,7 +141,7 @@ def softmax_stats(
     scratch_z = torch.empty(rows_max, v, device=logits.device) if entropy else None
     for rows in chunks:
         z = logits[rows].float()
-        e = scratch[: z.shape[0]]
+        e = scratch.narrow(0, 0, z.shape[0])  # fails, where a slice would resize: never too small
         zmax = z.amax(dim=-1, keepdim=True)
         zmax = torch.where(torch.isfinite(zmax), zmax, torch.zeros_like(zmax))
         torch.sub(z, zmax, out=e).exp_()  # (C, V), each row's largest entry is 1
@@ -150,7 +150,7 @@ def softmax_stats(
         log_norm[rows] = s1.log()
         if ent is not None and scratch_z is not None:
             # H = lse - sum_i pi_i z_i; entries with z = -inf have e = 0 and contribute nothing.
-            ez = torch.mul(e, z, out=scratch_z[: z.shape[0]]).nan_to_num_(nan=0.0)
+            ez = torch.mul(e, z, out=scratch_z.narrow(0, 0, z.shape[0])).nan_to_num_(nan=0.0)
             ent[rows] = zmax.squeeze(-1) + s1.log() - ez.sum(dim=-1) / s1
         s2 = s1 * s1
         if tokens is None or rest_mass is None or rest_sq is None:

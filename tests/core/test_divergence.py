@@ -383,3 +383,39 @@ def test_change_of_a_truncated_policy_matches_autograd(kind: str, estimator: str
     scale = _scale(Positions(logits, view, tokens, p.advantages))
     assert torch.isfinite(got).all()
     assert ((got.double() - want).abs() <= 1e-4 * want.abs() + 1e-5 * scale + 1e-12).all()
+
+
+@pytest.mark.parametrize("estimator", ["binary", "topk"])
+def test_stats_without_the_estimators_sums_are_completed(estimator: str) -> None:
+    """`divergence_and_change` documents that stats lacking the sums an estimator needs (a
+    caller's plain `softmax_stats`, or `binary`'s sums handed to `topk`) are completed by a pass
+    of their own: D and g equal those computed from scratch."""
+    from core.divergence import divergence_and_change
+
+    p = positions(40, 300, k=8, gap=0.8, seed=9)
+    args = (p.logits, p.behavior, p.tokens, p.advantages, "kl", estimator)
+    want_d, want_g = divergence_and_change(*args)
+    partial = [softmax_stats(p.logits, entropy=True)]
+    if estimator == "topk":
+        partial.append(softmax_stats(p.logits, tokens=p.tokens))  # rest sums, no tail
+    for stats in partial:
+        d, g = divergence_and_change(*args, stats=stats)
+        assert torch.equal(d, want_d) and g is not None and want_g is not None
+        assert torch.equal(g, want_g)
+
+
+def test_kl_change_drops_only_the_terms_of_probabilities_below_the_floor() -> None:
+    """KL(mu || pi)'s term -mu_i dlogp_i is dropped where pi_i is floored, that is strictly
+    below 1e-30: a log-probability exactly at the floor is not floored (the clamp leaves it), so
+    its term counts; one fp32 step below, it does not."""
+    from core.divergence import LOG_FLOOR, _category_terms
+
+    at = torch.tensor(LOG_FLOOR, dtype=torch.float32)
+    below = torch.nextafter(at, at - 1)
+    logm = torch.tensor([[-1.0, -0.5]])
+    dlogp = torch.ones(1, 2)
+    for logp_0, want in ((at, -(math.exp(-1.0) + math.exp(-0.5))), (below, -math.exp(-0.5))):
+        logp = torch.stack([logp_0, torch.tensor(-0.1)])[None]
+        _, g = _category_terms(logp, logm, dlogp, None, "kl")
+        assert g is not None
+        assert float(g) == pytest.approx(want, rel=1e-6)

@@ -419,3 +419,23 @@ def test_kl_change_drops_only_the_terms_of_probabilities_below_the_floor() -> No
         _, g = _category_terms(logp, logm, dlogp, None, "kl")
         assert g is not None
         assert float(g) == pytest.approx(want, rel=1e-6)
+
+
+def test_the_first_of_duplicate_view_ids_is_the_one_counted() -> None:
+    """Of ids repeated in a view (and the sampled token, appended after it), the first in the
+    row keeps weight 1 and the later ones 0: where duplicates disagree on log mu (an engine's
+    top-K entry and its sampled-token log-prob, computed apart), the view's own entry counts,
+    the same one on every run. Views of 30 ids, where torch's unstable sort reorders ties."""
+    from core.divergence import _view_categories
+
+    gen = torch.Generator().manual_seed(4)
+    n, k = 50, 30
+    ids = torch.randint(0, 8, (n, k), generator=gen)
+    view = BehaviorView(torch.zeros(n), ids, torch.zeros(n, k))
+    tokens = torch.randint(0, 8, (n,), generator=gen)
+    got_ids, _, weight = _view_categories(view, tokens, "topk")
+    want = torch.zeros(n, k + 1)
+    for r, row in enumerate(got_ids.tolist()):
+        for i, token in enumerate(row):
+            want[r, i] = float(token not in row[:i])
+    assert torch.equal(weight, want)

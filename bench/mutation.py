@@ -5,6 +5,8 @@
     python bench/mutation.py --sample 5 --seed 1             # 5 seeded mutants per module
     python bench/mutation.py --changed origin/main           # groups a change since REF touched
     python bench/mutation.py --list                          # groups, tests, mutant counts
+    python bench/mutation.py --modules trust-region --carry run1.json  # after new tests: run
+                                             # only what run1.json did not kill, and what is new
 
 Groups, their modules and the tests that guard them, the operators and the reviewed equivalent
 mutants are in `bench/mutation.toml`. cosmic-ray (the `mutation` extra) makes and applies the
@@ -22,6 +24,7 @@ the tests that ran it. Exit status 1 when `--min-kill-rate` is given and not met
 from __future__ import annotations
 
 import argparse
+import json
 import queue
 import shutil
 import subprocess
@@ -34,12 +37,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mutation_cover import Baseline, BaselineFailed, Copy, make_copy, run_baseline
-from bench.mutation_exec import STOPPING, Result, interrupt_all, run_mutant
+from bench.mutation_exec import KILLED, STOPPING, TIMEOUT, Result, interrupt_all, run_mutant
 from bench.mutation_plan import (
     Config,
     Group,
     Mutant,
     changed_files,
+    describe,
     generate,
     load_config,
     sample,
@@ -77,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, metavar="S", help="start no mutant after S s")
     parser.add_argument("--min-kill-rate", type=float, metavar="R", help="fail below R (0-1)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result here")
+    parser.add_argument(
+        "--carry",
+        type=Path,
+        metavar="PATH",
+        help="an earlier run's --json: its kills count again without a run (see below)",
+    )
     parser.add_argument("--list", action="store_true", help="print the plan, run nothing")
     parser.add_argument("--config", type=Path, default=REPO / "bench" / "mutation.toml")
     args = parser.parse_args(argv)
@@ -134,7 +144,38 @@ def plan_module(
             )
     todo = sample(kept, args.sample, args.seed, module)
     run = ModuleRun(module, len(mutants), left_out, equivalents, len(todo))
+    if args.carry:
+        run.results, todo = carried(args.carry, copy, todo)
     return run, todo
+
+
+def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], list[Mutant]]:
+    """(the kills of an earlier run's JSON among `todo`, the rest of `todo` to run).
+
+    A mutant is the same one when its module, operator, line and mutated line are (line
+    numbers may have moved). Sound when the group's tests have only been added to since that
+    run (what a round of new tests for its survivors does): a test that killed a mutant then
+    still kills it. Survivors, errors and mutants new since then run again."""
+    earlier: dict[tuple[str, str, str, str], list[str]] = {}
+    for module in json.loads(path.read_text())["modules"]:
+        for r in module["results"]:
+            if r["outcome"] in (KILLED, TIMEOUT):
+                key = (r["module"], r["operator"], r["code"], r["mutated"])
+                earlier.setdefault(key, []).append(r["outcome"])
+    kept: list[Result] = []
+    rest: list[Mutant] = []
+    for mutant in todo:
+        described = describe(copy, mutant)
+        outcomes = earlier.get(
+            (mutant.module, mutant.short_operator, mutant.code, described.mutated)
+        )
+        if outcomes:
+            kept.append(Result(described, outcomes.pop(), 0.0, 0, f"(carried: {path.name})", ""))
+        else:
+            rest.append(mutant)
+    if kept:
+        print(f"  {todo[0].module}: {len(kept)} kills carried from {path}", file=sys.stderr)
+    return kept, rest
 
 
 def run_group(

@@ -4,6 +4,7 @@ killed or surviving for the right reason. Needs the `mutation` extra (skipped wi
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from bench.mutation_exec import KILLED, NOT_COVERED, SURVIVED, run_mutant  # noq
 from bench.mutation_plan import (  # noqa: E402
     Equivalent,
     EquivalentRule,
+    Mutant,
     describe,
     generate,
     load_config,
@@ -131,6 +133,33 @@ def test_a_rule_subtracts_the_mutants_its_context_names_and_no_others(toy: Path)
     )
     _, matched, _ = split_equivalents(toy, mutants, (entry,), (rule,))
     assert [e.reason for _, e in matched] == ["dead code"]
+
+
+def test_carry_counts_an_earlier_runs_kills_and_runs_the_rest(toy: Path, tmp_path: Path) -> None:
+    """`--carry`: a mutant the earlier run killed (same module, operator, line text and mutated
+    text, wherever the line moved) is scored with its outcome, without a run; its survivors and
+    the mutants it never saw run again."""
+    from bench.mutation import carried
+
+    mutants, _ = generate(toy, "toy.py", OPERATORS)
+    adds = [
+        describe(toy, m)
+        for m in mutants
+        if m.line in (14, 18) and m.short_operator == "ReplaceBinaryOperator_Add_Sub"
+    ]
+    assert [m.mutated for m in adds] == ["return a - b", "return a - 1"]
+
+    def record(m: Mutant, outcome: str) -> dict[str, object]:
+        fields = ("module", "line", "operator", "code", "mutated")
+        values = (m.module, m.line + 40, m.short_operator, m.code, m.mutated)
+        return {**dict(zip(fields, values, strict=True)), "outcome": outcome}
+
+    earlier = tmp_path / "earlier.json"
+    results = [record(adds[0], "timeout"), record(adds[1], "survived")]
+    earlier.write_text(json.dumps({"modules": [{"module": "toy.py", "results": results}]}))
+    kept, rest = carried(earlier, toy, mutants)
+    assert [(r.mutant.line, r.outcome, r.seconds) for r in kept] == [(14, "timeout", 0.0)]
+    assert len(rest) == len(mutants) - 1 and all(m.line != 14 for m in rest)
 
 
 def test_sample_is_seeded_per_module(toy: Path) -> None:

@@ -408,6 +408,29 @@ def test_loss_aggregations_by_hand() -> None:
     assert float(sum(pieces)) == pytest.approx(0.7 * ln2, rel=1e-6)
     with pytest.raises(ValueError, match="normalizer must be"):
         policy_loss(logits=logits, normalizer=per_token[:3], **args)
+    # tokens outside the response add nothing, whatever the normalizer: the third token (A = 0.5)
+    # left out gives ln 2 (1 + 1 + 0.5 + 0.5) / 5 and ln 2 (1/4 + 1/4 + 0.5/6 + 0.5/6)
+    held = torch.tensor([True, True, False, True, True])
+    by_count = policy_loss(logits=logits, normalizer=5.0, response_mask=held, **args)
+    assert float(by_count.loss) == pytest.approx(0.6 * ln2, rel=1e-6)
+    by_sequence = policy_loss(logits=logits, normalizer=per_token, response_mask=held, **args)
+    assert float(by_sequence.loss) == pytest.approx((2 / 3) * ln2, rel=1e-6)
+
+
+def test_the_importance_weight_cap_defaults_to_1e4() -> None:
+    """A token 20000 times likelier under pi than under mu is weighted by the cap, 1e4 by
+    default (the documented value): its loss is -A * 1e4 * log pi(a) / 1, told apart from a
+    cap of 10001 in fp32. Mask `none`, so only the cap acts."""
+    logits = torch.tensor([[0.0, 0.0]])  # pi(a) = 1/2
+    tokens = torch.tensor([0])
+    logmu = torch.log(torch.tensor([[0.5 / 20000, 1 - 0.5 / 20000]]))
+    args = {"tokens": tokens, "behavior": topk_view(logmu, tokens, 2), "mask": "none"}
+    adv = torch.tensor([1.0])
+    default = policy_loss(logits=logits, advantages=adv, **args)  # type: ignore[arg-type]
+    assert float(default.log_ratio.exp()) == pytest.approx(20000, rel=1e-4)
+    assert float(default.loss) == pytest.approx(1e4 * math.log(2.0), rel=1e-6)
+    other = policy_loss(logits=logits, advantages=adv, is_cap=10001.0, **args)  # type: ignore[arg-type]
+    assert float(other.loss) != pytest.approx(float(default.loss), rel=1e-6)
 
 
 def test_outside_topk_counts_sampled_tokens_below_pis_kth_logit_on_both_paths() -> None:

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import core.fused as fused_module
 from core import PolicyLossOutput, fused_policy_loss, policy_loss
 from core.behavior import BehaviorView
-from core.divergence import KINDS
-from core.fused import projected_token_logprobs
+from core.divergence import KINDS, softmax_stats
+from core.fused import projected_stats, projected_token_logprobs
 from core.lazy_logits import GatheredLogits, ProjectedLogits
 from core.masks import MASKS
 from core.synthetic import topk_view
@@ -364,3 +365,43 @@ def test_gathered_logits_answer_only_their_columns() -> None:
     assert torch.equal(cols.at(torch.tensor([[1], [2]])), torch.tensor([[1.5], [3.0]]))
     with pytest.raises(KeyError):
         cols.at(torch.tensor([[1], [4]]))
+
+
+class EmptyCalls(TorchDispatchMode):
+    """The sizes of the uninitialised buffers (`torch.empty`) made while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.empty.memory_format:
+            self.sizes.append(out.numel())
+        return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_projected_stats_are_softmax_stats_of_the_projection_within_one_chunk(
+    temperature: float,
+) -> None:
+    """With its defaults (`sums` on, no entropy) `projected_stats` is `softmax_stats` of the
+    materialized logits, at temperature 1 and 2 (the division is skipped at 1 only); its two
+    scratch buffers hold one chunk of rows by the chunk's columns plus the spare, never all
+    the rows (20 rows of the 96 by 38 columns, with the tiny chunks of this file)."""
+    case = make_case(seed=5, temperature=temperature)
+    proj = ProjectedLogits(case.hidden, case.weight, case.bias, temperature)
+    with EmptyCalls() as empties:
+        stats, _ = projected_stats(proj, case.tokens, case.behavior.topk_ids)
+    assert sorted(empties.sizes)[-2:] == [20 * 38, 20 * 38]
+    want = softmax_stats(proj.materialize(), tokens=case.tokens, view_ids=case.behavior.topk_ids)
+    assert stats.entropy is None
+    for name in ("lse", "sum_sq", "rest_mass", "rest_sq", "tail_mass", "tail_sq"):
+        got, ref = getattr(stats, name), getattr(want, name)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7, msg=name)

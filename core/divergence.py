@@ -149,9 +149,12 @@ def softmax_stats(
         zmax_out[rows] = zmax.squeeze(-1)
         log_norm[rows] = s1.log()
         if ent is not None and scratch_z is not None:
-            # H = lse - sum_i pi_i z_i; entries with z = -inf have e = 0 and contribute nothing.
-            ez = torch.mul(e, z, out=scratch_z.narrow(0, 0, z.shape[0])).nan_to_num_(nan=0.0)
-            ent[rows] = zmax.squeeze(-1) + s1.log() - ez.sum(dim=-1) / s1
+            # H = log s1 - sum_i pi_i (z_i - zmax): taken from the row's maximum like the
+            # log-partition (as lse - sum_i pi_i z_i, logits in the thousands lost 6e-4 nats to
+            # cancellation); entries with z = -inf have e = 0 and contribute nothing.
+            shifted = torch.sub(z, zmax, out=scratch_z.narrow(0, 0, z.shape[0]))
+            ez = shifted.mul_(e).nan_to_num_(nan=0.0)
+            ent[rows] = s1.log() - ez.sum(dim=-1) / s1
         s2 = s1 * s1
         if tokens is None or rest_mass is None or rest_sq is None:
             sum_sq[rows] = e.square_().sum(dim=-1) / s2

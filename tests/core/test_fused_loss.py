@@ -405,3 +405,35 @@ def test_projected_stats_are_softmax_stats_of_the_projection_within_one_chunk(
     for name in ("lse", "sum_sq", "rest_mass", "rest_sq", "tail_mass", "tail_sq"):
         got, ref = getattr(stats, name), getattr(want, name)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_projected_stats_with_minus_inf_logits_and_a_running_top_k() -> None:
+    """A bias of -inf on the first column chunk (every row's running maximum is -inf through it)
+    and on scattered columns (the entropy's e * z is 0 * -inf there): every statistic and the
+    K-th largest logit equal the unfused pass over the materialized logits."""
+    case = make_case(seed=6, temperature=1.0)
+    assert case.bias is not None
+    bias = case.bias.clone()
+    bias[:37] = float("-inf")  # the whole first chunk (VOCAB_CHUNK is 37 here)
+    bias[100:301:7] = float("-inf")
+    keep = torch.isfinite(bias)
+    tokens = torch.where(keep[case.tokens], case.tokens, 40)  # sampled where pi > 0
+    proj = ProjectedLogits(case.hidden, case.weight, bias, 1.0)
+    ids = case.behavior.topk_ids
+    stats, _ = projected_stats(proj, tokens, ids, entropy=True, top_k=5)
+    logits = proj.materialize()
+    want = softmax_stats(logits, entropy=True, tokens=tokens, view_ids=ids)
+    for name in (
+        "zmax",
+        "lse",
+        "sum_sq",
+        "entropy",
+        "rest_mass",
+        "rest_sq",
+        "tail_mass",
+        "tail_sq",
+    ):
+        got, ref = getattr(stats, name), getattr(want, name)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=name)
+    assert stats.kth_logit is not None
+    torch.testing.assert_close(stats.kth_logit, logits.topk(5, dim=-1).values[:, -1])

@@ -37,11 +37,12 @@ KILLED, TIMEOUT, SURVIVED, NOT_COVERED, FLAKY, ERROR = (
 )
 GRACE_SECONDS = 30.0
 # pytest's exit codes: 1 tests failed, 2 interrupted (a collection error: the mutant broke an
-# import), 3 internal error; 4 (usage) and 5 (nothing collected) are this tool's fault, except a
-# conftest that no longer imports (4 too): the mutant broke every test.
+# import), 3 internal error; 4 (usage) and 5 (nothing collected) are this tool's fault, except
+# where the mutant broke an import (4 too): a conftest that no longer loads, or a test module
+# that no longer collects, whose node ids then cannot be found.
 KILLING_EXIT_CODES = {1, 2, 3}
 USAGE_ERROR = 4
-CONFTEST_BROKEN = "while loading conftest"
+IMPORT_BROKEN = ("while loading conftest", "ERROR collecting")
 # "FAILED <nodeid> - <message>" in pytest's short summary; parameters may hold spaces
 _FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[.*?\])?)(?: - |$)", re.MULTILINE)
 
@@ -151,8 +152,8 @@ def run_mutant(
         return Result(mutant, TIMEOUT, seconds, len(tests), "", f"over {timeout:.0f}s")
     if code == 0:
         return Result(mutant, SURVIVED, seconds, len(tests), "", "")
-    if code == USAGE_ERROR and CONFTEST_BROKEN in out:
-        return Result(mutant, KILLED, seconds, len(tests), "(a conftest's imports)", "")
+    if code == USAGE_ERROR and any(sign in out for sign in IMPORT_BROKEN):
+        return Result(mutant, KILLED, seconds, len(tests), "(an import at collection)", "")
     if code in KILLING_EXIT_CODES:
         if again == 0:
             return Result(mutant, FLAKY, seconds, len(tests), killer, "passed when run again")

@@ -197,6 +197,23 @@ def test_baseline_reach_and_mutant_outcomes(
     assert (toy / "toy.py").read_text() == TOY  # every mutant was put back
 
 
+def test_a_mutant_that_breaks_an_import_is_killed(tmp_path: Path) -> None:
+    """A module-level constant whose mutant makes the module fail to import: pytest cannot
+    collect the test file, so the node ids it was given are not found (exit status 4, a usage
+    error). That is the mutant's doing, a kill, not the tool's."""
+    (tmp_path / "floor.py").write_text(
+        "import math\n\nFLOOR = 1e-30\nLOG_FLOOR = math.log(FLOOR)\n"
+    )
+    (tmp_path / "test_floor.py").write_text(
+        "from floor import LOG_FLOOR\n\n\ndef test_floor() -> None:\n    assert LOG_FLOOR < -60\n"
+    )
+    mutants, _ = generate(tmp_path, "floor.py", ("NumberReplacer",))
+    negative = next(m for m in mutants if describe(tmp_path, m).mutated == "FLOOR = -1.0")
+    test = ["test_floor.py::test_floor"]
+    result = run_mutant(tmp_path, negative, test, 120, tmp_path / "t", confirm=False)
+    assert (result.outcome, result.killer) == (KILLED, "(an import at collection)")
+
+
 def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
     config = load_config(ROOT / "bench" / "mutation.toml")
     assert {g.name for g in config.groups} == {

@@ -10,6 +10,7 @@ moves, and the sampled token and the view's ids fall in every chunk position.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -437,3 +438,40 @@ def test_projected_stats_with_minus_inf_logits_and_a_running_top_k() -> None:
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=name)
     assert stats.kth_logit is not None
     torch.testing.assert_close(stats.kth_logit, logits.topk(5, dim=-1).values[:, -1])
+
+
+def test_fused_defaults_are_the_unfused_ones() -> None:
+    """`fused_policy_loss` without a temperature or a cap is temperature 1 and the documented
+    cap 1e4: one token with logits [1, 0] (pi(a) = sigmoid(1)) 20000 times likelier under pi
+    than under mu, A = 1, mask `none`: loss = -1e4 log sigmoid(1). `ProjectedLogits` without a
+    temperature is the plain projection."""
+    hidden, weight = torch.tensor([[1.0]]), torch.tensor([[1.0], [0.0]])
+    tokens = torch.tensor([0])
+    log_pi_a = -math.log1p(math.exp(-1.0))
+    logmu = torch.tensor([[log_pi_a - math.log(20000.0), 0.0]])
+    logmu[0, 1] = math.log1p(-math.exp(float(logmu[0, 0])))
+    view = topk_view(logmu, tokens, 2)
+    out = fused_policy_loss(hidden, weight, None, tokens, view, torch.tensor([1.0]), mask="none")
+    assert float(out.loss) == pytest.approx(-1e4 * log_pi_a, rel=1e-6)
+    assert torch.equal(ProjectedLogits(hidden, weight).materialize(), torch.tensor([[1.0, 0.0]]))
+
+
+def test_fused_loss_names_rows_that_do_not_match() -> None:
+    case = make_case(seed=2)
+    with pytest.raises(ValueError, match=rf"hidden has {N - 1} rows, tokens {N}"):
+        fused_policy_loss(
+            case.hidden[:-1], case.weight, case.bias, case.tokens, case.behavior, case.advantages
+        )
+    with pytest.raises(ValueError, match=r"hidden must be \(N, H\)"):
+        ProjectedLogits(case.hidden[None], case.weight)
+
+
+def test_the_backward_pass_holds_one_chunk_of_logits() -> None:
+    """The gradient of log pi(a) recomputes the logits chunk by chunk into one buffer of 20 rows
+    by 38 columns (the tiny chunks here), never all 96 rows."""
+    case = make_case(seed=7)
+    h, w, b = _leaves(case, frozen=False)
+    logp = projected_token_logprobs(ProjectedLogits(h, w, b, case.temperature), case.tokens)
+    with EmptyCalls() as empties:
+        logp.sum().backward()
+    assert max(empties.sizes) == 20 * 38

@@ -458,3 +458,31 @@ def test_outside_topk_counts_sampled_tokens_below_pis_kth_logit_on_both_paths() 
     assert fused.stats["outside_topk"] == 0.5
     wider = BehaviorView(view.token_logprobs, order[:, :4].clone(), logp.gather(-1, order[:, :4]))
     assert policy_loss(logits, tokens, wider, adv).stats["outside_topk"] == 0.25  # K = 4
+    # fewer tokens than K (2 < 3): K still counts columns of the vocabulary, not rows
+    two = policy_loss(logits[1:3], tokens[1:3], view.select(torch.arange(1, 3)), adv[1:3])
+    assert two.stats["outside_topk"] == 0.5  # ranks 2 and 3: the first inside the top-3
+
+
+def test_statistics_over_one_token_and_tokens_without_advantage() -> None:
+    """A statistic over a single token is that token's value; tokens with A = 0 count in no
+    conditional statistic (masked_fraction_pos/neg, the direction disagreements: their
+    denominators are the A > 0, A < 0 and A != 0 tokens); a saturated token (pi(a) = 1 in
+    fp32, so its step cannot move D: g = 0 exactly) is no disagreement with the ratio rule
+    when A < 0 and pi(a) > mu(a), though D is far: ratio rule 'toward', g 'not away'."""
+    v = 6
+    logits = torch.zeros(5, v)
+    logits[4, 0] = 200.0  # row 4: pi(a) = 1
+    tokens = torch.zeros(5, dtype=torch.long)
+    mu = torch.full((5, v), -math.log(v))
+    view = topk_view(mu, tokens, 3)
+    adv = torch.tensor([1.0, 0.0, -1.0, 0.0, -1.0])
+    out = policy_loss(logits, tokens, view, adv, mask="predictive", kind="tv", estimator="binary")
+    assert out.counts["masked_fraction_pos"] == 1.0
+    assert out.counts["masked_fraction_neg"] == 2.0
+    assert out.counts["direction_disagreement"] == 3.0
+    assert out.stats["direction_disagreement"] == 0.0
+    assert out.stats["masked_only_predictive"] == 0.0
+    one = torch.tensor([False, False, True, False, False])
+    single = policy_loss(logits, tokens, view, adv, response_mask=one)
+    assert single.stats["ratio_mean"] == pytest.approx(1.0, rel=1e-6)  # pi = mu there
+    assert single.stats["entropy"] == pytest.approx(math.log(v), rel=1e-6)

@@ -289,9 +289,41 @@ def test_softmax_stats_over_many_chunks_equal_float64_sums(
 
 def test_softmax_stats_compute_the_entropy_only_when_asked() -> None:
     """The entropy costs a second (N, V) scratch buffer and a pass over it."""
+    from core.divergence import estimator_stats
+
     p = positions(8, 40, seed=1)
     assert softmax_stats(p.logits).entropy is None
     assert softmax_stats(p.logits, entropy=True).entropy is not None
+    for estimator in ESTIMATORS:
+        assert estimator_stats(p.logits, p.behavior, p.tokens, estimator).entropy is None
+        stats = estimator_stats(p.logits, p.behavior, p.tokens, estimator, entropy=True)
+        assert stats.entropy is not None
+
+
+def test_softmax_stats_of_no_rows_are_empty() -> None:
+    """A piece of a minibatch may hold no token: its statistics are empty, not an error."""
+    stats = softmax_stats(torch.zeros(0, 7), entropy=True, tokens=torch.zeros(0, dtype=torch.long))
+    assert stats.lse.shape == (0,) and stats.entropy is not None and stats.entropy.shape == (0,)
+    assert stats.rest_mass is not None and stats.rest_mass.shape == (0,)
+
+
+def test_gathered_logits_are_served_only_with_the_fused_pass_stats() -> None:
+    """Gathered logits (the fused loss's columns) hold no full row: the divergence needs the
+    stats of the pass that gathered them, and a lumped estimator; anything else is refused
+    with a ValueError that says so, not a crash inside."""
+    from core.divergence import divergence_and_change
+    from core.lazy_logits import GatheredLogits
+
+    p = positions(6, 30, k=4, seed=2)
+    ids = torch.cat([p.behavior.topk_ids, p.tokens[:, None]], dim=-1)
+    cols = GatheredLogits(ids, p.logits.gather(-1, ids), 30)
+    stats = softmax_stats(p.logits, tokens=p.tokens, view_ids=p.behavior.topk_ids)
+    d, _ = divergence_and_change(cols, p.behavior, p.tokens, None, "tv", "topk", stats=stats)
+    want, _ = divergence_and_change(p.logits, p.behavior, p.tokens, None, "tv", "topk")
+    torch.testing.assert_close(d, want)
+    for estimator, given in (("topk", None), ("binary", None), ("exact", stats)):
+        with pytest.raises(ValueError, match="gathered logits serve"):
+            divergence_and_change(cols, p.behavior, p.tokens, None, "tv", estimator, stats=given)
 
 
 def test_bad_arguments_name_the_problem() -> None:

@@ -484,3 +484,16 @@ def test_entropy_of_large_logits_has_no_cancellation() -> None:
     stats = softmax_stats(logits, entropy=True)
     assert stats.entropy is not None
     assert float((stats.entropy.double() - want).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_divergence_and_change_record_no_graph(estimator: str) -> None:
+    """D and g decide a mask and fill statistics; with logits that require grad (the loss's)
+    they must not hold the graph of their full-vocabulary passes."""
+    from core.divergence import divergence_and_change
+
+    p = positions(12, 50, k=5, seed=3)
+    logits = p.logits.clone().requires_grad_()
+    d, g = divergence_and_change(logits, p.behavior, p.tokens, p.advantages, "kl", estimator)
+    assert g is not None
+    assert not d.requires_grad and not g.requires_grad

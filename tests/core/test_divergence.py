@@ -5,18 +5,16 @@ from __future__ import annotations
 import importlib
 import math
 import warnings
-from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from core import BehaviorView, divergence, predicted_change
 from core.divergence import ESTIMATORS, KINDS, softmax_stats
 from core.rollout import sampling_logprobs
 from core.synthetic import Positions, positions, topk_view
 from core.truncation import truncate_to_nucleus
+from tests.core.allocations import Allocations
 from tests.core.references import (
     autograd_change,
     exact_divergence_fn,
@@ -212,27 +210,6 @@ def test_softmax_stats_match_direct_reductions() -> None:
     )
 
 
-class LargestTensor(TorchDispatchMode):
-    """The most elements of any tensor an operation makes (views included) while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("chunk_elements", [4 * 50, 30], ids=["4-rows", "under-a-row"])
 @pytest.mark.parametrize("given", ["nothing", "tokens", "tokens-and-view"])
 def test_softmax_stats_over_many_chunks_equal_float64_sums(
@@ -255,11 +232,11 @@ def test_softmax_stats_over_many_chunks_equal_float64_sums(
     logits.requires_grad_()
     tokens = p.tokens if given != "nothing" else None
     view_ids = p.behavior.topk_ids if given == "tokens-and-view" else None
-    with warnings.catch_warnings(), LargestTensor() as largest:
+    with warnings.catch_warnings(), Allocations() as made:
         warnings.simplefilter("error")
         stats = softmax_stats(logits, entropy=True, tokens=tokens, view_ids=view_ids)
     # the point of the chunks: nothing larger than one chunk of rows is ever made
-    assert largest.numel == max(1, chunk_elements // v) * v
+    assert made.largest == max(1, chunk_elements // v) * v
 
     z = logits.detach().double()
     pi = torch.softmax(z, -1)

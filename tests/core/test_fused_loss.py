@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import core.fused as fused_module
 from core import PolicyLossOutput, fused_policy_loss, policy_loss
@@ -27,6 +26,7 @@ from core.fused import projected_stats, projected_token_logprobs
 from core.lazy_logits import GatheredLogits, ProjectedLogits
 from core.masks import MASKS
 from core.synthetic import topk_view
+from tests.core.allocations import Allocations
 
 N, H, V, K = 96, 32, 301, 8
 PEAKED_ROWS = 24  # rows whose largest probability is 0.9999
@@ -368,26 +368,6 @@ def test_gathered_logits_answer_only_their_columns() -> None:
         cols.at(torch.tensor([[1], [4]]))
 
 
-class EmptyCalls(TorchDispatchMode):
-    """The sizes of the uninitialised buffers (`torch.empty`) made while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sizes: list[int] = []
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.empty.memory_format:
-            self.sizes.append(out.numel())
-        return out
-
-
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_projected_stats_are_softmax_stats_of_the_projection_within_one_chunk(
     temperature: float,
@@ -398,9 +378,9 @@ def test_projected_stats_are_softmax_stats_of_the_projection_within_one_chunk(
     the rows (20 rows of the 96 by 38 columns, with the tiny chunks of this file)."""
     case = make_case(seed=5, temperature=temperature)
     proj = ProjectedLogits(case.hidden, case.weight, case.bias, temperature)
-    with EmptyCalls() as empties:
+    with Allocations() as made:
         stats, _ = projected_stats(proj, case.tokens, case.behavior.topk_ids)
-    assert sorted(empties.sizes)[-2:] == [20 * 38, 20 * 38]
+    assert sorted(made.empties)[-2:] == [20 * 38, 20 * 38]
     want = softmax_stats(proj.materialize(), tokens=case.tokens, view_ids=case.behavior.topk_ids)
     assert stats.entropy is None
     for name in ("lse", "sum_sq", "rest_mass", "rest_sq", "tail_mass", "tail_sq"):
@@ -472,6 +452,6 @@ def test_the_backward_pass_holds_one_chunk_of_logits() -> None:
     case = make_case(seed=7)
     h, w, b = _leaves(case, frozen=False)
     logp = projected_token_logprobs(ProjectedLogits(h, w, b, case.temperature), case.tokens)
-    with EmptyCalls() as empties:
+    with Allocations() as made:
         logp.sum().backward()
-    assert max(empties.sizes) == 20 * 38
+    assert max(made.empties) == 20 * 38

@@ -69,14 +69,16 @@ def test_two_sharded_ranks_take_the_single_process_step(
         # a gradient element that nearly cancels (|g| near AdamW's eps, 1e-6 here) then takes a
         # visibly different step. Measured on this Llama: 6 to 7 of its 57248 weights beyond
         # 1e-6 + 1e-5 |w|, at most 1.3e-5 apart (of a 1e-2 step), with `replicate` as with
-        # `fsdp`: the order of the sum, not the sharding.
+        # `fsdp`: the order of the sum, not the sharding; on an AVX-512 machine (other kernels,
+        # other orders) 10 weights, at most 5.4e-5 apart. Bounds: 1 weight in 2000, and 2% of
+        # the step.
         beyond = sum(
             int(((params0[n] - w).abs() > 1e-6 + 1e-5 * w.abs()).sum())
             for n, w in want_params.items()
         )
         worst = max(float((params0[n] - w).abs().max()) for n, w in want_params.items())
         total = sum(w.numel() for w in want_params.values())
-        assert beyond <= total // 2000 and worst < 5e-5, (beyond, total, worst)
+        assert beyond <= total // 2000 and worst < 2e-4, (beyond, total, worst)
     for name, value in want_metrics.items():
         assert metrics0[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
 

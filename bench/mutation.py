@@ -152,10 +152,10 @@ def plan_module(
 def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], list[Mutant]]:
     """(the kills of an earlier run's JSON among `todo`, the rest of `todo` to run).
 
-    A mutant is the same one when its module, operator, line and mutated line are (line
-    numbers may have moved). Sound when the group's tests have only been added to since that
-    run (what a round of new tests for its survivors does): a test that killed a mutant then
-    still kills it. Survivors, errors and mutants new since then run again."""
+    A mutant is the same one when its module, operator, original line text and mutated line
+    text are (line numbers may have moved). Sound when the group's tests have only been added
+    to since that run (what a round of new tests for its survivors does): a test that killed a
+    mutant then still kills it. Survivors, errors and mutants new since then run again."""
     earlier: dict[tuple[str, str, str, str], list[str]] = {}
     for module in json.loads(path.read_text())["modules"]:
         for r in module["results"]:

@@ -206,9 +206,10 @@ def test_predictive_keeps_a_far_token_whose_step_cannot_move_the_divergence(
 
 def test_far_from_behavior_is_strictly_past_the_threshold_of_the_advantage_sign() -> None:
     """D must exceed delta_high where A > 0 and delta_low where A < 0 (a token exactly at the
-    threshold is inside the region), and a token with A = 0 is never far. The masks cannot show
-    the A = 0 rule (such a token never moves away), but the loss's masked_only_* statistics and
-    any other caller of the helper read `far` alone. Deltas 0.125 and 0.25 are exact in fp32."""
+    threshold is inside the region), and a token with A = 0 is never far. No caller shows the
+    A = 0 rule today (such a token never moves away either: its ratio rule and its g are both
+    'not away'), so the helper's own contract is held here. Deltas 0.125 and 0.25 are exact in
+    fp32."""
     advantages = torch.tensor([0.0, 0.5, -0.5, 0.5, 0.5, -0.5, -0.5, -0.5, 0.5])
     divergence = torch.tensor([1.0, 1.0, 1.0, 0.25, 0.26, 0.125, 0.13, 0.2, 0.2])
     want = [False, True, True, False, True, False, True, True, False]

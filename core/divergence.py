@@ -144,7 +144,11 @@ def softmax_stats(
         e = scratch.narrow(0, 0, z.shape[0])  # fails, where a slice would resize: never too small
         zmax = z.amax(dim=-1, keepdim=True)
         zmax = torch.where(torch.isfinite(zmax), zmax, torch.zeros_like(zmax))
-        torch.sub(z, zmax, out=e).exp_()  # (C, V), each row's largest entry is 1
+        # z - zmax, kept apart for the entropy when it is asked (else computed in e's place)
+        shifted = torch.sub(
+            z, zmax, out=e if scratch_z is None else scratch_z.narrow(0, 0, z.shape[0])
+        )
+        torch.exp(shifted, out=e)  # (C, V), each row's largest entry is 1
         s1 = e.sum(dim=-1)
         zmax_out[rows] = zmax.squeeze(-1)
         log_norm[rows] = s1.log()
@@ -152,7 +156,6 @@ def softmax_stats(
             # H = log s1 - sum_i pi_i (z_i - zmax): taken from the row's maximum like the
             # log-partition (as lse - sum_i pi_i z_i, logits in the thousands lost 6e-4 nats to
             # cancellation); entries with z = -inf have e = 0 and contribute nothing.
-            shifted = torch.sub(z, zmax, out=scratch_z.narrow(0, 0, z.shape[0]))
             ez = shifted.mul_(e).nan_to_num_(nan=0.0)
             ent[rows] = s1.log() - ez.sum(dim=-1) / s1
         s2 = s1 * s1

@@ -10,7 +10,17 @@ import pytest
 import torch
 
 from core import BehaviorView, divergence, predicted_change
-from core.divergence import ESTIMATORS, KINDS, softmax_stats
+from core.divergence import (
+    ESTIMATORS,
+    KINDS,
+    LOG_FLOOR,
+    _category_terms,
+    _view_categories,
+    divergence_and_change,
+    estimator_stats,
+    softmax_stats,
+)
+from core.lazy_logits import GatheredLogits
 from core.rollout import sampling_logprobs
 from core.synthetic import Positions, positions, topk_view
 from core.truncation import truncate_to_nucleus
@@ -266,8 +276,6 @@ def test_softmax_stats_over_many_chunks_equal_float64_sums(
 
 def test_softmax_stats_compute_the_entropy_only_when_asked() -> None:
     """The entropy costs a second (N, V) scratch buffer and a pass over it."""
-    from core.divergence import estimator_stats
-
     p = positions(8, 40, seed=1)
     assert softmax_stats(p.logits).entropy is None
     assert softmax_stats(p.logits, entropy=True).entropy is not None
@@ -288,9 +296,6 @@ def test_gathered_logits_are_served_only_with_the_fused_pass_stats() -> None:
     """Gathered logits (the fused loss's columns) hold no full row: the divergence needs the
     stats of the pass that gathered them, and a lumped estimator; anything else is refused
     with a ValueError that says so, not a crash inside."""
-    from core.divergence import divergence_and_change
-    from core.lazy_logits import GatheredLogits
-
     p = positions(6, 30, k=4, seed=2)
     ids = torch.cat([p.behavior.topk_ids, p.tokens[:, None]], dim=-1)
     cols = GatheredLogits(ids, p.logits.gather(-1, ids), 30)
@@ -399,8 +404,6 @@ def test_stats_without_the_estimators_sums_are_completed(estimator: str) -> None
     """`divergence_and_change` documents that stats lacking the sums an estimator needs (a
     caller's plain `softmax_stats`, or `binary`'s sums handed to `topk`) are completed by a pass
     of their own: D and g equal those computed from scratch."""
-    from core.divergence import divergence_and_change
-
     p = positions(40, 300, k=8, gap=0.8, seed=9)
     args = (p.logits, p.behavior, p.tokens, p.advantages, "kl", estimator)
     want_d, want_g = divergence_and_change(*args)
@@ -417,8 +420,6 @@ def test_kl_change_drops_only_the_terms_of_probabilities_below_the_floor() -> No
     """KL(mu || pi)'s term -mu_i dlogp_i is dropped where pi_i is floored, that is strictly
     below 1e-30: a log-probability exactly at the floor is not floored (the clamp leaves it), so
     its term counts; one fp32 step below, it does not."""
-    from core.divergence import LOG_FLOOR, _category_terms
-
     at = torch.tensor(LOG_FLOOR, dtype=torch.float32)
     below = torch.nextafter(at, at - 1)
     logm = torch.tensor([[-1.0, -0.5]])
@@ -435,8 +436,6 @@ def test_the_first_of_duplicate_view_ids_is_the_one_counted() -> None:
     row keeps weight 1 and the later ones 0: where duplicates disagree on log mu (an engine's
     top-K entry and its sampled-token log-prob, computed apart), the view's own entry counts,
     the same one on every run. Views of 30 ids, where torch's unstable sort reorders ties."""
-    from core.divergence import _view_categories
-
     gen = torch.Generator().manual_seed(4)
     n, k = 50, 30
     ids = torch.randint(0, 8, (n, k), generator=gen)
@@ -467,8 +466,6 @@ def test_entropy_of_large_logits_has_no_cancellation() -> None:
 def test_divergence_and_change_record_no_graph(estimator: str) -> None:
     """D and g decide a mask and fill statistics; with logits that require grad (the loss's)
     they must not hold the graph of their full-vocabulary passes."""
-    from core.divergence import divergence_and_change
-
     p = positions(12, 50, k=5, seed=3)
     logits = p.logits.clone().requires_grad_()
     d, g = divergence_and_change(logits, p.behavior, p.tokens, p.advantages, "kl", estimator)

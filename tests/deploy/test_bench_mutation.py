@@ -231,14 +231,14 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
             path, _, node = quick.partition("::")
             assert path in group.tests, (group.name, quick)
             assert not node or f"def {node.split('[')[0]}(" in (ROOT / path).read_text(), quick
-    # every rule names existing modules and matches some mutant in them
+
+    # every rule names existing modules and matches some mutant in them (the first module with
+    # a match settles it: the frozen rule names most of the tree)
+    def matches_in(rule: EquivalentRule, module: Path) -> bool:
+        mutants, _ = generate(ROOT, str(module.relative_to(ROOT)), config.operators)
+        return bool(split_equivalents(ROOT, mutants, (), (rule,))[1])
+
     for rule in config.rules:
         modules = [p for f in rule.files for p in sorted(ROOT.glob(f))]
         assert modules, rule.name
-        mutants = [
-            m
-            for p in modules
-            for m in generate(ROOT, str(p.relative_to(ROOT)), config.operators)[0]
-        ]
-        _, matched, _ = split_equivalents(ROOT, mutants, (), (rule,))
-        assert matched, rule.name
+        assert any(matches_in(rule, module) for module in modules), rule.name

@@ -31,8 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -187,9 +189,12 @@ def run_group(
     args: argparse.Namespace,
     deadline: float | None,
     workdir: Path,
+    save: Callable[[], None],
 ) -> dict[str, list[str]]:
     """Runs the group's mutants on the copies, one at a time per copy; returns each mutant's
-    reaching tests (for the survivors' lines)."""
+    reaching tests (for the survivors' lines). `save` runs after every result: a full run of
+    an integration group takes hours, and one stopped part way (Ctrl-C, --budget, a session's
+    end) keeps what it scored for a later `--carry`."""
     by_module = {run.module: run for run in runs}
     free: queue.Queue[int] = queue.Queue()
     for index in range(len(copies)):
@@ -224,6 +229,7 @@ def run_group(
             for result in pool.map(one, todo):
                 if result is not None:
                     by_module[result.mutant.module].results.append(result)
+                    save()
         except KeyboardInterrupt:  # before the pool's exit, which waits for the running ones
             interrupt_all()  # the queued mutants return at once, the running ones are stopped
             raise
@@ -241,12 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="pdppo-mutation-"))
     copies: list[Copy] = []
     all_runs: list[ModuleRun] = []
+    meta: dict[str, Any] = {"rev": "", "sample": args.sample, "seed": args.seed}
+
+    def save() -> None:
+        if args.json:
+            write_json(args.json, all_runs, meta)
+
     failed_baselines: list[str] = []
     try:
         for index in range(1 if args.list else args.workers):
             copies.append(make_copy(REPO, workdir / f"copy-{index}", rev))
         root = copies[0].root
         source = "working tree" if rev is None else f"{rev} ({commit_of(root)})"
+        meta["rev"] = source
         print(f"mutating a copy of {source} in {workdir}", file=sys.stderr)
         plan_modules = [(g, modules_in(root, g, asked, changed)) for g, asked in plan]
         plan_modules = [(g, modules) for g, modules in plan_modules if modules]
@@ -286,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  baseline failed, group not run: {exc}")
                 failed_baselines.append(group.name)
                 continue
-            reach = run_group(group, runs, todo, copies, baseline, args, deadline, workdir)
+            reach = run_group(group, runs, todo, copies, baseline, args, deadline, workdir, save)
             print_group(group.name, runs, reach)
             minutes = (time.monotonic() - t0) / 60
             print(
@@ -301,9 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     detected, scored = print_total(all_runs)
     print(f"({(time.monotonic() - started) / 60:.1f} min in all)")
-    if args.json:
-        meta = {"rev": source, "sample": args.sample, "seed": args.seed}
-        write_json(args.json, all_runs, meta)
+    save()
     if failed_baselines:
         print(f"FAIL: the unmutated tests fail in group(s) {', '.join(failed_baselines)}")
         return 2

@@ -138,4 +138,6 @@ def write_json(path: Path, runs: list[ModuleRun], meta: dict[str, Any]) -> None:
         }
         for run in runs
     ]
-    path.write_text(json.dumps({**meta, "modules": modules}, indent=1))
+    partial = path.with_name(path.name + ".partial")  # a reader never sees half a file
+    partial.write_text(json.dumps({**meta, "modules": modules}, indent=1))
+    partial.replace(path)

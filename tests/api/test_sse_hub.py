@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import subprocess
+import sys
 from typing import Any, cast
 
 import pytest
@@ -146,6 +149,33 @@ def test_admission_bounds_streams_per_tenant_and_in_total() -> None:
     a2.release()
     b1.release()
     assert hub.admit("bob") is not None
+
+
+def test_a_refused_streams_retry_after_is_drawn_from_5_to_15_seconds() -> None:
+    """Refused clients come back spread over 5-15 s, not as one herd: every whole second of
+    the range is drawn, and none outside it."""
+    hub, _ = hub_over([], max_streams=1)
+    hub.admit("alice")
+    random.seed(0)
+    drawn: set[int] = set()
+    for _ in range(300):
+        with pytest.raises(StreamLimitReached) as refused:
+            hub.admit("bob")
+        drawn.add(refused.value.retry_after)
+    assert drawn == set(range(5, 16))
+
+
+def test_freezing_the_startup_heap_makes_full_collections_10x_rarer_only() -> None:
+    """In a fresh interpreter (the thresholds are process-wide): the young and middle
+    generations keep CPython's thresholds (a raised young one cost submissions throughput), the
+    full pass comes 10x later, and what was alive is frozen out of the collector's sight."""
+    code = (
+        "import gc; before = gc.get_threshold()\n"
+        "from api.events import freeze_startup_heap; freeze_startup_heap()\n"
+        "print(before, gc.get_threshold(), gc.get_freeze_count() > 10000)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "(700, 10, 10) (700, 10, 100) True"
 
 
 def test_turns_bound_holders_and_a_stuck_holder_loses_its_turn() -> None:

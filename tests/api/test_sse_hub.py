@@ -131,6 +131,106 @@ def test_a_storm_reads_each_backlog_page_once() -> None:
     assert events.reads == 3  # three pages, each read once for all 200
 
 
+class CountingEvents(FakeEvents):
+    """Reads that take `seconds` and record how many were in flight at once; every job's
+    stream is one page of `page_bytes` ending with `done` (a page kept in the cache)."""
+
+    def __init__(self, seconds: float = 0.0, page_bytes: int = 10) -> None:
+        super().__init__([])
+        self.seconds, self.page_bytes = seconds, page_bytes
+        self.in_flight = self.most_in_flight = 0
+
+    async def encoded_events_after(
+        self, job_id: str, after: tuple[int, int], count: int
+    ) -> EncodedPage:
+        self.reads += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(self.seconds)
+        self.in_flight -= 1
+        return EncodedPage(b"x" * self.page_bytes, "1-0", 1, True)
+
+
+def hub_reading(events: CountingEvents) -> EventHub:
+    store = FakeStore([])
+    store.events = events
+    return EventHub(cast(Any, None), cast(AsyncJobStore, store))
+
+
+async def replay(hub: EventHub, job: str) -> bytes:
+    return b"".join([page.chunk async for page in hub.backlog(job, (0, 0))])
+
+
+def test_backlog_reads_are_four_at_a_time_per_process() -> None:
+    """Twelve streams replaying twelve jobs (nothing to share): their reads hold four of the
+    streams' Redis connections at most, and do use four."""
+    events = CountingEvents(seconds=0.03)
+    hub = hub_reading(events)
+
+    async def storm() -> list[bytes]:
+        return await asyncio.gather(*(replay(hub, f"job{n}") for n in range(12)))
+
+    assert asyncio.run(storm()) == [b"x" * 10] * 12
+    assert (events.reads, events.most_in_flight) == (12, 4)
+
+
+def test_the_backlog_cache_keeps_the_newest_32_mib_of_pages() -> None:
+    """Pages that cannot change are kept for streams that come a little later, up to 32 MiB:
+    of forty 1 MiB pages read one after another, the newest 32 are shared, the older ones
+    read again."""
+    events = CountingEvents(page_bytes=2**20)
+    hub = hub_reading(events)
+
+    async def scenario() -> tuple[int, int]:
+        for n in range(40):
+            await replay(hub, f"job{n}")
+        kept_reads = events.reads
+        for n in range(8, 40):
+            await replay(hub, f"job{n}")  # shared: no read
+        assert events.reads == kept_reads
+        await replay(hub, "job7")  # the newest evicted
+        return kept_reads, events.reads
+
+    assert asyncio.run(scenario()) == (40, 41)
+    assert len(hub._cache) == 32 and hub._cache_bytes == 32 * 2**20
+
+
+def test_a_storms_end_tidies_memory_once_2_seconds_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 streams open at once, then down to a quarter of them: one tidy-up (a full GC and
+    malloc_trim) 2 s later, and none for the streams that end after it."""
+    import api.events
+
+    hub, _ = hub_over([])
+    tidied: list[float] = []
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(api.events, "_tidy", lambda: tidied.append(loop.time()))
+        slots = [hub.admit(f"tenant{n % 7}") for n in range(200)]
+        for slot in slots[:149]:
+            slot.release()
+        await asyncio.sleep(0)
+        assert not tidied  # 51 open: more than a quarter of the peak
+        slots[149].release()
+        ended = loop.time()
+        await asyncio.sleep(0.5)  # a tidy-up at the next release would come 2.5 s after `ended`
+        for slot in slots[150:]:
+            slot.release()
+        await asyncio.sleep(2.5)
+        return ended
+
+    ended = asyncio.run(scenario())
+    assert len(tidied) == 1 and 2.0 <= tidied[0] - ended < 2.4
+
+
+def test_the_redis_driver_info_is_resolved_once() -> None:
+    """Every pool gets the same object: redis-py would otherwise read its own package metadata
+    for each connection it opens, on the event loop."""
+    from api.events import redis_driver_info
+
+    assert redis_driver_info() is redis_driver_info()
+
+
 def test_admission_bounds_streams_per_tenant_and_in_total() -> None:
     hub, _ = hub_over([], max_streams=3, max_streams_per_tenant=2)
     a1, a2 = hub.admit("alice"), hub.admit("alice")

@@ -307,6 +307,34 @@ def test_turns_bound_holders_and_a_stuck_holder_loses_its_turn() -> None:
     assert order.index("c in") < order.index("a out")
 
 
+def test_the_hubs_replay_turns_are_16_wide_and_leased_for_50_ms() -> None:
+    """Sixteen backlog writes stuck on clients that do not read: a seventeenth gets its turn
+    when their 50 ms leases run out, not before and not a second later."""
+    hub, _ = hub_over([])
+
+    async def scenario() -> float:
+        stuck = asyncio.Event()
+        entered = [0]
+
+        async def hold() -> None:
+            async with hub.turns.turn():
+                entered[0] += 1
+                await stuck.wait()
+
+        holders = [asyncio.create_task(hold()) for _ in range(16)]
+        await asyncio.sleep(0)
+        assert entered[0] == 16
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with hub.turns.turn():
+            waited = loop.time() - start
+        stuck.set()
+        await asyncio.gather(*holders)
+        return waited
+
+    assert 0.045 <= asyncio.run(scenario()) < 0.5
+
+
 def test_a_subscriber_holds_at_most_its_limit_but_always_one_batch() -> None:
     """A slow subscriber is cut off (`put` is False) once a batch would take it past `limit`
     events behind; a batch larger than the limit still goes to one that is caught up, or a

@@ -349,6 +349,12 @@ def test_a_subscriber_holds_at_most_its_limit_but_always_one_batch() -> None:
     caught_up = Subscriber(limit=5, until=(0, 0))
     assert caught_up.put(Batch.of(entries(1, 8)))
     assert not caught_up.put(Batch.of(entries(9, 1)))
+    # what it has sent no longer counts: caught up again, for a large batch and then a limit
+    assert [len(b.frames) for b in asyncio.run(slow.take()) or []] == [3, 2]
+    assert slow.put(Batch.of(entries(6, 8)))
+    asyncio.run(slow.take())
+    assert slow.put(Batch.of(entries(14, 2))) and slow.put(Batch.of(entries(16, 3)))
+    assert not slow.put(Batch.of(entries(19, 1)))
 
 
 class GatedEvents(FakeEvents):

@@ -201,9 +201,9 @@ class EventHub:
         store: AsyncJobStore,
         *,
         stream_client: aredis.Redis | None = None,
-        queue_size: int = 4096,
-        max_streams: int = 2000,
-        max_streams_per_tenant: int = 500,
+        queue_size: int,
+        max_streams: int,
+        max_streams_per_tenant: int,
     ) -> None:
         self.redis = client
         self.stream_redis = stream_client or client

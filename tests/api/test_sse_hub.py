@@ -19,6 +19,7 @@ from sse_starlette import ServerSentEvent
 from api.events import BACKLOG_PAGE, EventHub, StreamLimitReached
 from api.sse_frames import Batch, Turns, encode, frames_after, pieces
 from api.sse_stream import _ended
+from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore
 from pdppo.store.events import EncodedPage, EventIdError, parse_event_id
 
@@ -109,10 +110,23 @@ class FakeStore:
         self.events = FakeEvents(stream)
 
 
-def hub_over(stream: list[Entry], **limits: Any) -> tuple[EventHub, FakeEvents]:
+def hub_of(store: FakeStore, **limits: int) -> EventHub:
+    """A hub over `store`, with the settings' default limits unless `limits` says otherwise."""
+    settings = Settings()
+    return EventHub(
+        cast(Any, None),
+        cast(AsyncJobStore, store),
+        queue_size=limits.get("queue_size", settings.sse_queue_size),
+        max_streams=limits.get("max_streams", settings.sse_max_streams),
+        max_streams_per_tenant=limits.get(
+            "max_streams_per_tenant", settings.sse_max_streams_per_tenant
+        ),
+    )
+
+
+def hub_over(stream: list[Entry], **limits: int) -> tuple[EventHub, FakeEvents]:
     store = FakeStore(stream)
-    hub = EventHub(cast(Any, None), cast(AsyncJobStore, store), **limits)
-    return hub, store.events
+    return hub_of(store, **limits), store.events
 
 
 def test_a_storm_reads_each_backlog_page_once() -> None:
@@ -154,7 +168,7 @@ class CountingEvents(FakeEvents):
 def hub_reading(events: CountingEvents) -> EventHub:
     store = FakeStore([])
     store.events = events
-    return EventHub(cast(Any, None), cast(AsyncJobStore, store))
+    return hub_of(store)
 
 
 async def replay(hub: EventHub, job: str) -> bytes:
@@ -392,7 +406,7 @@ def test_a_stream_that_shared_a_read_from_before_the_job_ended_reads_on_to_its_d
     total = BACKLOG_PAGE + 13
     store = FakeStore(entries(1, 3))
     events = store.events = GatedEvents(store.events.stream)
-    hub = EventHub(cast(Any, None), cast(AsyncJobStore, store))
+    hub = hub_of(store)
 
     async def scenario() -> bytes:
         pages = hub.backlog("job", (0, 0))  # a running job's subscriber reads its backlog

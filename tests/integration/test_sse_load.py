@@ -17,11 +17,12 @@ from typing import Any
 
 import httpx
 import redis
+import redis.asyncio as aioredis
 
 from pdppo.store.keys import events_key
 from tests.integration.conftest import metric_steps, read_events
 from tests.integration.probe import start_probe, stop_probe
-from tests.integration.stack import KEYS, Service, smoke_spec
+from tests.integration.stack import KEYS, REDIS_DATABASES, Service, smoke_spec
 
 SUBSCRIBERS = 250
 BACKLOG = 2000
@@ -163,3 +164,64 @@ def test_idle_stream_outlives_the_block_time_without_redis_errors(
     assert cancelled and "event: done" in lines
     log = service.tail("api.log", 10_000_000)[log_before:]
     assert "sse feed" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_live_streams_read_over_their_own_connections(make_service: Any) -> None:
+    """Six live streams of six jobs with the requests' pool at 4 connections: each job's feed
+    blocks in XREAD on the streams' own pool, so all six read at once and requests still get a
+    connection at once (on the requests' pool, two feeds would wait and requests behind them)."""
+    svc: Service = make_service(
+        PDPPO_API_REDIS_MAX_CONNECTIONS="4", PDPPO_MAX_ACTIVE_JOBS_PER_TENANT="6"
+    )
+    svc.start_api()
+    store = redis.Redis.from_url(svc.redis_url)
+
+    db = svc.redis_url.rsplit("/", 1)[1]
+
+    def feeds_reading() -> int:
+        return sum(c["cmd"] == "xread" and c["db"] == db for c in store.client_list())
+
+    with svc.client("alice") as alice, contextlib.ExitStack() as open_:
+        jobs = [alice.post("/v1/jobs", json=gpu_spec()).json()["id"] for _ in range(6)]
+        for job in jobs:
+            response = open_.enter_context(alice.stream("GET", f"/v1/jobs/{job}/events"))
+            assert response.status_code == 200
+        deadline = time.monotonic() + 10
+        while feeds_reading() < 6:
+            assert time.monotonic() < deadline, f"{feeds_reading()} of 6 feeds reading"
+            time.sleep(0.1)
+        started = time.monotonic()
+        assert [alice.get(f"/v1/jobs/{job}").json()["status"] for job in jobs] == ["queued"] * 6
+        assert time.monotonic() - started < 3  # a request waiting on a blocked feed: 5 s
+    store.close()
+
+
+def test_closing_the_hub_closes_its_stream_connections_only(redis_server: Any) -> None:
+    """The API's shutdown: the hub closes the streams' pool it made, and leaves the requests'
+    client, which it was given, to its owner."""
+    from api.events import EventHub
+    from pdppo.settings import Settings
+    from pdppo.store import AsyncJobStore
+
+    db = REDIS_DATABASES - 1  # no service's
+    url = redis_server.url(db)
+    store = redis.Redis.from_url(url)
+
+    def connections() -> int:
+        return sum(c["db"] == str(db) for c in store.client_list())
+
+    async def scenario() -> tuple[int, int, bool]:
+        client = aioredis.Redis.from_url(url)
+        hub = EventHub.from_settings(client, AsyncJobStore(client), Settings(redis_url=url))
+        await client.ping()
+        await hub.stream_redis.ping()
+        before = connections()
+        await hub.close()
+        after = connections()
+        alive = bool(await client.ping())
+        await client.aclose()
+        return before, after, alive
+
+    before, after, alive = asyncio.run(scenario())
+    store.close()
+    assert (before - after, alive) == (1, True)

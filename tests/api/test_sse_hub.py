@@ -263,6 +263,14 @@ def test_admission_bounds_streams_per_tenant_and_in_total() -> None:
     a2.release()
     b1.release()
     assert hub.admit("bob") is not None
+    # a tenant that gave its streams back has its limit again, neither more nor less
+    wide = hub_over([], max_streams=10, max_streams_per_tenant=2)[0]
+    for _ in range(3):
+        slots = [wide.admit("alice"), wide.admit("alice")]
+        with pytest.raises(StreamLimitReached, match="tenant"):
+            wide.admit("alice")
+        for slot in slots:
+            slot.release()
 
 
 def test_a_refused_streams_retry_after_is_drawn_from_5_to_15_seconds() -> None:

@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import time
 from typing import Any
 
 import httpx
+import pytest
 import redis
 import redis.asyncio as aioredis
 
 from pdppo.store.keys import events_key
 from tests.integration.conftest import metric_steps, read_events
 from tests.integration.probe import start_probe, stop_probe
-from tests.integration.stack import KEYS, REDIS_DATABASES, Service, smoke_spec
+from tests.integration.stack import KEYS, REDIS_DATABASES, RedisServer, Service, smoke_spec
 
 SUBSCRIBERS = 250
 BACKLOG = 2000
@@ -225,3 +228,39 @@ def test_closing_the_hub_closes_its_stream_connections_only(redis_server: Any) -
     before, after, alive = asyncio.run(scenario())
     store.close()
     assert (before - after, alive) == (1, True)
+
+
+def test_a_live_feed_notices_a_stalled_redis_and_goes_on(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Redis stops answering (stopped here with SIGSTOP; a partition looks the same) while a
+    feed waits in XREAD BLOCK: the feed's socket times out one reply timeout after the block
+    time (5 s + 1 s here), it says so once in the log and reads on, and the stream still ends
+    with the job. A socket without that timeout would wait on a dead connection for ever."""
+    server = RedisServer(tmp_path_factory.mktemp("stalled"))
+    svc = Service(
+        server, tmp_path_factory.mktemp("stalled-api"), db=0,
+        env={"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": "1"},
+    )  # fmt: skip
+    store = redis.Redis.from_url(svc.redis_url)
+    try:
+        svc.start_api()
+        with svc.client("alice") as alice:
+            job = alice.post("/v1/jobs", json=gpu_spec()).json()["id"]
+            with alice.stream("GET", f"/v1/jobs/{job}/events") as response:
+                deadline = time.monotonic() + 10
+                while not any(c["cmd"] == "xread" for c in store.client_list()):
+                    assert time.monotonic() < deadline, "the feed never started reading"
+                    time.sleep(0.1)
+                os.kill(server.proc.pid, signal.SIGSTOP)
+                time.sleep(7)  # an XREAD sent up to 5 s before the stop times out 1-6 s into it
+                os.kill(server.proc.pid, signal.SIGCONT)
+                assert f"sse feed {job}: Redis error" in svc.tail("api.log", 100_000)
+                assert alice.post(f"/v1/jobs/{job}/cancel").json()["status"] == "cancelled"
+                lines = list(response.iter_lines())
+        assert "event: done" in lines
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        store.close()
+        svc.stop()
+        server.stop()

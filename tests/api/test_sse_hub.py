@@ -452,3 +452,15 @@ def test_a_stream_without_a_done_ends_after_its_history() -> None:
         "2-0",
         "3-0",
     ]
+
+
+def test_an_ended_jobs_empty_stream_ends_at_once() -> None:
+    """A terminal job whose stream holds nothing (expired or trimmed away): one read, then the
+    end of the stream, from the start or from any id."""
+    hub, events = hub_over([])
+
+    async def replay(after: tuple[int, int]) -> bytes:
+        return await asyncio.wait_for(drain(_ended(hub, "job", after, after)), 5)
+
+    assert asyncio.run(replay((0, 0))) == b"" and events.reads == 1
+    assert asyncio.run(replay((7, 0))) == b"" and events.reads == 2

@@ -464,3 +464,48 @@ def test_an_ended_jobs_empty_stream_ends_at_once() -> None:
 
     assert asyncio.run(replay((0, 0))) == b"" and events.reads == 1
     assert asyncio.run(replay((7, 0))) == b"" and events.reads == 2
+
+
+def test_a_page_that_can_still_change_is_read_again_by_the_next_subscriber() -> None:
+    """A running job's last page (neither full nor ending with `done`) is shared only by the
+    subscribers waiting on its read: one that comes after the read gets the events written
+    since, not the old page, and nothing is left in flight or kept."""
+    hub, events = hub_over(entries(1, 3))
+
+    async def pages(until: tuple[int, int]) -> list[list[str]]:
+        return [event_ids(page.chunk) async for page in hub.backlog("job", (0, 0), until)]
+
+    assert asyncio.run(pages((3, 0))) == [["1-0", "2-0", "3-0"]]
+    events.stream += entries(4, 2)
+    assert asyncio.run(pages((5, 0))) == [["1-0", "2-0", "3-0", "4-0", "5-0"]]
+    assert events.reads == 2 and not hub._inflight and not hub._cache
+
+
+def test_a_failed_backlog_read_is_neither_kept_nor_reported_twice() -> None:
+    """A read that fails (Redis down) fails its subscribers' streams, once: nothing is kept
+    of it, the event loop is handed no second error, and the next subscriber reads again."""
+
+    class FailingOnce(FakeEvents):
+        async def encoded_events_after(
+            self, job_id: str, after: tuple[int, int], count: int
+        ) -> EncodedPage:
+            if not self.reads:
+                self.reads += 1
+                raise ConnectionError("Redis is down")
+            return await super().encoded_events_after(job_id, after, count)
+
+    store = FakeStore(entries(1, 2, done_at=2))
+    store.events = events = FailingOnce(store.events.stream)
+    hub = hub_of(store)
+
+    async def scenario() -> tuple[list[object], list[str]]:
+        unhandled: list[object] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: unhandled.append(ctx))
+        with pytest.raises(ConnectionError):
+            [page async for page in hub.backlog("job", (0, 0))]
+        await asyncio.sleep(0.01)  # the read's done callbacks have run
+        ids = [i async for page in hub.backlog("job", (0, 0)) for i in event_ids(page.chunk)]
+        return unhandled, ids
+
+    assert asyncio.run(scenario()) == ([], ["1-0", "2-0"])
+    assert events.reads == 2 and not hub._inflight

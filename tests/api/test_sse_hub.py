@@ -517,3 +517,31 @@ def test_a_failed_backlog_read_is_neither_kept_nor_reported_twice() -> None:
 
     assert asyncio.run(scenario()) == ([], ["1-0", "2-0"])
     assert events.reads == 2 and not hub._inflight
+
+
+def test_the_done_frames_of_the_1024_latest_ended_jobs_are_kept() -> None:
+    """An ended job's `done` never changes: it is looked up once and kept, for the 1024 jobs
+    looked up last (the oldest lookup goes first)."""
+
+    class CountingLookups(FakeEvents):
+        lookups = 0
+
+        async def last_event_of_type(self, job_id: str, event_type: str) -> Entry | None:
+            self.lookups += 1
+            return await super().last_event_of_type(job_id, event_type)
+
+    store = FakeStore(entries(1, 2, done_at=2))
+    store.events = events = CountingLookups(store.events.stream)
+    hub = hub_of(store)
+
+    async def ask(*jobs: int) -> None:
+        for n in jobs:
+            frame = await hub.done_frame(f"job{n}")
+            assert frame is not None and frame.event == "done"
+
+    asyncio.run(ask(*range(1025)))
+    assert events.lookups == 1025
+    asyncio.run(ask(*range(1, 1025)))  # the latest 1024: kept
+    assert events.lookups == 1025
+    asyncio.run(ask(0))  # the first: gone
+    assert events.lookups == 1026 and len(hub._done) == 1024

@@ -20,12 +20,11 @@ from typing import Any
 import httpx
 import pytest
 import redis
-import redis.asyncio as aioredis
 
 from pdppo.store.keys import events_key
 from tests.integration.conftest import metric_steps, read_events
 from tests.integration.probe import start_probe, stop_probe
-from tests.integration.stack import KEYS, REDIS_DATABASES, RedisServer, Service, smoke_spec
+from tests.integration.stack import KEYS, RedisServer, Service, smoke_spec
 
 SUBSCRIBERS = 250
 BACKLOG = 2000
@@ -197,39 +196,6 @@ def test_live_streams_read_over_their_own_connections(make_service: Any) -> None
         assert [alice.get(f"/v1/jobs/{job}").json()["status"] for job in jobs] == ["queued"] * 6
         assert time.monotonic() - started < 3  # a request waiting on a blocked feed: 5 s
     store.close()
-
-
-def test_closing_the_hub_closes_its_stream_connections_only(redis_server: Any) -> None:
-    """The API's shutdown: the hub closes the streams' pool it made, and leaves the requests'
-    client, which it was given, to its owner."""
-    from api.events import EventHub
-    from pdppo.settings import Settings
-    from pdppo.store import AsyncJobStore
-
-    db = REDIS_DATABASES - 1  # no service's
-    url = redis_server.url(db)
-    store = redis.Redis.from_url(url)
-
-    def connections() -> int:
-        return sum(c["db"] == str(db) for c in store.client_list())
-
-    async def scenario() -> tuple[int, int, bool]:
-        client = aioredis.Redis.from_url(url)
-        hub = EventHub.from_settings(client, AsyncJobStore(client), Settings(redis_url=url))
-        await client.ping()
-        await hub.stream_redis.ping()
-        before = connections()
-        await hub.close()
-        deadline = time.monotonic() + 5  # Redis sees the socket close a moment later
-        while (after := connections()) == before and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        alive = bool(await client.ping())
-        await client.aclose()
-        return before, after, alive
-
-    before, after, alive = asyncio.run(scenario())
-    store.close()
-    assert (before - after, alive) == (1, True)
 
 
 def test_a_live_feed_notices_a_stalled_redis_and_goes_on(

@@ -1,0 +1,89 @@
+"""The event hub's live feeds and its Redis connections, in this process against a real Redis:
+a job's feed serves every subscriber while any is left and goes away with the last, and the
+hub's shutdown closes the connections it opened and no others. (The streams through the API are
+in test_sse_load.py and test_event_ids.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import redis
+import redis.asyncio as aioredis
+
+from api.events import EventHub, Subscriber
+from pdppo.settings import Settings
+from pdppo.store import AsyncJobStore, events_key
+from tests.integration.stack import REDIS_DATABASES, RedisServer
+
+DB = REDIS_DATABASES - 1  # no service's
+
+
+def hub_on(url: str, client: aioredis.Redis) -> EventHub:
+    return EventHub.from_settings(client, AsyncJobStore(client), Settings(redis_url=url))
+
+
+def test_a_feed_serves_its_remaining_subscribers_and_goes_away_with_the_last(
+    redis_server: RedisServer,
+) -> None:
+    """Two subscribers of a running job; one leaves: the other still gets the next event from
+    the same feed. The last one leaves: the feed is gone at once, its blocking read cancelled
+    (not left to run out its 5 s block)."""
+    url = redis_server.url(DB)
+    key = events_key("feeds-job")
+
+    async def next_ids(sub: Subscriber) -> list[str]:
+        batches = await asyncio.wait_for(sub.take(), 3) or []
+        return [f"{f.id[0]}-{f.id[1]}" for b in batches for f in b.frames]
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(url, decode_responses=True)
+        hub = hub_on(url, client)
+        await client.delete(key)
+        async with contextlib.AsyncExitStack() as stay, contextlib.AsyncExitStack() as leave:
+            staying = await stay.enter_async_context(hub.subscribe("feeds-job"))
+            await leave.enter_async_context(hub.subscribe("feeds-job"))
+            feed = hub.feeds["feeds-job"]
+            await asyncio.sleep(0.1)  # the feed is in its XREAD
+            await leave.aclose()
+            assert hub.feeds == {"feeds-job": feed} and not feed.finished
+            new = await client.xadd(key, {"type": "log", "data": json.dumps({"n": 1})})
+            assert await next_ids(staying) == [new]
+        assert hub.feeds == {} and feed.task is not None
+        started = time.monotonic()
+        await asyncio.wait([feed.task], timeout=3)
+        assert feed.task.cancelled() and time.monotonic() - started < 1
+        await hub.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_closing_the_hub_closes_its_stream_connections_only(redis_server: RedisServer) -> None:
+    """The API's shutdown: the hub closes the streams' pool it made, and leaves the requests'
+    client, which it was given, to its owner."""
+    url = redis_server.url(DB)
+    store = redis.Redis.from_url(url)
+
+    def connections() -> int:
+        return sum(c["db"] == str(DB) for c in store.client_list())
+
+    async def scenario() -> tuple[int, int, bool]:
+        client = aioredis.Redis.from_url(url)
+        hub = hub_on(url, client)
+        await client.ping()
+        await hub.stream_redis.ping()
+        before = connections()
+        await hub.close()
+        deadline = time.monotonic() + 5  # Redis sees the socket close a moment later
+        while (after := connections()) == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        alive = bool(await client.ping())
+        await client.aclose()
+        return before, after, alive
+
+    before, after, alive = asyncio.run(scenario())
+    store.close()
+    assert (before - after, alive) == (1, True)

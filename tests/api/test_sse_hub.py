@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import subprocess
 import sys
 from typing import Any, cast
 
 import pytest
+import redis
 from sse_starlette import ServerSentEvent
 
 from api.events import BACKLOG_PAGE, EventHub, StreamLimitReached
@@ -108,6 +110,9 @@ class FakeEvents:
 class FakeStore:
     def __init__(self, stream: list[Entry]) -> None:
         self.events = FakeEvents(stream)
+
+    async def last_event_id(self, job_id: str) -> str:
+        return self.events.stream[-1][0] if self.events.stream else "0-0"
 
 
 def hub_of(store: FakeStore, **limits: int) -> EventHub:
@@ -545,3 +550,65 @@ def test_the_done_frames_of_the_1024_latest_ended_jobs_are_kept() -> None:
     assert events.lookups == 1025
     asyncio.run(ask(0))  # the first: gone
     assert events.lookups == 1026 and len(hub._done) == 1024
+
+
+class OutageRedis:
+    """A streams' client whose XREADs fail or answer as `script` says, in turn ("error",
+    "empty"); past its end, every read waits until cancelled."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.reads = 0
+
+    def register_script(self, source: str) -> None:  # the hub's backlog reads: none here
+        return None
+
+    async def xread(self, streams: dict[str, str], count: int, block: int) -> list[Any]:
+        self.reads += 1
+        if not self.script:
+            await asyncio.Event().wait()
+        if self.script.pop(0) == "error":
+            raise redis.ConnectionError("Connection refused")
+        return []
+
+
+def test_a_feed_retries_redis_errors_paced_and_says_so_once_per_outage(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Twelve failed reads, one that works, two more failures: the retries wait 0.5 s more at
+    each failure up to 5 s, and start again at 0.5 s after Redis came back; each outage is one
+    warning (the retries are debug lines) and its end one info line."""
+    import api.events
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    outage = OutageRedis(["error"] * 12 + ["empty"] + ["error"] * 2)
+    store = FakeStore([])
+    hub = EventHub(
+        cast(Any, None), cast(AsyncJobStore, store), stream_client=cast(Any, outage),
+        queue_size=16, max_streams=10, max_streams_per_tenant=10,
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        monkeypatch.setattr(api.events.asyncio, "sleep", sleep)
+        async with hub.subscribe("job"):
+            while outage.script:
+                await real_sleep(0.001)
+            await real_sleep(0.01)
+
+    with caplog.at_level(logging.DEBUG, logger="api.events"):
+        asyncio.run(scenario())
+    assert slept == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.0, 5.0, 0.5, 1.0]
+    feed_lines = [(r.levelname, r.getMessage()) for r in caplog.records if "sse feed" in r.msg]
+    assert [level for level, _ in feed_lines] == ["WARNING"] + ["DEBUG"] * 11 + [
+        "INFO",
+        "WARNING",
+        "DEBUG",
+    ]
+    assert feed_lines[12][1] == "sse feed job: Redis is back after 12 errors"
+    assert outage.reads == 16

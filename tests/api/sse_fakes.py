@@ -1,0 +1,83 @@
+"""In-memory stand-ins for the event hub's store and stream reads, for the unit tests of the hub
+(test_sse_hub.py, test_sse_backlog.py): a list of stream entries, read as the store's scripts
+would encode them. The integration tests use a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, cast
+
+from api.events import EventHub
+from api.sse_frames import Batch
+from pdppo.settings import Settings
+from pdppo.store import AsyncJobStore
+from pdppo.store.events import EncodedPage, parse_event_id
+
+Entry = tuple[str, dict[str, str]]
+
+
+def entries(first: int, count: int, done_at: int | None = None) -> list[Entry]:
+    out: list[Entry] = []
+    for n in range(first, first + count):
+        kind = "done" if n == done_at else "metrics"
+        out.append((f"{n}-0", {"type": kind, "data": json.dumps({"step": n})}))
+    return out
+
+
+class FakeEvents:
+    """The store's stream reads over a list, counting XRANGEs; each read yields to the loop."""
+
+    def __init__(self, stream: list[Entry]) -> None:
+        self.stream = stream
+        self.reads = 0
+
+    async def encoded_events_after(
+        self, job_id: str, after: tuple[int, int], count: int
+    ) -> EncodedPage:
+        self.reads += 1
+        await asyncio.sleep(0.01)
+        later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
+        batch = Batch.of(later)
+        last = batch.frames[-1].id if batch.frames else None
+        return EncodedPage(
+            batch.chunk, f"{last[0]}-{last[1]}" if last else None, len(later), batch.done
+        )
+
+    async def last_event_of_type(self, job_id: str, event_type: str) -> Entry | None:
+        return next((e for e in reversed(self.stream) if e[1]["type"] == event_type), None)
+
+
+class FakeStore:
+    def __init__(self, stream: list[Entry]) -> None:
+        self.events = FakeEvents(stream)
+
+    async def last_event_id(self, job_id: str) -> str:
+        return self.events.stream[-1][0] if self.events.stream else "0-0"
+
+
+def hub_of(store: FakeStore, **limits: int) -> EventHub:
+    """A hub over `store`, with the settings' default limits unless `limits` says otherwise."""
+    settings = Settings()
+    return EventHub(
+        cast(Any, None),
+        cast(AsyncJobStore, store),
+        queue_size=limits.get("queue_size", settings.sse_queue_size),
+        max_streams=limits.get("max_streams", settings.sse_max_streams),
+        max_streams_per_tenant=limits.get(
+            "max_streams_per_tenant", settings.sse_max_streams_per_tenant
+        ),
+    )
+
+
+def hub_over(stream: list[Entry], **limits: int) -> tuple[EventHub, FakeEvents]:
+    store = FakeStore(stream)
+    return hub_of(store, **limits), store.events
+
+
+def event_ids(chunk: bytes) -> list[str]:
+    return [line[4:] for line in chunk.decode().splitlines() if line.startswith("id: ")]
+
+
+async def drain(stream: Any) -> bytes:
+    return b"".join([bytes(piece) async for piece in stream])

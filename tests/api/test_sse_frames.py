@@ -1,0 +1,61 @@
+"""SSE frames without a server: event ids, the frames' encoding, batches cut at `done`, writes
+of at most WRITE_BYTES."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sse_starlette import ServerSentEvent
+
+from api.sse_frames import Batch, encode, frames_after, pieces
+from pdppo.store.events import EventIdError, parse_event_id
+from tests.api.sse_fakes import Entry, entries
+
+
+def test_parse_event_id_accepts_stream_ids_and_refuses_the_rest() -> None:
+    assert parse_event_id("1700000000000-3") == (1700000000000, 3)
+    assert parse_event_id("5") == (5, 0)
+    assert parse_event_id(f"{2**64 - 1}-{2**64 - 1}") == (2**64 - 1, 2**64 - 1)
+    for bad in ("", "x", "1-", "-1", "1-2-3", "1.5", " 1-2", "1_000-0", "9" * 21):
+        with pytest.raises(EventIdError, match="is not an event id"):
+            parse_event_id(bad)
+    for too_big in (f"{2**64}-0", f"0-{2**64}", "99999999999999999999"):
+        with pytest.raises(EventIdError, match="out of range"):
+            parse_event_id(too_big)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ("1-0", {"type": "metrics", "data": json.dumps({"step": 1, "m": {"a": 0.5}})}),
+        ("2-7", {"type": "log", "data": json.dumps({"message": "two\nlines"})}),
+        ("3-0", {"type": "log", "data": "raw\r\ntext"}),  # not JSON: the slow path
+        ("4-0", {"data": "{}"}),  # no type: a log
+    ],
+)
+def test_encode_writes_what_server_sent_event_writes(entry: Entry) -> None:
+    entry_id, fields = entry
+    event = fields.get("type", "log")
+    expected = ServerSentEvent(data=fields["data"], event=event, id=entry_id).encode()
+    assert encode(entry).data == expected
+
+
+def test_batch_stops_at_done_and_after_skips_what_was_sent() -> None:
+    batch = Batch.of(entries(1, 5, done_at=3))
+    assert [f.id for f in batch.frames] == [(1, 0), (2, 0), (3, 0)] and batch.done
+    chunk, last, done = frames_after([Batch.of(entries(1, 4))], (2, 0), (0, 0))
+    assert chunk.count(b"event: ") == 2 and last == (4, 0) and not done
+    # A client ahead of the stream (its id 10-0) gets the later `done` all the same...
+    chunk, last, done = frames_after([Batch.of(entries(5, 3, done_at=7))], (10, 0), (10, 0))
+    assert chunk.count(b"event: done") == 1 and chunk.count(b"event: ") == 1 and done
+    # ...but not a `done` that *is* its id: it has seen it.
+    chunk, _, done = frames_after([Batch.of(entries(5, 3, done_at=7))], (7, 0), (7, 0))
+    assert chunk == b"" and done
+
+
+def test_pieces_are_bounded_and_lose_nothing() -> None:
+    big = b"x" * (200 * 1024 + 17)
+    assert b"".join(bytes(p) for p in pieces(big)) == big
+    assert max(len(p) for p in pieces(big)) <= 64 * 1024
+    assert list(pieces(b"")) == []

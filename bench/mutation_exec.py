@@ -156,8 +156,8 @@ def run_mutant(
         return Result(mutant, KILLED, seconds, len(tests), "(an import at collection)", "")
     if code in KILLING_EXIT_CODES:
         if again == 0:
-            # the first run's failure, to tell a flaky test from a mutant that races
-            why = "passed when run again; the first run ended: " + out[-1500:]
+            # the first run's failure (in the --json), to tell a flaky test from a racing mutant
+            why = "passed when run again; the first run ended:\n" + out[-1500:]
             return Result(mutant, FLAKY, seconds, len(tests), killer, why)
         unconfirmed = again is not None and again not in KILLING_EXIT_CODES
         note = f"not confirmed: the rerun ended with pytest exit {again}" if unconfirmed else ""

@@ -78,7 +78,10 @@ def print_group(name: str, runs: list[ModuleRun], reach: dict[str, list[str]]) -
     for result in others:
         m = result.mutant
         by = f" ({result.killer})" if result.killer else ""
-        detail = result.detail[:300]
+        detail = result.detail
+        if result.outcome == FLAKY:
+            detail = detail.split("\n", 1)[0]  # its first run's output: in the --json
+        detail = detail[:300]
         print(f"  {result.outcome}{by}: {m.module}:{m.line} {m.short_operator}: {detail}")
         print(f"      - {m.code}\n      + {m.mutated}")
     equivalents = [pair for run in runs for pair in run.equivalents]

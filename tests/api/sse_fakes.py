@@ -49,19 +49,21 @@ class FakeEvents:
 
 
 class FakeStore:
-    def __init__(self, stream: list[Entry]) -> None:
-        self.events = FakeEvents(stream)
+    def __init__(self, events: FakeEvents) -> None:
+        self.events = events
 
     async def last_event_id(self, job_id: str) -> str:
         return self.events.stream[-1][0] if self.events.stream else "0-0"
 
 
-def hub_of(store: FakeStore, **limits: int) -> EventHub:
-    """A hub over `store`, with the settings' default limits unless `limits` says otherwise."""
+def hub_of(events: FakeEvents, stream_client: Any = None, **limits: int) -> EventHub:
+    """A hub over a store of `events`, with the settings' default limits unless `limits` says
+    otherwise."""
     settings = Settings()
     return EventHub(
         cast(Any, None),
-        cast(AsyncJobStore, store),
+        cast(AsyncJobStore, FakeStore(events)),
+        stream_client=stream_client,
         queue_size=limits.get("queue_size", settings.sse_queue_size),
         max_streams=limits.get("max_streams", settings.sse_max_streams),
         max_streams_per_tenant=limits.get(
@@ -71,8 +73,8 @@ def hub_of(store: FakeStore, **limits: int) -> EventHub:
 
 
 def hub_over(stream: list[Entry], **limits: int) -> tuple[EventHub, FakeEvents]:
-    store = FakeStore(stream)
-    return hub_of(store, **limits), store.events
+    events = FakeEvents(stream)
+    return hub_of(events, **limits), events
 
 
 def event_ids(chunk: bytes) -> list[str]:

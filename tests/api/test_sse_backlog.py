@@ -17,7 +17,6 @@ from pdppo.store.events import EncodedPage, parse_event_id
 from tests.api.sse_fakes import (
     Entry,
     FakeEvents,
-    FakeStore,
     drain,
     entries,
     event_ids,
@@ -62,12 +61,6 @@ class CountingEvents(FakeEvents):
         return EncodedPage(b"x" * self.page_bytes, "1-0", 1, True)
 
 
-def hub_reading(events: CountingEvents) -> EventHub:
-    store = FakeStore([])
-    store.events = events
-    return hub_of(store)
-
-
 async def replay(hub: EventHub, job: str) -> bytes:
     return b"".join([page.chunk async for page in hub.backlog(job, (0, 0))])
 
@@ -76,7 +69,7 @@ def test_backlog_reads_are_four_at_a_time_per_process() -> None:
     """Twelve streams replaying twelve jobs (nothing to share): their reads hold four of the
     streams' Redis connections at most, and do use four."""
     events = CountingEvents(seconds=0.03)
-    hub = hub_reading(events)
+    hub = hub_of(events)
 
     async def storm() -> list[bytes]:
         return await asyncio.gather(*(replay(hub, f"job{n}") for n in range(12)))
@@ -90,7 +83,7 @@ def test_the_backlog_cache_keeps_the_newest_32_mib_of_pages() -> None:
     of forty 1 MiB pages read one after another, the newest 32 are shared, the older ones
     read again."""
     events = CountingEvents(page_bytes=2**20)
-    hub = hub_reading(events)
+    hub = hub_of(events)
 
     async def scenario() -> tuple[int, int]:
         for n in range(40):
@@ -131,9 +124,8 @@ def test_a_stream_that_shared_a_read_from_before_the_job_ended_reads_on_to_its_d
     """The job ended between the read this stream joined and the stream's own look at it: the
     shared page stops short of the `done`, so the rest is read afresh, over several pages."""
     total = BACKLOG_PAGE + 13
-    store = FakeStore(entries(1, 3))
-    events = store.events = GatedEvents(store.events.stream)
-    hub = hub_of(store)
+    events = GatedEvents(entries(1, 3))
+    hub = hub_of(events)
 
     async def scenario() -> bytes:
         pages = hub.backlog("job", (0, 0))  # a running job's subscriber reads its backlog
@@ -213,9 +205,8 @@ def test_a_failed_backlog_read_is_neither_kept_nor_reported_twice() -> None:
                 raise ConnectionError("Redis is down")
             return await super().encoded_events_after(job_id, after, count)
 
-    store = FakeStore(entries(1, 2, done_at=2))
-    store.events = events = FailingOnce(store.events.stream)
-    hub = hub_of(store)
+    events = FailingOnce(entries(1, 2, done_at=2))
+    hub = hub_of(events)
 
     async def scenario() -> tuple[list[object], list[str]]:
         unhandled: list[object] = []
@@ -241,9 +232,8 @@ def test_the_done_frames_of_the_1024_latest_ended_jobs_are_kept() -> None:
             self.lookups += 1
             return await super().last_event_of_type(job_id, event_type)
 
-    store = FakeStore(entries(1, 2, done_at=2))
-    store.events = events = CountingLookups(store.events.stream)
-    hub = hub_of(store)
+    events = CountingLookups(entries(1, 2, done_at=2))
+    hub = hub_of(events)
 
     async def ask(*jobs: int) -> None:
         for n in jobs:

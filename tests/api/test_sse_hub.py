@@ -9,15 +9,14 @@ import logging
 import random
 import subprocess
 import sys
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import redis
 
-from api.events import EventHub, StreamLimitReached
+from api.events import StreamLimitReached
 from api.sse_frames import Batch, Turns
-from pdppo.store import AsyncJobStore
-from tests.api.sse_fakes import FakeStore, entries, hub_over
+from tests.api.sse_fakes import FakeEvents, entries, hub_of, hub_over
 
 
 def test_a_storms_end_tidies_memory_once_2_seconds_later(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,11 +233,7 @@ def test_a_feed_retries_redis_errors_paced_and_says_so_once_per_outage(
         await real_sleep(0)
 
     outage = OutageRedis(["error"] * 12 + ["empty"] + ["error"] * 2)
-    store = FakeStore([])
-    hub = EventHub(
-        cast(Any, None), cast(AsyncJobStore, store), stream_client=cast(Any, outage),
-        queue_size=16, max_streams=10, max_streams_per_tenant=10,
-    )  # fmt: skip
+    hub = hub_of(FakeEvents([]), stream_client=outage)
 
     async def scenario() -> None:
         monkeypatch.setattr(api.events.asyncio, "sleep", sleep)

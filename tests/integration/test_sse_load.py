@@ -152,7 +152,7 @@ def test_stream_limits_answer_429_with_retry_after(make_service: Any) -> None:
             waited = time.monotonic() - closed
             assert waited < 20, (
                 f"the closed stream's place was not given back in {waited:.0f} s:"
-                + (svc.tail("api.log", 3000))
+                + svc.tail("api.log", 3000)
             )
             again.close()
             time.sleep(0.2)
@@ -189,7 +189,6 @@ def test_live_streams_read_over_their_own_connections(make_service: Any) -> None
     )
     svc.start_api()
     store = redis.Redis.from_url(svc.redis_url)
-
     db = svc.redis_url.rsplit("/", 1)[1]
 
     def feeds_reading() -> int:

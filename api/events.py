@@ -55,6 +55,7 @@ import redis.asyncio as aredis
 from prometheus_client import Counter
 from redis.driver_info import DriverInfo
 
+from api.cancel import cancel_until_done
 from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
 from api.sse_frames import Batch, Entry, Frame, Page, Turns, encode
 from pdppo.settings import Settings
@@ -389,7 +390,7 @@ class EventHub:
             del self.feeds[feed.job_id]
             SSE_FEEDS.set(len(self.feeds))
         if feed.task is not None and feed.task is not asyncio.current_task():
-            feed.task.cancel()
+            cancel_until_done(feed.task)  # its XREAD can lose a cancel (`api.cancel`)
 
     async def _run(self, feed: Feed) -> None:
         key = events_key(feed.job_id)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from api.cancel import cancel_until_done
 from api.deps import HubDep, JobDep, SettingsDep, TenantDep
 from api.events import Slot, StreamLimitReached
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
@@ -54,7 +55,7 @@ class EventStream(StreamingResponse):
             try:
                 await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                pump.cancel()
+                cancel_until_done(pump)  # its store calls can lose a cancel (`api.cancel`)
                 gone.cancel()
                 await asyncio.wait({pump, gone})  # raises nothing of theirs
             if not gone.cancelled():

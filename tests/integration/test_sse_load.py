@@ -116,14 +116,6 @@ def test_replay_storm_keeps_health_checks_fast_and_redis_connections_few(
     assert len(events) == expected and metric_steps(events) == list(range(1, BACKLOG + 1))
 
 
-@pytest.mark.xfail(
-    reason=(
-        "known issue, under investigation: a closed stream's place is sometimes not given back "
-        "(held past 30 s; 2 runs in about 25 of this test alone, 1 full-suite CI run, 3 "
-        "mutation runs under load; at once, 0-0.2 s, otherwise)"
-    ),
-    strict=False,
-)
 def test_stream_limits_answer_429_with_retry_after(make_service: Any) -> None:
     svc: Service = make_service(PDPPO_SSE_MAX_STREAMS_PER_TENANT="2", PDPPO_SSE_MAX_STREAMS="3")
     svc.start_api()
@@ -146,11 +138,13 @@ def test_stream_limits_answer_429_with_retry_after(make_service: Any) -> None:
         assert full.status_code == 429 and "Retry-After" in full.headers
         assert "this server has 3 open event streams" in full.read().decode()
 
-        first.close()  # a stream that ends gives its place back
+        # A stream that ends gives its place back, at once: in about 1 run in 12 it used to keep
+        # it until its job ended, a cancel lost in the stream's store call (see `api.cancel`).
+        first.close()
         closed = time.monotonic()
         while (again := stream(alice, alice_job)).status_code == 429:
             waited = time.monotonic() - closed
-            assert waited < 20, (
+            assert waited < 10, (
                 f"the closed stream's place was not given back in {waited:.0f} s:"
                 + svc.tail("api.log", 3000)
             )

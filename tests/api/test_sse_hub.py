@@ -141,6 +141,15 @@ def test_turns_bound_holders_and_a_stuck_holder_loses_its_turn() -> None:
         await asyncio.wait_for(third, 1)  # ...but stuck ones give their turns up after the lease
         stuck.set()
         await asyncio.gather(*tasks)
+        # A turn taken back at its lease's end is not given back again when its holder ends:
+        # still two holders at most.
+        stuck.clear()
+        later = [asyncio.create_task(hold(name, stuck)) for name in "def"]
+        for _ in range(3):  # each takes its turn at its first step, or waits
+            await asyncio.sleep(0)
+        assert sum(f"{name} in" in order for name in "def") == 2
+        stuck.set()
+        await asyncio.gather(*later)
         return order
 
     order = asyncio.run(scenario())

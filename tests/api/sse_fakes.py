@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any, cast
 
 from api.events import EventHub
@@ -48,21 +49,52 @@ class FakeEvents:
         return next((e for e in reversed(self.stream) if e[1]["type"] == event_type), None)
 
 
+@dataclass
+class FakeJob:
+    """What an event stream reads of a job's record."""
+
+    id: str = "job"
+    terminal: bool = False
+
+
 class FakeStore:
-    def __init__(self, events: FakeEvents) -> None:
+    def __init__(self, events: FakeEvents, job: FakeJob | None = None) -> None:
         self.events = events
+        self.job = job
 
     async def last_event_id(self, job_id: str) -> str:
         return self.events.stream[-1][0] if self.events.stream else "0-0"
 
+    async def get(self, job_id: str) -> FakeJob | None:
+        return self.job
 
-def hub_of(events: FakeEvents, stream_client: Any = None, **limits: int) -> EventHub:
-    """A hub over a store of `events`, with the settings' default limits unless `limits` says
-    otherwise."""
+
+class IdleRedis:
+    """A Redis client for the feed of a job that writes nothing more: each XREAD blocks its
+    time out."""
+
+    async def xread(self, streams: dict[str, str], count: int, block: int) -> list[Any]:
+        await asyncio.sleep(block / 1000)
+        return []
+
+
+def hub_of(
+    events: FakeEvents,
+    stream_client: Any = None,
+    *,
+    client: Any = None,
+    job: FakeJob | None = None,
+    store: FakeStore | None = None,
+    **limits: int,
+) -> EventHub:
+    """A hub over `store`, by default a store of `events` and of `job` (the record it answers
+    for every id), with the settings' default limits unless `limits` says otherwise. Its feeds
+    read `client` unless `stream_client` is given (which then serves the backlog reads too, as
+    in the API)."""
     settings = Settings()
     return EventHub(
-        cast(Any, None),
-        cast(AsyncJobStore, FakeStore(events)),
+        cast(Any, client),
+        cast(AsyncJobStore, store or FakeStore(events, job)),
         stream_client=stream_client,
         queue_size=limits.get("queue_size", settings.sse_queue_size),
         max_streams=limits.get("max_streams", settings.sse_max_streams),

@@ -143,10 +143,58 @@ def test_a_stream_that_shared_a_read_from_before_the_job_ended_reads_on_to_its_d
     assert chunk.count(b"event: done") == 1 and chunk.rstrip().endswith(b'{"step": %d}' % total)
 
 
+def test_a_stream_reading_on_to_its_done_does_not_join_a_read_from_before_the_job_ended() -> None:
+    """As above, and another subscriber's read from where this stream goes on is in flight,
+    issued before the job ended (it will answer "nothing more"): the stream reads afresh,
+    or it would end without the job's `done`."""
+
+    class HeldEvents(FakeEvents):
+        """Reads from an id in `hold` take what the stream holds when issued and answer when
+        that id's event is set."""
+
+        def __init__(self, stream: list[Entry]) -> None:
+            super().__init__(stream)
+            self.hold: dict[tuple[int, int], asyncio.Event] = {}
+
+        async def encoded_events_after(
+            self, job_id: str, after: tuple[int, int], count: int
+        ) -> EncodedPage:
+            gate = self.hold.get(after)
+            if gate is None:
+                return await super().encoded_events_after(job_id, after, count)
+            self.reads += 1
+            later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
+            await gate.wait()
+            batch = Batch.of(later)
+            return EncodedPage(batch.chunk, later[-1][0] if later else None, len(later), False)
+
+    events = HeldEvents(entries(1, 3))
+    hub = hub_of(events)
+
+    async def scenario() -> bytes:
+        events.hold = {(0, 0): asyncio.Event(), (3, 0): asyncio.Event()}
+        first = asyncio.create_task(drain(page.chunk async for page in hub.backlog("job", (0, 0))))
+        ahead = asyncio.create_task(drain(page.chunk async for page in hub.backlog("job", (3, 0))))
+        await asyncio.sleep(0.01)
+        events.stream += entries(4, 2, done_at=5)  # the job ends
+        stale = events.hold.pop((3, 0))  # `ahead`'s read stays in flight
+        late = asyncio.create_task(drain(_ended(hub, "job", (0, 0), (0, 0))))
+        await asyncio.sleep(0.01)
+        events.hold[(0, 0)].set()
+        try:
+            return await asyncio.wait_for(late, 2)
+        finally:
+            stale.set()
+            await asyncio.gather(first, ahead)
+
+    chunk = asyncio.run(scenario())
+    assert event_ids(chunk) == ["1-0", "2-0", "3-0", "4-0", "5-0"]
+
+
 def test_an_ended_jobs_done_goes_to_a_client_ahead_of_it_but_not_to_one_that_has_it() -> None:
-    hub, _ = hub_over(entries(1, 5, done_at=5))
+    hub, events = hub_over(entries(1, 5, done_at=5))
     has_it = asyncio.run(drain(_ended(hub, "job", (5, 0), (5, 0))))
-    assert has_it == b""
+    assert has_it == b"" and events.reads == 1  # nothing after its id: nothing more to read
     ahead = asyncio.run(drain(_ended(hub, "job", (9, 0), (9, 0))))
     assert event_ids(ahead) == ["5-0"] and ahead.count(b"event: done") == 1
     behind = asyncio.run(drain(_ended(hub, "job", (3, 0), (3, 0))))

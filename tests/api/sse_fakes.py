@@ -26,6 +26,15 @@ def entries(first: int, count: int, done_at: int | None = None) -> list[Entry]:
     return out
 
 
+def page_of(later: list[Entry]) -> EncodedPage:
+    """`later` (the entries a read found) as the store's script encodes them."""
+    batch = Batch.of(later)
+    last = batch.frames[-1].id if batch.frames else None
+    return EncodedPage(
+        batch.chunk, f"{last[0]}-{last[1]}" if last else None, len(later), batch.done
+    )
+
+
 class FakeEvents:
     """The store's stream reads over a list, counting XRANGEs; each read yields to the loop."""
 
@@ -38,12 +47,7 @@ class FakeEvents:
     ) -> EncodedPage:
         self.reads += 1
         await asyncio.sleep(0.01)
-        later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
-        batch = Batch.of(later)
-        last = batch.frames[-1].id if batch.frames else None
-        return EncodedPage(
-            batch.chunk, f"{last[0]}-{last[1]}" if last else None, len(later), batch.done
-        )
+        return page_of([e for e in self.stream if parse_event_id(e[0]) > after][:count])
 
     async def last_event_of_type(self, job_id: str, event_type: str) -> Entry | None:
         return next((e for e in reversed(self.stream) if e[1]["type"] == event_type), None)

@@ -11,7 +11,6 @@ import asyncio
 import pytest
 
 from api.events import BACKLOG_PAGE, EventHub
-from api.sse_frames import Batch
 from api.sse_stream import _ended
 from pdppo.store.events import EncodedPage, parse_event_id
 from tests.api.sse_fakes import (
@@ -22,6 +21,7 @@ from tests.api.sse_fakes import (
     event_ids,
     hub_of,
     hub_over,
+    page_of,
 )
 
 
@@ -113,11 +113,7 @@ class GatedEvents(FakeEvents):
         self.reads += 1
         later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
         await self.gate.wait()
-        batch = Batch.of(later)
-        last = batch.frames[-1].id if batch.frames else None
-        return EncodedPage(
-            batch.chunk, f"{last[0]}-{last[1]}" if last else None, len(later), batch.done
-        )
+        return page_of(later)
 
 
 def test_a_stream_that_shared_a_read_from_before_the_job_ended_reads_on_to_its_done() -> None:
@@ -165,8 +161,7 @@ def test_a_stream_reading_on_to_its_done_does_not_join_a_read_from_before_the_jo
             self.reads += 1
             later = [e for e in self.stream if parse_event_id(e[0]) > after][:count]
             await gate.wait()
-            batch = Batch.of(later)
-            return EncodedPage(batch.chunk, later[-1][0] if later else None, len(later), False)
+            return page_of(later)
 
     events = HeldEvents(entries(1, 3))
     hub = hub_of(events)

@@ -38,7 +38,7 @@ def test_a_stream_from_the_start_sends_the_first_id_a_stream_can_hold() -> None:
     """No Last-Event-ID: everything, from 0-1 (the smallest id Redis gives an entry) on."""
     stream = [(f"0-{n}", {"type": "metrics", "data": json.dumps({"n": n})}) for n in (1, 2)]
     stream += entries(1, 2, done_at=2)
-    hub = hub_of(FakeEvents(stream), job=FakeJob(terminal=True))
+    hub = hub_of(FakeEvents(stream))
     chunk = asyncio.run(drain(_stream(hub, FakeJob(terminal=True))))
     assert event_ids(chunk) == ["0-1", "0-2", "1-0", "2-0"]
 

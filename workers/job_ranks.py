@@ -19,6 +19,10 @@ whose peer is gone waits for the process group's timeout (30 minutes under gloo)
   error, e.g. "rank 1 of 2 was killed by SIGKILL";
 - when rank 0 itself stops early (an error, a lost lease), the other ranks are killed as it
   leaves; when the run ends, every rank meets at a barrier before the group is torn down.
+- rank 0's error may be only the echo of another rank's death (gloo's "Connection reset" in
+  the collective the dead rank left), and it can reach rank 0 before the watch has seen the
+  death: so rank 0 leaving with an error first waits up to PEER_GRACE_S for the watch to name
+  a rank that died or raised, whose error is then the job's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ from workers.exits import describe_exit
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000
+# How long rank 0, leaving with an error, waits for the watch to name another rank's death as
+# the cause. A dead rank's sockets and its sentinel close together as the kernel ends it, so
+# the watch sees it within milliseconds; an error of rank 0's own pays the whole wait.
+PEER_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -142,9 +150,13 @@ class Ranks:
         for proc in self.procs:
             proc.join(10)
 
-    def close(self) -> bool:
+    def close(self, failing: bool) -> bool:
         """Stop watching: from now on a rank's exit is rank 0's doing. False when the watch
-        already failed the job (the job process is exiting with that rank's error)."""
+        failed the job (the job process is exiting with that rank's error). `failing`: rank 0
+        leaves with an error, which another rank's death may have caused: give the watch
+        PEER_GRACE_S to say so first."""
+        if failing:
+            self.failed.wait(PEER_GRACE_S)
         with self._lock:
             self._closing = True
         return not self.failed.is_set()
@@ -171,7 +183,7 @@ def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterat
         yield World(0, job.size)
         finished = True
     finally:
-        if not ranks.close():
+        if not ranks.close(failing=not finished):
             threading.Event().wait()  # the watcher is ending this process with the rank's error
         if finished:
             dist.barrier()  # every rank done before any leaves (see `pdppo train --nproc`)

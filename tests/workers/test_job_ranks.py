@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.stack import running, still_running
+import pytest
+import yaml
+
+from tests.integration.stack import REPO, running, still_running
 from workers.job_ranks import RankJob, Ranks
 
 # A parent that starts one child armed with `die_with_parent` (which then says so in a file),
@@ -104,3 +107,72 @@ def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:
     assert code == "training_error"
     assert message.startswith("rank 2 of 3 was killed by SIGKILL")
     assert message.endswith("; the job's other ranks were stopped")
+
+
+# A job process of 2 ranks whose watch is slow (each thing it sees waits `slow` seconds): rank 1
+# is killed with -9 after rank 0's step 3, so rank 0's next collective fails ("Connection reset")
+# before the watch has seen the death: the order of the race that CI met. Prints who failed the
+# job: "watch: <message>" (the watch's on_failure) or "rank 0: <error>".
+SLOW_WATCH = """
+import json, multiprocessing, os, signal, sys, time
+from pathlib import Path
+
+from core.callbacks import TrainerCallback
+from core.config import TrainConfig
+from core.distributed import free_port
+from core.trainer import train
+from workers import job_ranks
+
+config_json, out, slow = sys.argv[1], sys.argv[2], float(sys.argv[3])
+seen = job_ranks.Ranks._failure_of
+
+def slow_failure_of(self, ready, sentinels):
+    time.sleep(slow)
+    return seen(self, ready, sentinels)
+
+job_ranks.Ranks._failure_of = slow_failure_of
+
+def failed(failure):
+    print("watch:", failure[1], flush=True)
+    os._exit(3)
+
+class KillRankOne(TrainerCallback):
+    def on_step(self, step, metrics):
+        if step == 3:
+            [rank] = multiprocessing.active_children()
+            os.kill(rank.pid, signal.SIGKILL)
+
+if __name__ == "__main__":
+    job = job_ranks.RankJob("j1", config_json, out, False, (), {}, None, 2, free_port(), False,
+                            1, "WARNING")
+    try:
+        with job_ranks.data_parallel(job, failed) as world:
+            train(TrainConfig.model_validate_json(config_json), Path(out),
+                  callback=KillRankOne(), world=world)
+    except Exception as exc:
+        print("rank 0:", type(exc).__name__, str(exc)[:200], flush=True)
+        sys.exit(4)
+    print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("slow", [0.0, 0.5])
+def test_a_rank_killed_while_rank_0_is_in_a_collective_is_the_jobs_error(
+    tmp_path: Path, slow: float
+) -> None:
+    """Rank 0's collective error is only the echo of rank 1's death: the job's error names the
+    death (CI once reported rank 0's gloo "Connection reset" instead), whichever is seen first."""
+    from core.config import TrainConfig
+
+    spec = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
+    spec["train"].update(steps=5000, checkpoint_every=0)
+    config = TrainConfig.model_validate(spec["train"]).model_dump_json()
+    script = tmp_path / "job.py"
+    script.write_text(SLOW_WATCH)
+    proc = subprocess.run(
+        [sys.executable, str(script), config, str(tmp_path / "out"), str(slow)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 3, (proc.stdout, proc.stderr[-3000:])
+    assert proc.stdout.startswith("watch: rank 1 of 2 was killed by SIGKILL"), proc.stdout

@@ -23,6 +23,7 @@ from pdppo.store import (
     tenant_active_key,
 )
 from pdppo.store.events import AsyncEventStore
+from pdppo.store.jobs_api import AsyncJobStore
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.keys import eval_key
 from pdppo.store.steering import Steering
@@ -158,6 +159,70 @@ def test_a_job_that_keeps_killing_its_worker_fails(client: redis.Redis) -> None:
     for _ in range(4):
         assert store.requeue_if_orphaned(other, lease_token="t", max_worker_losses=1) == "requeued"
         store.claim(other.id, "next worker")
+    # With no limit (the default) a job is requeued however often its workers die.
+    unlimited = running_job(client, "j10")
+    for _ in range(3):
+        assert store.requeue_if_orphaned(unlimited) == "requeued"
+        store.claim(unlimited.id, "next worker")
+
+
+def _pause_log(client: redis.Redis, job: JobRecord) -> str:
+    """The message of the log entry a requeue of a job with a pending pause adds."""
+    client.hset(job_key(job.id), "pause_requested", "1")
+    assert JobStore(client).requeue_if_orphaned(job) == "paused"
+    logs = [e[1]["data"] for e in client.xrange(events_key(job.id)) if e[1]["type"] == "log"]
+    return str(json.loads(logs[-1])["message"])
+
+
+def test_a_job_paused_as_its_worker_leaves_says_the_step_it_resumes_after(
+    client: redis.Redis,
+) -> None:
+    store = JobStore(client)
+    fresh = running_job(client, "j11")
+    assert _pause_log(client, fresh).startswith("paused at step 0; resume it with POST")
+    job = running_job(client, "j12")
+    for step in (1, 2, 3):
+        store.publish_step(job.id, step, 10, {"loss": 0.0})
+    assert _pause_log(client, job).startswith(
+        "paused at step 3; resume it with POST /v1/jobs/j12/resume (pdppo resume j12)"
+    )
+
+
+def test_a_created_or_resumed_job_enters_the_outbox_a_grace_from_now(
+    redis_server: RedisServer, client: redis.Redis
+) -> None:
+    """The API publishes a new or resumed job's task itself: the dispatcher's first look at the
+    job comes `dispatch_grace` later (sooner, it would send a second task for nearly every
+    job). A new job keeps the name it was given."""
+
+    async def create_and_resume() -> tuple[list[str], list[float], list[float]]:
+        conn = aredis.Redis.from_url(redis_server.url(DB), decode_responses=True)
+        store, before, after = AsyncJobStore(conn), [], []
+        try:
+            made = []
+            for name in ("my run", None, "paused"):
+                before.append(time.time())
+                made.append(await store.create(
+                    tenant="t", queue="cpu", name=name, spec_json="{}", total_steps=4,
+                    max_active=5, idempotency=None, idempotency_ttl=60, dispatch_grace=7.0,
+                ))  # fmt: skip
+                after.append(time.time())
+            assert [m.outcome for m in made] == ["created"] * 3
+            ids = [m.job_id or "" for m in made]
+            assert await store.steering.pause(ids[2]) == "paused"
+            before[2] = time.time()
+            assert await store.steering.resume(ids[2], dispatch_grace=7.0) == "queued"
+            after[2] = time.time()
+        finally:
+            await conn.aclose()
+        return ids, before, after
+
+    ids, before, after = asyncio.run(create_and_resume())
+    records = [JobStore(client).get(job_id) for job_id in ids]
+    assert [r.name if r else "missing" for r in records] == ["my run", None, "paused"]
+    for job_id, low, high in zip(ids, before, after, strict=True):
+        score = client.zscore(OUTBOX, job_id)
+        assert score is not None and low + 7.0 <= score <= high + 7.0, (job_id, score, low)
 
 
 def _queued(client: redis.Redis, job_id: str, queue: str = "cpu", tenant: str = "t") -> None:

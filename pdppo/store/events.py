@@ -44,9 +44,8 @@ def parse_event_id(text: str) -> EventId:
         raise EventIdError(f"{text[:40]!r} is not an event id like 1700000000000-0")
     ms, seq = int(match[1]), int(match[2] or 0)
     if ms > ID_PART_MAX or seq > ID_PART_MAX:
-        raise EventIdError(
-            f"{text[:45]!r} is out of range: both parts of an event id are below 2^64"
-        )
+        # all of it: the pattern matches 41 characters at most
+        raise EventIdError(f"{text!r} is out of range: both parts of an event id are below 2^64")
     return ms, seq
 
 
@@ -125,22 +124,11 @@ class AsyncEventStore:
         rows = cast(list[str], await self.redis.lrange(samples_key(job_id), -limit, -1))
         return [json.loads(row) for row in rows]
 
-    async def events_after(
-        self, job_id: str, after: str | EventId, count: int = 1000
-    ) -> list[tuple[str, dict[str, str]]]:
-        """Stream entries strictly after `after` ("0" for all), oldest first, at most `count`."""
-        after_id = parse_event_id(after) if isinstance(after, str) else after
-        if after_id == LAST_POSSIBLE_ID:
-            return []  # nothing can follow it, and Redis refuses an exclusive range from it
-        start = f"({format_event_id(after_id)}" if after_id != (0, 0) else "-"
-        entries = await self.redis.xrange(events_key(job_id), start, "+", count=count)
-        return cast(list[tuple[str, dict[str, str]]], entries)
-
-    async def encoded_events_after(
-        self, job_id: str, after: EventId, count: int = 1000
-    ) -> EncodedPage:
-        """`events_after`, as the SSE frames an events request sends (see `_ENCODED_PAGE`)."""
+    async def encoded_events_after(self, job_id: str, after: EventId, count: int) -> EncodedPage:
+        """The stream's entries strictly after `after` ((0, 0) for all), oldest first, at most
+        `count`, as the SSE frames an events request sends (see `_ENCODED_PAGE`)."""
         if after == LAST_POSSIBLE_ID:
+            # nothing can follow it, and Redis refuses an exclusive range from it
             return EncodedPage(b"", None, 0, False)
         start = f"({format_event_id(after)}" if after != (0, 0) else "-"
         reply = await self._encoded_page(keys=[events_key(job_id)], args=[start, count])

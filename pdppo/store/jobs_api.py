@@ -251,11 +251,5 @@ class AsyncJobStore:
     async def metrics_history(self, job_id: str) -> list[dict[str, Any]]:
         return await self.events.metrics_history(job_id)
 
-    async def events_after(
-        self, job_id: str, after: str, count: int = 1000
-    ) -> list[tuple[str, dict[str, str]]]:
-        """Stream entries strictly after `after` ("0" for all), oldest first."""
-        return await self.events.events_after(job_id, after, count)
-
     async def last_event_id(self, job_id: str) -> str:
         return await self.events.last_event_id(job_id)

@@ -23,6 +23,16 @@ def test_parse_event_id_accepts_stream_ids_and_refuses_the_rest() -> None:
     for too_big in (f"{2**64}-0", f"0-{2**64}", "99999999999999999999"):
         with pytest.raises(EventIdError, match="out of range"):
             parse_event_id(too_big)
+    # a client's id is echoed in the 400's detail, cut short: the id's first 40 characters
+    with pytest.raises(EventIdError) as bad_id:
+        parse_event_id("x" * 100)
+    assert str(bad_id.value) == f"{'x' * 40!r} is not an event id like 1700000000000-0"
+    longest = "9" * 20 + "-" + "9" * 20  # an id matches 41 characters at most: all echoed
+    with pytest.raises(EventIdError) as huge:
+        parse_event_id(longest)
+    assert str(huge.value) == (
+        f"{longest!r} is out of range: both parts of an event id are below 2^64"
+    )
 
 
 @pytest.mark.parametrize(

@@ -350,3 +350,16 @@ def test_a_config_change_is_announced_once_per_version_and_only_by_the_lease_hol
     ]
     with pytest.raises(FencedOut):
         steering.announce(job.id, 7, 3, {"steps": 10}, lease_token="stale-token")
+
+
+def test_take_due_takes_at_most_its_limit_a_pass_and_the_rest_next_time(
+    client: redis.Redis,
+) -> None:
+    """A reaper's pass over a long outbox is bounded (200 entries): the rest waits a pass."""
+    for i in range(201):
+        _queued(client, f"j{i:03}")
+    client.zadd(OUTBOX, {f"j{i:03}": float(i) for i in range(201)})
+    outbox = Outbox(client)
+    first = outbox.take_due(1000.0, now=500.0)
+    assert [job_id for job_id, _ in first] == [f"j{i:03}" for i in range(200)]
+    assert outbox.take_due(1000.0, now=500.0) == [("j200", "cpu")]

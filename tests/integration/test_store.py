@@ -258,6 +258,30 @@ def test_adoption_counts_the_queued_jobs_it_added_and_only_those(client: redis.R
     ]
 
 
+def test_adoption_of_a_tenant_with_more_queued_jobs_than_one_batch_adds_them_all(
+    client: redis.Redis,
+) -> None:
+    """Adoption works through a tenant's active jobs 200 to a script call: 401 take three calls,
+    and none is missed at a batch's edge."""
+    ids = [f"q{i:03}" for i in range(401)]
+    for job_id in ids:
+        _queued(client, job_id)
+    assert Outbox(client).adopt_queued(at=100.0) == 401
+    assert client.zrange(OUTBOX, 0, -1) == ids
+
+
+def test_check_at_only_brings_an_existing_check_forward(client: redis.Redis) -> None:
+    """What a worker does when a task looks lost: an earlier check, never a later one, and no
+    entry for a job that has left the outbox (claimed or finished meanwhile)."""
+    client.zadd(OUTBOX, {"a": 100.0})
+    outbox = Outbox(client)
+    outbox.check_at("a", 200.0)
+    outbox.check_at("gone", 50.0)
+    assert client.zrange(OUTBOX, 0, -1, withscores=True) == [("a", 100.0)]
+    outbox.check_at("a", 60.0)
+    assert client.zrange(OUTBOX, 0, -1, withscores=True) == [("a", 60.0)]
+
+
 def test_take_due_returns_the_due_queued_jobs_with_their_queues_and_holds_them(
     client: redis.Redis,
 ) -> None:

@@ -16,11 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from httpx_sse import connect_sse
 
 from tests.integration.stack import REDIS_DATABASES, RedisServer, Service
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
+STORE_DB = 15  # services use 0 and the low numbers
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +30,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def store_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of database STORE_DB, empty before and after the test: for the store's own
+    scripts, with no service on it."""
+    conn = redis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
+    conn.flushdb()
+    yield conn
+    conn.flushdb()
+    conn.close()
 
 
 @pytest.fixture(scope="session")

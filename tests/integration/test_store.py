@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -27,19 +26,14 @@ from pdppo.store.jobs_api import AsyncJobStore
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.keys import eval_key
 from pdppo.store.steering import Steering
+from tests.integration.conftest import STORE_DB
 from tests.integration.stack import RedisServer
 from workers.lease import Lease, LeaseLost
 
-DB = 15  # services use 0 and the low numbers
-
 
 @pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(redis_server.url(DB), decode_responses=True)
-    conn.flushdb()
-    yield conn
-    conn.flushdb()
-    conn.close()
+def client(store_redis: redis.Redis) -> redis.Redis:
+    return store_redis
 
 
 def running_job(client: redis.Redis, job_id: str = "j1") -> JobRecord:
@@ -196,7 +190,7 @@ def test_a_created_or_resumed_job_enters_the_outbox_a_grace_from_now(
     job). A new job keeps the name it was given."""
 
     async def create_and_resume() -> tuple[list[str], list[float], list[float]]:
-        conn = aredis.Redis.from_url(redis_server.url(DB), decode_responses=True)
+        conn = aredis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
         store, before, after = AsyncJobStore(conn), [], []
         try:
             made = []
@@ -339,7 +333,7 @@ def test_the_newest_event_of_a_type_is_found_among_the_last_ones(
     ids = [client.xadd(events_key("e1"), {"type": t, "data": str(i)}) for i, t in enumerate(types)]
 
     async def read(event_type: str, within: int = 100) -> object:
-        conn = aredis.Redis.from_url(redis_server.url(DB), decode_responses=True)
+        conn = aredis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
         try:
             return await AsyncEventStore(conn).last_event_of_type("e1", event_type, within)
         finally:

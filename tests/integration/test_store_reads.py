@@ -4,7 +4,7 @@ status, the SSE backlog's encoded pages, a stream's last id and its `done`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -14,27 +14,23 @@ import redis.asyncio as aredis
 from pdppo.store import JobStore, events_key, job_key, now_iso
 from pdppo.store.events import LAST_POSSIBLE_ID, AsyncEventStore, EncodedPage
 from pdppo.store.jobs_api import AsyncJobStore
+from tests.integration.conftest import STORE_DB
 from tests.integration.stack import RedisServer
 
-DB = 14  # services use 0 and the low numbers; test_store.py uses 15
 # runs `work(store)` on an AsyncJobStore of its own event loop and connection
 Run = Callable[[Callable[[AsyncJobStore], Awaitable[Any]]], Any]
 
 
 @pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(redis_server.url(DB), decode_responses=True)
-    conn.flushdb()
-    yield conn
-    conn.flushdb()
-    conn.close()
+def client(store_redis: redis.Redis) -> redis.Redis:
+    return store_redis
 
 
 @pytest.fixture
 def run(redis_server: RedisServer) -> Run:
     def runner(work: Callable[[AsyncJobStore], Awaitable[Any]]) -> Any:
         async def main() -> Any:
-            conn = aredis.Redis.from_url(redis_server.url(DB), decode_responses=True)
+            conn = aredis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
             try:
                 return await work(AsyncJobStore(conn))
             finally:

@@ -7,18 +7,21 @@ another database through `make_service`, so they never disturb the shared one.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
+import redis.asyncio as aredis
 from httpx_sse import connect_sse
 
+from pdppo.store.jobs_api import AsyncJobStore
 from tests.integration.stack import REDIS_DATABASES, RedisServer, Service
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -41,6 +44,26 @@ def store_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     yield conn
     conn.flushdb()
     conn.close()
+
+
+# runs `work(store)` on an AsyncJobStore of database STORE_DB, in an event loop and a connection
+# of its own, and returns what it returns
+Run = Callable[[Callable[[AsyncJobStore], Awaitable[Any]]], Any]
+
+
+@pytest.fixture
+def run_store(redis_server: RedisServer) -> Run:
+    def runner(work: Callable[[AsyncJobStore], Awaitable[Any]]) -> Any:
+        async def main() -> Any:
+            conn = aredis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
+            try:
+                return await work(AsyncJobStore(conn))
+            finally:
+                await conn.aclose()
+
+        return asyncio.run(main())
+
+    return runner
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from pdppo.store.jobs_api import AsyncJobStore
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.keys import eval_key
 from pdppo.store.steering import Steering
-from tests.integration.conftest import STORE_DB
+from tests.integration.conftest import STORE_DB, Run
 from tests.integration.stack import RedisServer
 from workers.lease import Lease, LeaseLost
 
@@ -183,35 +183,32 @@ def test_a_job_paused_as_its_worker_leaves_says_the_step_it_resumes_after(
 
 
 def test_a_created_or_resumed_job_enters_the_outbox_a_grace_from_now(
-    redis_server: RedisServer, client: redis.Redis
+    client: redis.Redis, run_store: Run
 ) -> None:
     """The API publishes a new or resumed job's task itself: the dispatcher's first look at the
     job comes `dispatch_grace` later (sooner, it would send a second task for nearly every
     job). A new job keeps the name it was given."""
 
-    async def create_and_resume() -> tuple[list[str], list[float], list[float]]:
-        conn = aredis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
-        store, before, after = AsyncJobStore(conn), [], []
-        try:
-            made = []
-            for name in ("my run", None, "paused"):
-                before.append(time.time())
-                made.append(await store.create(
-                    tenant="t", queue="cpu", name=name, spec_json="{}", total_steps=4,
-                    max_active=5, idempotency=None, idempotency_ttl=60, dispatch_grace=7.0,
-                ))  # fmt: skip
-                after.append(time.time())
-            assert [m.outcome for m in made] == ["created"] * 3
-            ids = [m.job_id or "" for m in made]
-            assert await store.steering.pause(ids[2]) == "paused"
-            before[2] = time.time()
-            assert await store.steering.resume(ids[2], dispatch_grace=7.0) == "queued"
-            after[2] = time.time()
-        finally:
-            await conn.aclose()
+    async def create_and_resume(
+        store: AsyncJobStore,
+    ) -> tuple[list[str], list[float], list[float]]:
+        made, before, after = [], [], []
+        for name in ("my run", None, "paused"):
+            before.append(time.time())
+            made.append(await store.create(
+                tenant="t", queue="cpu", name=name, spec_json="{}", total_steps=4,
+                max_active=5, idempotency=None, idempotency_ttl=60, dispatch_grace=7.0,
+            ))  # fmt: skip
+            after.append(time.time())
+        assert [m.outcome for m in made] == ["created"] * 3
+        ids = [m.job_id or "" for m in made]
+        assert await store.steering.pause(ids[2]) == "paused"
+        before[2] = time.time()
+        assert await store.steering.resume(ids[2], dispatch_grace=7.0) == "queued"
+        after[2] = time.time()
         return ids, before, after
 
-    ids, before, after = asyncio.run(create_and_resume())
+    ids, before, after = run_store(create_and_resume)
     records = [JobStore(client).get(job_id) for job_id in ids]
     assert [r.name if r else "missing" for r in records] == ["my run", None, "paused"]
     for job_id, low, high in zip(ids, before, after, strict=True):

@@ -3,22 +3,15 @@ status, the SSE backlog's encoded pages, a stream's last id and its `done`."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
 from pdppo.store import JobStore, events_key, job_key, now_iso
 from pdppo.store.events import LAST_POSSIBLE_ID, AsyncEventStore, EncodedPage
 from pdppo.store.jobs_api import AsyncJobStore
-from tests.integration.conftest import STORE_DB
-from tests.integration.stack import RedisServer
-
-# runs `work(store)` on an AsyncJobStore of its own event loop and connection
-Run = Callable[[Callable[[AsyncJobStore], Awaitable[Any]]], Any]
+from tests.integration.conftest import Run
 
 
 @pytest.fixture
@@ -27,18 +20,8 @@ def client(store_redis: redis.Redis) -> redis.Redis:
 
 
 @pytest.fixture
-def run(redis_server: RedisServer) -> Run:
-    def runner(work: Callable[[AsyncJobStore], Awaitable[Any]]) -> Any:
-        async def main() -> Any:
-            conn = aredis.Redis.from_url(redis_server.url(STORE_DB), decode_responses=True)
-            try:
-                return await work(AsyncJobStore(conn))
-            finally:
-                await conn.aclose()
-
-        return asyncio.run(main())
-
-    return runner
+def run(run_store: Run) -> Run:
+    return run_store
 
 
 async def create(store: AsyncJobStore, n: int) -> list[str]:

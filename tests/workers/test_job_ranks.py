@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.integration.stack import REPO, running, still_running
+from tests.integration.stack import REPO, running, smoke_spec, still_running
 from workers.job_ranks import RankJob, Ranks
 
 # A parent that starts one child armed with `die_with_parent` (which then says so in a file),
@@ -114,7 +113,7 @@ def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:
 # before the watch has seen the death: the order of the race that CI met. Prints who failed the
 # job: "watch: <message>" (the watch's on_failure) or "rank 0: <error>".
 SLOW_WATCH = """
-import json, multiprocessing, os, signal, sys, time
+import multiprocessing, os, signal, sys, time
 from pathlib import Path
 
 from core.callbacks import TrainerCallback
@@ -164,9 +163,8 @@ def test_a_rank_killed_while_rank_0_is_in_a_collective_is_the_jobs_error(
     death (CI once reported rank 0's gloo "Connection reset" instead), whichever is seen first."""
     from core.config import TrainConfig
 
-    spec = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
-    spec["train"].update(steps=5000, checkpoint_every=0)
-    config = TrainConfig.model_validate(spec["train"]).model_dump_json()
+    train = smoke_spec(steps=5000, checkpoint_every=0)["train"]
+    config = TrainConfig.model_validate(train).model_dump_json()
     script = tmp_path / "job.py"
     script.write_text(SLOW_WATCH)
     proc = subprocess.run(

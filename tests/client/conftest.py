@@ -5,7 +5,7 @@ folder its own session instance, so client jobs never queue behind the service t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,3 +64,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "service" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """An xfail test's failure goes to its tmp_path/failure.txt: pytest shows only the reason,
+    but keeps its last three runs' tmp_path folders, so a failure of a full-suite run (where
+    test_dev_restarts_redis_and_the_jobs_survive fails, alone it passes) can be read there next
+    to the children's logs."""
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if call.excinfo is not None and hasattr(report, "wasxfail") and tmp_path is not None:
+        (tmp_path / "failure.txt").write_text(str(call.excinfo.getrepr(style="long")))
+    return report

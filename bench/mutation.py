@@ -12,8 +12,9 @@ Groups, their modules and the tests that guard them, the operators and the revie
 mutants are in `bench/mutation.toml`. cosmic-ray (the `mutation` extra) makes and applies the
 mutants; the tests run in a copy (`--rev`, HEAD by default, or `--working-tree`), never in this
 checkout. A baseline run under coverage finds which tests reach each line, so a mutant runs
-only those tests, quickest first, stopping at the first failure, and a mutant on a line no test
-runs is a survivor without a run ("uncov" column).
+only those tests, stopping at the first failure: the tests that killed mutants of the nearest
+lines first (`mutation_exec.Killers`), then the quickest. A mutant on a line no test runs is a
+survivor without a run ("uncov" column).
 
 Prints, per module: mutants generated (selected operators, outside type annotations), reviewed
 equivalent ones subtracted, run, killed, timed out, survived (of which not covered), errors and
@@ -39,7 +40,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mutation_cover import Baseline, BaselineFailed, Copy, make_copy, run_baseline
-from bench.mutation_exec import KILLED, STOPPING, TIMEOUT, Result, interrupt_all, run_mutant
+from bench.mutation_exec import (
+    KILLED,
+    STOPPING,
+    TIMEOUT,
+    Killers,
+    Result,
+    interrupt_all,
+    run_mutant,
+)
 from bench.mutation_plan import (
     Config,
     Group,
@@ -158,12 +167,12 @@ def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], l
     text are (line numbers may have moved). Sound when the group's tests have only been added
     to since that run (what a round of new tests for its survivors does): a test that killed a
     mutant then still kills it. Survivors, errors and mutants new since then run again."""
-    earlier: dict[tuple[str, str, str, str], list[str]] = {}
+    earlier: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
     for module in json.loads(path.read_text())["modules"]:
         for r in module["results"]:
             if r["outcome"] in (KILLED, TIMEOUT):
                 key = (r["module"], r["operator"], r["code"], r["mutated"])
-                earlier.setdefault(key, []).append(r["outcome"])
+                earlier.setdefault(key, []).append((r["outcome"], r.get("killer", "")))
     kept: list[Result] = []
     rest: list[Mutant] = []
     for mutant in todo:
@@ -172,7 +181,8 @@ def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], l
             (mutant.module, mutant.short_operator, mutant.code, described.mutated)
         )
         if outcomes:
-            kept.append(Result(described, outcomes.pop(), 0.0, 0, f"(carried: {path.name})", ""))
+            outcome, killer = outcomes.pop()
+            kept.append(Result(described, outcome, 0.0, 0, killer, f"carried from {path.name}"))
         else:
             rest.append(mutant)
     if kept:
@@ -200,6 +210,11 @@ def run_group(
     for index in range(len(copies)):
         free.put(index)
     reach = {m.key: baseline.tests_for(m.module, m.line) for m in todo}
+    killers = Killers()
+    for run in runs:
+        for earlier in run.results:  # carried
+            if earlier.outcome == KILLED:
+                killers.add(earlier.mutant.module, earlier.mutant.line, earlier.killer)
     done = [0]
 
     def one(mutant: Mutant) -> Result | None:
@@ -207,13 +222,15 @@ def run_group(
             return None
         index = free.get()
         try:
-            tests = reach[mutant.key]
+            tests = killers.order(mutant, reach[mutant.key])
             timeout = args.timeout or baseline.timeout_for(tests, TIMEOUT_FACTOR)
             basetemp = workdir / f"pytest-{index}"
             root = copies[index].root
             result = run_mutant(root, mutant, tests, timeout, basetemp, group.confirm_kills)
         finally:
             free.put(index)
+        if result.outcome == KILLED:
+            killers.add(mutant.module, mutant.line, result.killer)
         done[0] += 1
         killer = f" by {result.killer}" if result.killer else ""
         print(

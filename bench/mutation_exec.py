@@ -1,5 +1,6 @@
 """Running one mutant: cosmic-ray writes it into the copy, pytest runs the tests that reach its
-line (quickest first, stopping at the first failure), and the file is put back.
+line (known killers first, then the quickest: `Killers`; stopping at the first failure), and
+the file is put back.
 
 A timed-out run must not leave servers behind: the integration tests start the API and workers
 in sessions of their own, so killing pytest's process group would orphan them. The whole tree of
@@ -55,6 +56,36 @@ class Result:
     tests: int
     killer: str
     detail: str
+
+
+class Killers:
+    """The tests that killed each module's mutants so far, by line, to run first.
+
+    With the quickest tests first, a killed mutant of a module-level line (which every test
+    reaches) ran some sixty tests before its killer: a minute where ten seconds do. But the
+    mutants of one line, or one function, mostly fall to the same test. So a mutant's reaching
+    tests run with the known killers first, those of the nearest lines first; only the order
+    changes, and a mutant still runs every reaching test until one fails. Filled from `--carry`
+    and from this run's kills, from several threads."""
+
+    def __init__(self) -> None:
+        self._lines: dict[str, list[tuple[int, str]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, module: str, line: int, test: str) -> None:
+        with self._lock:
+            self._lines.setdefault(module, []).append((line, test))
+
+    def order(self, mutant: Mutant, tests: list[str]) -> list[str]:
+        reaching = set(tests)
+        with self._lock:
+            known = sorted(
+                (abs(line - mutant.line), test)
+                for line, test in self._lines.get(mutant.module, [])
+                if test in reaching
+            )
+        first = list(dict.fromkeys(test for _, test in known))
+        return first + [test for test in tests if test not in first]
 
 
 def _kill(pids: list[int]) -> None:

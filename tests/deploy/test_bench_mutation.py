@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.mutation_cover import run_baseline  # noqa: E402
-from bench.mutation_exec import KILLED, NOT_COVERED, SURVIVED, run_mutant  # noqa: E402
+from bench.mutation_exec import KILLED, NOT_COVERED, SURVIVED, Killers, run_mutant  # noqa: E402
 from bench.mutation_plan import (  # noqa: E402
     Equivalent,
     EquivalentRule,
@@ -152,14 +152,32 @@ def test_carry_counts_an_earlier_runs_kills_and_runs_the_rest(toy: Path, tmp_pat
     def record(m: Mutant, outcome: str) -> dict[str, object]:
         fields = ("module", "line", "operator", "code", "mutated")
         values = (m.module, m.line + 40, m.short_operator, m.code, m.mutated)
-        return {**dict(zip(fields, values, strict=True)), "outcome": outcome}
+        return {**dict(zip(fields, values, strict=True)), "outcome": outcome, "killer": "t::k"}
 
     earlier = tmp_path / "earlier.json"
-    results = [record(adds[0], "timeout"), record(adds[1], "survived")]
+    results = [record(adds[0], "killed"), record(adds[1], "survived")]
     earlier.write_text(json.dumps({"modules": [{"module": "toy.py", "results": results}]}))
     kept, rest = carried(earlier, toy, mutants)
-    assert [(r.mutant.line, r.outcome, r.seconds) for r in kept] == [(14, "timeout", 0.0)]
+    assert [(r.mutant.line, r.outcome, r.seconds, r.killer) for r in kept] == [
+        (14, "killed", 0.0, "t::k")  # its killer kept: this run's `Killers` start from it
+    ]
     assert len(rest) == len(mutants) - 1 and all(m.line != 14 for m in rest)
+
+
+def test_a_mutants_tests_run_the_nearest_lines_killers_first(toy: Path) -> None:
+    """Only the order changes: every reaching test is still run, and a killer that does not
+    reach the mutant's line is not added."""
+    mutants, _ = generate(toy, "toy.py", OPERATORS)
+    mutant = next(m for m in mutants if m.line == 10)
+    tests = ["t::quick", "t::near", "t::far", "t::slow"]
+    killers = Killers()
+    assert killers.order(mutant, tests) == tests  # nothing known: the quickest first
+    killers.add("toy.py", 2, "t::far")
+    killers.add("toy.py", 11, "t::near")
+    killers.add("toy.py", 10, "t::elsewhere")  # reaches other lines only
+    killers.add("other.py", 10, "t::slow")  # another module's
+    killers.add("toy.py", 10, "(an import at collection)")
+    assert killers.order(mutant, tests) == ["t::near", "t::far", "t::quick", "t::slow"]
 
 
 def test_sample_is_seeded_per_module(toy: Path) -> None:

@@ -28,6 +28,7 @@ import argparse
 import json
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -253,8 +254,21 @@ def run_group(
     return reach
 
 
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM stop a run as Ctrl-C does (no new mutant, no server left behind,
+    what was scored saved). A run started in the background (`cmd &`, nohup) would otherwise
+    ignore SIGINT, as the shell starts it with SIGINT ignored, and die at once on SIGTERM."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    stop_on_signals()
     config = load_config(args.config)
     plan = selected(config, args)
     rev = None if args.working_tree else args.rev

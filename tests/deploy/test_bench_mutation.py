@@ -5,6 +5,8 @@ killed or surviving for the right reason. Needs the `mutation` extra (skipped wi
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -260,3 +262,22 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
         modules = [p for f in rule.files for p in sorted(ROOT.glob(f))]
         assert modules, rule.name
         assert any(matches_in(rule, module) for module in modules), rule.name
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_background_run_stops_on_sigint_and_sigterm_as_on_ctrl_c(sig: signal.Signals) -> None:
+    """A shell starts `cmd &` with SIGINT ignored: without its own handlers, a background run
+    could not be stopped cleanly (SIGTERM would kill it with its servers left running)."""
+    waits = "import bench.mutation as m, time; m.stop_on_signals(); print('ready', flush=True)\n"
+    waits += "try:\n    time.sleep(60)\nexcept KeyboardInterrupt as e:\n    print('stopped', e)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", waits],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (0, f"stopped {sig.name}\n")

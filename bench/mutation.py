@@ -81,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--changed", metavar="REF", help="modules changed since REF (all of a group's if its tests)"
     )
     parser.add_argument(
-        "--timeout", type=float, metavar="S", help="seconds per mutant (default: from baseline)"
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="seconds per mutant (default: from the baseline, which bounds each test too)",
     )
     parser.add_argument("--workers", type=int, default=1, help="mutants at a time, one copy each")
     where = parser.add_mutually_exclusive_group()
@@ -225,9 +228,12 @@ def run_group(
         try:
             tests = killers.order(mutant, reach[mutant.key])
             timeout = args.timeout or baseline.timeout_for(tests, TIMEOUT_FACTOR)
+            each = None if args.timeout else baseline.test_timeout_for(tests, TIMEOUT_FACTOR)
             basetemp = workdir / f"pytest-{index}"
             root = copies[index].root
-            result = run_mutant(root, mutant, tests, timeout, basetemp, group.confirm_kills)
+            result = run_mutant(
+                root, mutant, tests, timeout, basetemp, group.confirm_kills, test_timeout=each
+            )
         finally:
             free.put(index)
         if result.outcome == KILLED:

@@ -109,8 +109,16 @@ class Baseline:
         their files' start-up, plus a minute: a mutant that only slows a test down a little is
         not taken for a hang."""
         own = sum(self.total.get(t, 0.0) for t in tests)
-        start = max((self.overhead.get(self.file_of.get(t, ""), 0.0) for t in tests), default=0)
-        return factor * own + start + 60.0
+        return factor * own + self._start(tests) + 60.0
+
+    def test_timeout_for(self, tests: list[str], factor: float) -> float:
+        """The same bound for any one of `tests` (pytest-timeout's): the slowest one's. A mutant
+        that hangs its first test then costs that, not the whole run's `timeout_for`."""
+        slowest = max((self.total.get(t, 0.0) for t in tests), default=0.0)
+        return factor * slowest + self._start(tests) + 60.0
+
+    def _start(self, tests: list[str]) -> float:
+        return max((self.overhead.get(self.file_of.get(t, ""), 0.0) for t in tests), default=0)
 
 
 def _rc_file(workdir: Path, copy: Path, modules: tuple[str, ...], data_dir: Path) -> Path:

@@ -45,6 +45,7 @@ KILLING_EXIT_CODES = {1, 2, 3}
 USAGE_ERROR = 4
 IMPORT_BROKEN = ("while loading conftest", "ERROR collecting")
 # "FAILED <nodeid> - <message>" in pytest's short summary; parameters may hold spaces
+_TEST_TIMEOUT = "from pytest-timeout"  # "Failed: Timeout (>60.0s) from pytest-timeout."
 _FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[.*?\])?)(?: - |$)", re.MULTILINE)
 
 
@@ -140,7 +141,8 @@ def run_command(
         _running.pop(proc.pid, None)
 
 
-def pytest_command(tests: list[str], basetemp: Path) -> list[str]:
+def pytest_command(tests: list[str], basetemp: Path, test_timeout: float | None) -> list[str]:
+    each = [f"--timeout={test_timeout:.0f}"] if test_timeout else []
     return [
         sys.executable,
         "-m",
@@ -150,14 +152,23 @@ def pytest_command(tests: list[str], basetemp: Path) -> list[str]:
         "-p",
         "no:cacheprovider",
         f"--basetemp={basetemp}",
+        *each,
         *tests,
     ]
 
 
 def run_mutant(
-    copy: Path, mutant: Mutant, tests: list[str], timeout: float, basetemp: Path, confirm: bool
+    copy: Path,
+    mutant: Mutant,
+    tests: list[str],
+    timeout: float,
+    basetemp: Path,
+    confirm: bool,
+    test_timeout: float | None = None,
 ) -> Result:
-    """Runs `tests` against `mutant`. With `confirm`, a kill counts only if the same tests, up to
+    """Runs `tests` against `mutant`, in `timeout` seconds in all and (pytest-timeout) in
+    `test_timeout` each: a test over its own bound is a TIMEOUT, as a run over `timeout` is,
+    without waiting for the rest. With `confirm`, a kill counts only if the same tests, up to
     the killing one, fail again on a second run: a loaded machine times out integration tests now
     and then, and one such failure would hide a survivor (a kill that does not repeat is FLAKY,
     not counted)."""
@@ -170,17 +181,21 @@ def run_mutant(
             return Result(mutant, ERROR, 0.0, 0, "", "cosmic-ray applied no mutation here")
         mutant = replace(mutant, mutated=changed_text(original, mutated))
         env = test_env(copy)
-        code, out = run_command(pytest_command(tests, basetemp), copy, env, timeout)
+        command = pytest_command(tests, basetemp, test_timeout)
+        code, out = run_command(command, copy, env, timeout)
         found = _FAILED.search(out)
         killer = found.group(1) if found and code in KILLING_EXIT_CODES else ""
+        hung = bool(killer) and _TEST_TIMEOUT in out
         again = None
-        if confirm and "::" in killer:  # a collection error (no "::") repeats for sure
+        if confirm and "::" in killer and not hung:  # a collection error repeats for sure
             # the same tests up to the killer: a kill may need what the earlier ones left behind
             upto = tests[: tests.index(killer) + 1] if killer in tests else tests
-            again, _ = run_command(pytest_command(upto, basetemp), copy, env, timeout)
+            again, _ = run_command(pytest_command(upto, basetemp, test_timeout), copy, env, timeout)
     seconds = time.monotonic() - started
     if code is None:
         return Result(mutant, TIMEOUT, seconds, len(tests), "", f"over {timeout:.0f}s")
+    if hung:
+        return Result(mutant, TIMEOUT, seconds, len(tests), killer, "over its pytest-timeout")
     if code == 0:
         return Result(mutant, SURVIVED, seconds, len(tests), "", "")
     if code == USAGE_ERROR and any(sign in out for sign in IMPORT_BROKEN):

@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.mutation_cover import run_baseline  # noqa: E402
-from bench.mutation_exec import KILLED, NOT_COVERED, SURVIVED, Killers, run_mutant  # noqa: E402
+from bench.mutation_exec import (  # noqa: E402
+    KILLED,
+    NOT_COVERED,
+    SURVIVED,
+    TIMEOUT,
+    Killers,
+    run_mutant,
+)
 from bench.mutation_plan import (  # noqa: E402
     Equivalent,
     EquivalentRule,
@@ -268,8 +275,9 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
 def test_a_background_run_stops_on_sigint_and_sigterm_as_on_ctrl_c(sig: signal.Signals) -> None:
     """A shell starts `cmd &` with SIGINT ignored: without its own handlers, a background run
     could not be stopped cleanly (SIGTERM would kill it with its servers left running)."""
-    waits = "import bench.mutation as m, time; m.stop_on_signals(); print('ready', flush=True)\n"
-    waits += "try:\n    time.sleep(60)\nexcept KeyboardInterrupt as e:\n    print('stopped', e)\n"
+    waits = "import bench.mutation as m, time\nm.stop_on_signals()\ntry:\n"
+    waits += "    print('ready', flush=True)\n    time.sleep(60)\n"
+    waits += "except KeyboardInterrupt as e:\n    print('stopped', e)\n"
     proc = subprocess.Popen(
         [sys.executable, "-c", waits],
         cwd=ROOT,
@@ -281,3 +289,35 @@ def test_a_background_run_stops_on_sigint_and_sigterm_as_on_ctrl_c(sig: signal.S
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)
     assert (proc.returncode, out) == (0, f"stopped {sig.name}\n")
+
+
+def test_a_mutant_that_hangs_one_test_is_a_timeout_after_that_tests_bound(tmp_path: Path) -> None:
+    """Each test has its own bound (pytest-timeout), so a hang costs that test's bound rather
+    than the whole run's; it is scored as a timeout, naming the test, and not run again."""
+    (tmp_path / "hang.py").write_text(
+        "def countdown(n: int) -> int:\n    while n > 0:\n        n = n - 1\n    return n\n"
+    )
+    (tmp_path / "test_hang.py").write_text(
+        "from pathlib import Path\n\nfrom hang import countdown\n\n\n"
+        "def test_countdown() -> None:\n"
+        "    with Path('runs').open('a') as runs:\n        runs.write('run ')\n"
+        "    assert countdown(3) == 0\n"
+    )
+    [mutant], _ = generate(tmp_path, "hang.py", ("ReplaceBinaryOperator_Sub_Add",))
+    test = ["test_hang.py::test_countdown"]
+    result = run_mutant(tmp_path, mutant, test, 120, tmp_path / "t", True, test_timeout=3)
+    assert (result.outcome, result.killer) == (TIMEOUT, test[0])
+    assert result.seconds < 60  # the test's 3 s bound, not the run's 120 s
+    assert (tmp_path / "runs").read_text() == "run "  # and no confirming rerun
+
+
+def test_a_mutants_bounds_come_from_its_tests_baseline_times() -> None:
+    """The run: 3x the tests' time, plus their files' slowest start-up, plus a minute; each
+    test: the same from the slowest one alone."""
+    from bench.mutation_cover import Baseline
+
+    times = Baseline(total={"a": 1.0, "b": 5.0}, file_of={"a": "f", "b": "g"})
+    times.overhead = {"f": 2.0, "g": 4.0}
+    assert times.timeout_for(["a", "b"], 3.0) == 3 * 6 + 4 + 60
+    assert times.test_timeout_for(["a", "b"], 3.0) == 3 * 5 + 4 + 60
+    assert times.test_timeout_for(["a"], 3.0) == 3 * 1 + 2 + 60

@@ -19,11 +19,6 @@ def client(store_redis: redis.Redis) -> redis.Redis:
     return store_redis
 
 
-@pytest.fixture
-def run(run_store: Run) -> Run:
-    return run_store
-
-
 async def create(store: AsyncJobStore, n: int) -> list[str]:
     ids = []
     for _ in range(n):
@@ -37,7 +32,7 @@ async def create(store: AsyncJobStore, n: int) -> list[str]:
 
 
 def test_a_status_listing_reads_past_a_first_batch_without_a_match(
-    client: redis.Redis, run: Run
+    client: redis.Redis, run_store: Run
 ) -> None:
     """60 jobs, the 5 oldest cancelled: the listing's first scan batch (50 ids) holds none of
     them, and it reads on to find all 5, newest first, with no cursor after them."""
@@ -50,15 +45,15 @@ def test_a_status_listing_reads_past_a_first_batch_without_a_match(
         page, cursor = await store.list_jobs("t", limit=10, cursor=None, status="cancelled")
         return oldest, [r.id for r in page], cursor
 
-    oldest, listed, cursor = run(work)
+    oldest, listed, cursor = run_store(work)
     assert listed == sorted(oldest, reverse=True)
     assert cursor is None
 
 
 def test_an_active_listing_holds_only_that_status_and_pages_with_a_cursor(
-    client: redis.Redis, run: Run
+    client: redis.Redis, run_store: Run
 ) -> None:
-    ids = sorted(run(lambda store: create(store, 4)), reverse=True)  # newest first
+    ids = sorted(run_store(lambda store: create(store, 4)), reverse=True)  # newest first
     assert JobStore(client).claim(ids[1], "w1")  # running; the other 3 stay queued
     queued = [ids[0], ids[2], ids[3]]
 
@@ -69,7 +64,7 @@ def test_an_active_listing_holds_only_that_status_and_pages_with_a_cursor(
             pages.append(([r.id for r in page], after))
         return pages
 
-    first, second, running = run(work)
+    first, second, running = run_store(work)
     assert first == (queued[:2], queued[1])  # the cursor is the page's last id
     assert second == ([queued[2]], None)
     assert running == ([ids[1]], None)
@@ -85,7 +80,9 @@ def frame(entry_id: str, kind: str) -> str:
     return f"id: {entry_id}\r\nevent: {kind}\r\ndata: {{}}\r\n\r\n"
 
 
-def test_an_encoded_page_starts_strictly_after_the_id_asked(client: redis.Redis, run: Run) -> None:
+def test_an_encoded_page_starts_strictly_after_the_id_asked(
+    client: redis.Redis, run_store: Run
+) -> None:
     add(client, "j", ("0-1", "log"), ("1-1", "status"), ("2-0", "metrics"), ("3-0", "done"))
 
     async def work(store: AsyncJobStore) -> list[EncodedPage]:
@@ -95,7 +92,7 @@ def test_an_encoded_page_starts_strictly_after_the_id_asked(client: redis.Redis,
             for after, count in (((0, 0), 10), ((0, 1), 10), ((1, 0), 2), ((2, 0), 10))
         ] + [await events.encoded_events_after("j", LAST_POSSIBLE_ID, 10)]
 
-    whole, after_first, two, last, none = run(work)
+    whole, after_first, two, last, none = run_store(work)
     rest = frame("1-1", "status") + frame("2-0", "metrics") + frame("3-0", "done")
     assert whole == EncodedPage((frame("0-1", "log") + rest).encode(), "3-0", 4, True)
     assert after_first == EncodedPage(rest.encode(), "3-0", 3, True)
@@ -107,7 +104,7 @@ def test_an_encoded_page_starts_strictly_after_the_id_asked(client: redis.Redis,
 
 
 def test_the_last_id_and_the_done_among_the_last_hundred_entries(
-    client: redis.Redis, run: Run
+    client: redis.Redis, run_store: Run
 ) -> None:
     """An ended job's `done` is found under up to 99 stray entries after it (100 entries read:
     the done and 99 more), not under 100."""
@@ -124,13 +121,13 @@ def test_the_last_id_and_the_done_among_the_last_hundred_entries(
             await events.last_event_of_type("a", "status"),
         ]
 
-    last, empty, done_a, done_b, status_a = run(work)
+    last, empty, done_a, done_b, status_a = run_store(work)
     assert (last, empty) == ("3-98", "0-0")
     assert done_a == ("2-0", {"type": "done", "data": "{}"})
     assert done_b is None and status_a is None
 
 
-def test_the_result_rows_come_oldest_first(client: redis.Redis, run: Run) -> None:
+def test_the_result_rows_come_oldest_first(client: redis.Redis, run_store: Run) -> None:
     """`/eval` reads every evaluation; `/samples` the newest `limit` rows, oldest of them first."""
     now = now_iso()
     client.hset(
@@ -149,6 +146,6 @@ def test_the_result_rows_come_oldest_first(client: redis.Redis, run: Run) -> Non
             await store.events.samples_history("r", 2),
         ]
 
-    evals, samples = run(work)
+    evals, samples = run_store(work)
     assert evals == [{"step": s, "metrics": {"reward": s / 10}} for s in (1, 2, 3)]
     assert samples == [{"step": s, "samples": [{"prompt": f"p{s}"}]} for s in (2, 3)]

@@ -412,9 +412,9 @@ class EventHub:
                 if failures:
                     log.info("sse feed %s: Redis is back after %d errors", feed.job_id, failures)
                     failures = 0
+                # XREAD names a stream only when it has entries past the cursor; a blocked read
+                # that times out returns an empty reply.
                 for _stream, entries in cast(list[tuple[str, list[Entry]]], reply or []):
-                    if not entries:
-                        continue
                     feed.cursor = entries[-1][0]
                     batch = Batch.of(entries)
                     self._dispatch(feed, batch)

@@ -262,3 +262,35 @@ def test_a_feed_retries_redis_errors_paced_and_says_so_once_per_outage(
     ]
     assert feed_lines[12][1] == "sse feed job: Redis is back after 12 errors"
     assert outage.reads == 16
+
+
+class BrokenReplyRedis(OutageRedis):
+    """A streams' client whose first XREAD returns an entry that cannot be encoded (an id that
+    is not an event id): what a bug in the feed's loop looks like from a subscriber."""
+
+    async def xread(self, streams: dict[str, str], count: int, block: int) -> list[Any]:
+        self.reads += 1
+        if self.reads == 1:
+            return [("events:job", [("not-an-id", {"type": "log", "data": "{}"})])]
+        await asyncio.Event().wait()
+        return []
+
+
+def test_a_feed_that_fails_ends_its_subscribers_streams_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its subscribers' streams end (their clients reconnect with Last-Event-ID), with the error
+    logged: left open, they would wait on a feed that is gone, silent for good."""
+    hub = hub_of(FakeEvents([]), stream_client=BrokenReplyRedis([]))
+
+    async def scenario() -> tuple[list[Batch] | None, list[Batch] | None]:
+        async with hub.subscribe("job") as first, hub.subscribe("job") as second:
+            return await asyncio.wait_for(asyncio.gather(first.take(), second.take()), 5)
+
+    with caplog.at_level(logging.ERROR, logger="api.events"):
+        assert asyncio.run(scenario()) == [None, None]
+    failed = [
+        r for r in caplog.records if r.getMessage() == "sse feed job failed; closing its streams"
+    ]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    assert "not an event id" in str(failed[0].exc_info[1])

@@ -228,11 +228,11 @@ def run_group(
         try:
             tests = killers.order(mutant, reach[mutant.key])
             timeout = args.timeout or baseline.timeout_for(tests, TIMEOUT_FACTOR)
-            each = None if args.timeout else baseline.test_timeout_for(tests, TIMEOUT_FACTOR)
+            each = None if args.timeout else baseline.test_timeouts_for(tests, TIMEOUT_FACTOR)
             basetemp = workdir / f"pytest-{index}"
             root = copies[index].root
             result = run_mutant(
-                root, mutant, tests, timeout, basetemp, group.confirm_kills, test_timeout=each
+                root, mutant, tests, timeout, basetemp, group.confirm_kills, test_timeouts=each
             )
         finally:
             free.put(index)

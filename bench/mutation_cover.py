@@ -111,11 +111,12 @@ class Baseline:
         own = sum(self.total.get(t, 0.0) for t in tests)
         return factor * own + self._start(tests) + 60.0
 
-    def test_timeout_for(self, tests: list[str], factor: float) -> float:
-        """The same bound for any one of `tests` (pytest-timeout's): the slowest one's. A mutant
-        that hangs its first test then costs that, not the whole run's `timeout_for`."""
-        slowest = max((self.total.get(t, 0.0) for t in tests), default=0.0)
-        return factor * slowest + self._start(tests) + 60.0
+    def test_timeouts_for(self, tests: list[str], factor: float) -> dict[str, float]:
+        """Each test's own bound (pytest-timeout's, through `mutation_bounds`): the same from
+        its time alone. A mutant that hangs a test then costs that test's bound, not the whole
+        run's `timeout_for`. The start-up stays in: a session fixture's set-up is charged to the
+        first test of its file in the baseline, and a mutant's tests run in another order."""
+        return {t: factor * self.total.get(t, 0.0) + self._start(tests) + 60.0 for t in tests}
 
     def _start(self, tests: list[str]) -> float:
         return max((self.overhead.get(self.file_of.get(t, ""), 0.0) for t in tests), default=0)

@@ -11,8 +11,10 @@ they started), and whatever still lives after a grace period is killed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,8 +46,9 @@ GRACE_SECONDS = 30.0
 KILLING_EXIT_CODES = {1, 2, 3}
 USAGE_ERROR = 4
 IMPORT_BROKEN = ("while loading conftest", "ERROR collecting")
-# "FAILED <nodeid> - <message>" in pytest's short summary; parameters may hold spaces
+BOUNDS_PLUGIN = "mutation_bounds"  # bench/mutation_bounds.py: each test's own timeout
 _TEST_TIMEOUT = "from pytest-timeout"  # "Failed: Timeout (>60.0s) from pytest-timeout."
+# "FAILED <nodeid> - <message>" in pytest's short summary; parameters may hold spaces
 _FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[.*?\])?)(?: - |$)", re.MULTILINE)
 
 
@@ -141,8 +144,9 @@ def run_command(
         _running.pop(proc.pid, None)
 
 
-def pytest_command(tests: list[str], basetemp: Path, test_timeout: float | None) -> list[str]:
-    each = [f"--timeout={test_timeout:.0f}"] if test_timeout else []
+def pytest_command(tests: list[str], basetemp: Path, bounds: dict[str, float] | None) -> list[str]:
+    # a test the bounds do not name (none should be) gets the largest
+    each = ["-p", BOUNDS_PLUGIN, f"--timeout={max(bounds.values()):.0f}"] if bounds else []
     return [
         sys.executable,
         "-m",
@@ -157,6 +161,23 @@ def pytest_command(tests: list[str], basetemp: Path, test_timeout: float | None)
     ]
 
 
+def _with_bounds(
+    env: dict[str, str], basetemp: Path, bounds: dict[str, float] | None
+) -> dict[str, str]:
+    """`env` with `mutation_bounds` on the path and reading `bounds`: both beside `basetemp`,
+    which pytest empties at its start, and one pair per copy (two copies run at once)."""
+    if not bounds:
+        return env
+    plugin_dir = basetemp.parent / f"{basetemp.name}-plugin"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).parent / f"{BOUNDS_PLUGIN}.py", plugin_dir)
+    path = basetemp.parent / f"{basetemp.name}-bounds.json"
+    path.write_text(json.dumps(bounds))
+    env = {**env, "PDPPO_MUTATION_BOUNDS": str(path)}
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(plugin_dir)])
+    return env
+
+
 def run_mutant(
     copy: Path,
     mutant: Mutant,
@@ -164,10 +185,10 @@ def run_mutant(
     timeout: float,
     basetemp: Path,
     confirm: bool,
-    test_timeout: float | None = None,
+    test_timeouts: dict[str, float] | None = None,
 ) -> Result:
-    """Runs `tests` against `mutant`, in `timeout` seconds in all and (pytest-timeout) in
-    `test_timeout` each: a test over its own bound is a TIMEOUT, as a run over `timeout` is,
+    """Runs `tests` against `mutant`, in `timeout` seconds in all and (pytest-timeout) each in
+    its `test_timeouts` bound: a test over its own bound is a TIMEOUT, as a run over `timeout` is,
     without waiting for the rest. With `confirm`, a kill counts only if the same tests, up to
     the killing one, fail again on a second run: a loaded machine times out integration tests now
     and then, and one such failure would hide a survivor (a kill that does not repeat is FLAKY,
@@ -180,8 +201,8 @@ def run_mutant(
         if mutated is None:
             return Result(mutant, ERROR, 0.0, 0, "", "cosmic-ray applied no mutation here")
         mutant = replace(mutant, mutated=changed_text(original, mutated))
-        env = test_env(copy)
-        command = pytest_command(tests, basetemp, test_timeout)
+        env = _with_bounds(test_env(copy), basetemp, test_timeouts)
+        command = pytest_command(tests, basetemp, test_timeouts)
         code, out = run_command(command, copy, env, timeout)
         found = _FAILED.search(out)
         killer = found.group(1) if found and code in KILLING_EXIT_CODES else ""
@@ -190,7 +211,9 @@ def run_mutant(
         if confirm and "::" in killer and not hung:  # a collection error repeats for sure
             # the same tests up to the killer: a kill may need what the earlier ones left behind
             upto = tests[: tests.index(killer) + 1] if killer in tests else tests
-            again, _ = run_command(pytest_command(upto, basetemp, test_timeout), copy, env, timeout)
+            again, _ = run_command(
+                pytest_command(upto, basetemp, test_timeouts), copy, env, timeout
+            )
     seconds = time.monotonic() - started
     if code is None:
         return Result(mutant, TIMEOUT, seconds, len(tests), "", f"over {timeout:.0f}s")

@@ -292,32 +292,36 @@ def test_a_background_run_stops_on_sigint_and_sigterm_as_on_ctrl_c(sig: signal.S
 
 
 def test_a_mutant_that_hangs_one_test_is_a_timeout_after_that_tests_bound(tmp_path: Path) -> None:
-    """Each test has its own bound (pytest-timeout), so a hang costs that test's bound rather
-    than the whole run's; it is scored as a timeout, naming the test, and not run again."""
+    """Each test has its own bound (pytest-timeout, set by `mutation_bounds` over the test's own
+    timeout mark), so a hang costs that test's bound rather than the whole run's or a slower
+    test's; it is scored as a timeout, naming the test, and not run again."""
     (tmp_path / "hang.py").write_text(
         "def countdown(n: int) -> int:\n    while n > 0:\n        n = n - 1\n    return n\n"
     )
     (tmp_path / "test_hang.py").write_text(
-        "from pathlib import Path\n\nfrom hang import countdown\n\n\n"
+        "from pathlib import Path\n\nimport pytest\n\nfrom hang import countdown\n\n\n"
+        "def test_quick() -> None:\n    assert countdown(0) == 0\n\n\n"
+        "@pytest.mark.timeout(100)\n"
         "def test_countdown() -> None:\n"
         "    with Path('runs').open('a') as runs:\n        runs.write('run ')\n"
         "    assert countdown(3) == 0\n"
     )
     [mutant], _ = generate(tmp_path, "hang.py", ("ReplaceBinaryOperator_Sub_Add",))
-    test = ["test_hang.py::test_countdown"]
-    result = run_mutant(tmp_path, mutant, test, 120, tmp_path / "t", True, test_timeout=3)
-    assert (result.outcome, result.killer) == (TIMEOUT, test[0])
-    assert result.seconds < 60  # the test's 3 s bound, not the run's 120 s
+    tests = ["test_hang.py::test_quick", "test_hang.py::test_countdown"]
+    bounds = {tests[0]: 100.0, tests[1]: 3.0}
+    result = run_mutant(tmp_path, mutant, tests, 120, tmp_path / "t", True, test_timeouts=bounds)
+    assert (result.outcome, result.killer) == (TIMEOUT, tests[1])
+    assert result.seconds < 60  # its own 3 s bound: not its mark's 100 s, the other's, the run's
     assert (tmp_path / "runs").read_text() == "run "  # and no confirming rerun
 
 
 def test_a_mutants_bounds_come_from_its_tests_baseline_times() -> None:
     """The run: 3x the tests' time, plus their files' slowest start-up, plus a minute; each
-    test: the same from the slowest one alone."""
+    test: 3x its own time, plus the same start-up and minute."""
     from bench.mutation_cover import Baseline
 
     times = Baseline(total={"a": 1.0, "b": 5.0}, file_of={"a": "f", "b": "g"})
     times.overhead = {"f": 2.0, "g": 4.0}
     assert times.timeout_for(["a", "b"], 3.0) == 3 * 6 + 4 + 60
-    assert times.test_timeout_for(["a", "b"], 3.0) == 3 * 5 + 4 + 60
-    assert times.test_timeout_for(["a"], 3.0) == 3 * 1 + 2 + 60
+    assert times.test_timeouts_for(["a", "b"], 3.0) == {"a": 3 * 1 + 4 + 60, "b": 3 * 5 + 4 + 60}
+    assert times.test_timeouts_for(["a"], 3.0) == {"a": 3 * 1 + 2 + 60}

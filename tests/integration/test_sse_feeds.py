@@ -90,6 +90,33 @@ def test_closing_the_hub_closes_its_stream_connections_only(redis_server: RedisS
     assert (before - after, alive) == (1, True)
 
 
+def test_closing_the_hub_ends_every_live_stream_and_its_feed(redis_server: RedisServer) -> None:
+    """The API's shutdown with streams open on two jobs: each subscriber's stream ends (its
+    client reconnects, to another API process, with Last-Event-ID) and each feed's XREAD is
+    cancelled, rather than the streams holding the shutdown until uvicorn cuts them."""
+    url = redis_server.url(DB)
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(url, decode_responses=True)
+        hub = hub_on(url, client)
+        async with (
+            hub.subscribe("close-a") as a1,
+            hub.subscribe("close-a") as a2,
+            hub.subscribe("close-b") as b,
+        ):
+            feeds = [hub.feeds["close-a"], hub.feeds["close-b"]]
+            await asyncio.sleep(0.1)  # both feeds are in their XREAD
+            await hub.close()
+            assert hub.feeds == {}  # at once, not as each subscriber leaves
+            ends = asyncio.gather(a1.take(), a2.take(), b.take())
+            assert await asyncio.wait_for(ends, 3) == [None, None, None]
+        await asyncio.wait([f.task for f in feeds if f.task is not None], timeout=1)
+        assert [f.task is not None and f.task.cancelled() for f in feeds] == [True, True]
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_a_feed_ends_by_itself_with_its_jobs_done(redis_server: RedisServer) -> None:
     """The job's `done` reaches the subscriber, and the feed ends there on its own (its task
     returns, not cancelled), out of the hub while its subscriber is still finishing."""

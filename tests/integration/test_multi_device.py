@@ -261,12 +261,15 @@ def test_timeout_stops_both_ranks_and_keeps_the_checkpoint(
     svc = start(make_service)
     with svc.client("alice") as alice:
         spec = two_device_spec(steps=100_000, checkpoint_every=5, keep_checkpoints=2)
-        spec["resources"]["timeout_minutes"] = 0.1  # 6 s
+        # 15 s: with 6 s, two ranks starting under coverage (the mutation run's baseline) once
+        # timed out before their first step, which leaves no checkpoint to keep
+        spec["resources"]["timeout_minutes"] = 0.25
         job_id = alice.post("/v1/jobs", json=spec).json()["id"]
         wait_status(alice, job_id, "running")
         done = wait_status(alice, job_id, FINISHED, timeout=60)
         assert done["status"] == "failed" and done["error"]["code"] == "timeout", done
         step = done["progress"]["step"]
+        assert step >= 1, f"timed out before its first step: {svc.worker_log()[-2000:]}"
         points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
         assert points and points[-1]["step"] == step
         assert still_running([*job_pids(svc, job_id), *rank_pids(svc, job_id)], 5) == []

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -250,8 +250,9 @@ def run_group(
 
     with ThreadPoolExecutor(max_workers=len(copies)) as pool:
         try:
-            for result in pool.map(one, todo):
-                if result is not None:
+            # saved as each ends, not in plan order: a stopped run keeps every finished mutant
+            for future in as_completed([pool.submit(one, mutant) for mutant in todo]):
+                if (result := future.result()) is not None:
                     by_module[result.mutant.module].results.append(result)
                     save()
         except KeyboardInterrupt:  # before the pool's exit, which waits for the running ones
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             write_json(args.json, all_runs, meta)
 
     failed_baselines: list[str] = []
+    stopped = ""
     try:
         for index in range(1 if args.list else args.workers):
             copies.append(make_copy(REPO, workdir / f"copy-{index}", rev))
@@ -343,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({group.name}: {minutes:.1f} min, of which baseline "
                 f"{baseline.seconds / 60:.1f} min)"
             )
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGINT/SIGTERM (`stop_on_signals`)
+        stopped = str(exc) or "SIGINT"
     finally:
         for copy in copies:
             copy.remove()
@@ -352,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     detected, scored = print_total(all_runs)
     print(f"({(time.monotonic() - started) / 60:.1f} min in all)")
     save()
+    if stopped:
+        kept = f"; what it scored is in {args.json}" if args.json else ""
+        print(f"stopped by {stopped}{kept}")
+        return 130
     if failed_baselines:
         print(f"FAIL: the unmutated tests fail in group(s) {', '.join(failed_baselines)}")
         return 2

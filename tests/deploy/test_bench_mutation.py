@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,62 @@ def test_a_mutants_bounds_come_from_its_tests_baseline_times() -> None:
     assert times.timeout_for(["a", "b"], 3.0) == 3 * 6 + 4 + 60
     assert times.test_timeouts_for(["a", "b"], 3.0) == {"a": 3 * 1 + 4 + 60, "b": 3 * 5 + 4 + 60}
     assert times.test_timeouts_for(["a"], 3.0) == {"a": 3 * 1 + 2 + 60}
+
+
+def test_a_stopped_run_keeps_each_mutant_that_finished_and_says_it_stopped(tmp_path: Path) -> None:
+    """The whole command on a toy repository, two mutants at once: one hangs its test (a minute's
+    bound), the other is killed at once. SIGTERM after the kill: the kill is in the --json (it
+    ended after a mutant planned before it started, which holds none back), the hang stopped,
+    and the command says it stopped and exits 130."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "spin.py").write_text(
+        "def countdown(n: int) -> int:\n    while n > 0:\n        n = n - 1\n    return n\n\n\n"
+        "def later(n: int) -> int:\n    return n + 1\n"
+    )
+    (repo / "test_spin.py").write_text(
+        "from spin import countdown, later\n\n\n"
+        "def test_countdown() -> None:\n    assert countdown(3) == 0\n\n\n"
+        "def test_later() -> None:\n    assert later(1) == 2\n"
+    )
+    (repo / "mutation.toml").write_text(
+        '[operators]\nuse = ["ReplaceBinaryOperator_Sub_Add", "ReplaceBinaryOperator_Add_Sub"]\n\n'
+        '[[group]]\nname = "spin"\nmodules = ["spin.py"]\ntests = ["test_spin.py"]\n'
+    )
+    for git in (
+        ["init", "-q"],
+        ["add", "."],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "toy"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *git], check=True)
+    results = tmp_path / "run.json"
+    run = "import sys; from pathlib import Path; import bench.mutation as m\n"
+    run += f"m.REPO = Path({str(repo)!r})\nsys.exit(m.main(sys.argv[1:]))\n"
+    args = ["--config", str(repo / "mutation.toml"), "--workers", "2", "--json", str(results)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", run, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def scored() -> list[dict[str, object]]:
+        if not results.exists():
+            return []
+        return [r for m in json.loads(results.read_text())["modules"] for r in m["results"]]
+
+    try:
+        deadline = time.monotonic() + 50  # the hang's bound is over 60 s
+        while not scored() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert [(r["line"], r["outcome"]) for r in scored()] == [(8, KILLED)]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed assertion above: the run still stops what it started
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    assert proc.returncode == 130, out
+    assert f"stopped by SIGTERM; what it scored is in {results}" in out
+    assert [(r["line"], r["outcome"]) for r in scored()] == [(8, KILLED)]

@@ -164,31 +164,48 @@ def plan_module(
     return run, todo
 
 
+CarryKey = tuple[str, str, str, str]  # module, operator, line text, mutated line text
+
+
 def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], list[Mutant]]:
     """(the kills of an earlier run's JSON among `todo`, the rest of `todo` to run).
 
     A mutant is the same one when its module, operator, original line text and mutated line
-    text are (line numbers may have moved). Sound when the group's tests have only been added
-    to since that run (what a round of new tests for its survivors does): a test that killed a
-    mutant then still kills it. Survivors, errors and mutants new since then run again."""
-    earlier: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
+    text are (line numbers may have moved). Where a module has that text on several lines (the
+    same loop in three methods), each earlier kill goes to the one nearest its earlier line:
+    the kill of one loop is no proof about another. Sound when the group's tests have only been
+    added to since that run (what a round of new tests for its survivors does): a test that
+    killed a mutant then still kills it. Survivors, errors and mutants new since then run again."""
+    earlier: dict[CarryKey, list[dict[str, Any]]] = {}
     for module in json.loads(path.read_text())["modules"]:
         for r in module["results"]:
             if r["outcome"] in (KILLED, TIMEOUT):
                 key = (r["module"], r["operator"], r["code"], r["mutated"])
-                earlier.setdefault(key, []).append((r["outcome"], r.get("killer", "")))
-    kept: list[Result] = []
-    rest: list[Mutant] = []
-    for mutant in todo:
-        described = describe(copy, mutant)
-        outcomes = earlier.get(
-            (mutant.module, mutant.short_operator, mutant.code, described.mutated)
-        )
-        if outcomes:
-            outcome, killer = outcomes.pop()
-            kept.append(Result(described, outcome, 0.0, 0, killer, f"carried from {path.name}"))
-        else:
-            rest.append(mutant)
+                earlier.setdefault(key, []).append(r)
+    described = [describe(copy, m) for m in todo]
+    same: dict[CarryKey, list[int]] = {}
+    for index, m in enumerate(described):
+        same.setdefault((m.module, m.short_operator, m.code, m.mutated), []).append(index)
+    # nearest pairs first, each earlier result and each mutant in one pair at most
+    pairs = sorted(
+        (abs(described[i].line - r["line"]), i, n)
+        for key, results in earlier.items()
+        for n, r in enumerate(results)
+        for i in same.get(key, [])
+    )
+    taken: dict[int, dict[str, Any]] = {}
+    used: set[tuple[CarryKey, int]] = set()
+    for _, i, n in pairs:
+        m = described[i]
+        key = (m.module, m.short_operator, m.code, m.mutated)
+        if i not in taken and (key, n) not in used:
+            taken[i] = earlier[key][n]
+            used.add((key, n))
+    kept = [
+        Result(described[i], r["outcome"], 0.0, 0, r.get("killer", ""), f"carried from {path.name}")
+        for i, r in sorted(taken.items())
+    ]
+    rest = [mutant for i, mutant in enumerate(todo) if i not in taken]
     if kept:
         print(f"  {todo[0].module}: {len(kept)} kills carried from {path}", file=sys.stderr)
     return kept, rest

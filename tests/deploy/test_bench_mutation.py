@@ -174,6 +174,35 @@ def test_carry_counts_an_earlier_runs_kills_and_runs_the_rest(toy: Path, tmp_pat
     assert len(rest) == len(mutants) - 1 and all(m.line != 14 for m in rest)
 
 
+def test_carry_gives_a_kill_to_the_same_text_nearest_its_earlier_line(tmp_path: Path) -> None:
+    """The same loop in three methods makes three mutants of one text; an earlier run that
+    killed only the third's (the lines since moved down 2) proves nothing about the others."""
+    from bench.mutation import carried
+
+    body = "def {name}(xs: list[int]) -> int:\n    for x in list(xs):\n        print(x)\n"
+    body += "    return 0\n"
+    toy = "\n\n".join(body.format(name=name) for name in ("a", "b", "c"))
+    (tmp_path / "loops.py").write_text(toy)
+    mutants, _ = generate(tmp_path, "loops.py", ("ZeroIterationForLoop",))
+    loops = [describe(tmp_path, m) for m in mutants]
+    assert [m.line for m in loops] == [2, 8, 14]
+    third = loops[2]
+    record = {
+        "module": third.module,
+        "line": third.line - 2,
+        "operator": third.short_operator,
+        "code": third.code,
+        "mutated": third.mutated,
+        "outcome": "killed",
+        "killer": "t::k",
+    }
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"modules": [{"module": "loops.py", "results": [record]}]}))
+    kept, rest = carried(earlier, tmp_path, mutants)
+    assert [(r.mutant.line, r.outcome) for r in kept] == [(14, "killed")]
+    assert [m.line for m in rest] == [2, 8]
+
+
 def test_a_mutants_tests_run_the_nearest_lines_killers_first(toy: Path) -> None:
     """Only the order changes: every reaching test is still run, and a killer that does not
     reach the mutant's line is not added."""

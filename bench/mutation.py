@@ -176,31 +176,28 @@ def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], l
     the kill of one loop is no proof about another. Sound when the group's tests have only been
     added to since that run (what a round of new tests for its survivors does): a test that
     killed a mutant then still kills it. Survivors, errors and mutants new since then run again."""
-    earlier: dict[CarryKey, list[dict[str, Any]]] = {}
-    for module in json.loads(path.read_text())["modules"]:
-        for r in module["results"]:
-            if r["outcome"] in (KILLED, TIMEOUT):
-                key = (r["module"], r["operator"], r["code"], r["mutated"])
-                earlier.setdefault(key, []).append(r)
+    earlier = [
+        r
+        for module in json.loads(path.read_text())["modules"]
+        for r in module["results"]
+        if r["outcome"] in (KILLED, TIMEOUT)
+    ]
     described = [describe(copy, m) for m in todo]
     same: dict[CarryKey, list[int]] = {}
     for index, m in enumerate(described):
         same.setdefault((m.module, m.short_operator, m.code, m.mutated), []).append(index)
     # nearest pairs first, each earlier result and each mutant in one pair at most
     pairs = sorted(
-        (abs(described[i].line - r["line"]), i, n)
-        for key, results in earlier.items()
-        for n, r in enumerate(results)
-        for i in same.get(key, [])
+        (abs(described[i].line - r["line"]), i, j)
+        for j, r in enumerate(earlier)
+        for i in same.get((r["module"], r["operator"], r["code"], r["mutated"]), [])
     )
     taken: dict[int, dict[str, Any]] = {}
-    used: set[tuple[CarryKey, int]] = set()
-    for _, i, n in pairs:
-        m = described[i]
-        key = (m.module, m.short_operator, m.code, m.mutated)
-        if i not in taken and (key, n) not in used:
-            taken[i] = earlier[key][n]
-            used.add((key, n))
+    used: set[int] = set()
+    for _, i, j in pairs:
+        if i not in taken and j not in used:
+            taken[i] = earlier[j]
+            used.add(j)
     kept = [
         Result(described[i], r["outcome"], 0.0, 0, r.get("killer", ""), f"carried from {path.name}")
         for i, r in sorted(taken.items())

@@ -284,7 +284,7 @@ def test_a_feed_that_fails_ends_its_subscribers_streams_and_says_why(
     logged: left open, they would wait on a feed that is gone, silent for good."""
     hub = hub_of(FakeEvents([]), stream_client=BrokenReplyRedis([]))
 
-    async def scenario() -> tuple[list[Batch] | None, list[Batch] | None]:
+    async def scenario() -> list[list[Batch] | None]:
         async with hub.subscribe("job") as first, hub.subscribe("job") as second:
             return await asyncio.wait_for(asyncio.gather(first.take(), second.take()), 5)
 

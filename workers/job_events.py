@@ -184,7 +184,7 @@ class EventPublisher:
             self._queue.clear()
         log.warning("%s", exc)
         if self.fence is not None:
-            self.fence.lose("a write was refused as stale")
+            self.fence.lose("a write was refused as stale", unreachable=False)
 
     def _give_up(self, unavailable: StoreUnavailable | None, error: Exception | None) -> None:
         with self._cond:
@@ -277,7 +277,7 @@ class JobCallback(TrainerCallback):
         if self.fence is not None:
             self.fence.raise_if_lost()
         if self.publisher.fenced is not None:
-            raise LeaseLost(str(self.publisher.fenced))
+            raise LeaseLost(str(self.publisher.fenced), unreachable=False)
 
     def _ensure_held(self) -> None:
         self._raise_if_fenced()

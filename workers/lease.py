@@ -55,9 +55,10 @@ class LeaseLost(RuntimeError):
     """The lease expired or was taken while this worker still ran the job.
 
     `unreachable`: it expired because Redis did not answer the renewals (a stall, a restart),
-    not because another holder took it or this process stopped renewing."""
+    not because another holder took it or this process stopped renewing. No default: the worker
+    hands a job back only when Redis was to blame, so each raise must say which it was."""
 
-    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+    def __init__(self, message: str, *, unreachable: bool) -> None:
         super().__init__(message)
         self.unreachable = unreachable
 
@@ -234,13 +235,13 @@ class LeaseFence:
         pipe.pttl(self.key)
         owner, ttl_ms = pipe.execute()
         if owner != self.token:
-            self.lose("taken over" if owner else "expired or released")
+            self.lose("taken over" if owner else "expired or released", unreachable=False)
             return False
         with self._lock:
             self._held_until = max(self._held_until, sent + max(int(ttl_ms), 0) / 1000)
         return True
 
-    def lose(self, reason: str, *, unreachable: bool = False) -> None:
+    def lose(self, reason: str, *, unreachable: bool) -> None:
         with self._lock:
             if self.lost.is_set():
                 return
@@ -273,7 +274,7 @@ class LeaseFence:
             if self.held_for >= self.margin:
                 return
             if self.held_for <= 0:
-                self.lose("expired without a renewal")
+                self.lose("expired without a renewal", unreachable=False)
                 continue
             time.sleep(min(0.1, self.seconds / 20))  # a renewal is late: wait for it
 

@@ -116,6 +116,7 @@ def test_a_lease_key_without_a_lifetime_is_not_held(client: redis.Redis) -> None
     with pytest.raises(LeaseLost):
         fence.ensure_held()
     assert fence.reason == "expired without a renewal"
+    assert fence.unreachable is False  # Redis answered
 
 
 def test_the_watch_notices_a_lapsed_lease_within_a_renewal_interval(client: redis.Redis) -> None:
@@ -171,11 +172,11 @@ def test_a_refused_write_stops_the_job_without_a_checkpoint(client: redis.Redis)
     wait_published(client, job.id, 1)
     client.set(lease_key(job.id), "w2:def", px=30_000)  # held in memory: the gate does not ask
     callback.on_step(2, {"step": 2.0, "loss": 2.0})  # refused in Redis
-    deadline = time.monotonic() + 5
-    while publisher.fenced is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # The publisher's thread sets `fenced`, then tells the fence: wait for the second.
+    assert fence.lost.wait(5)
     assert isinstance(publisher.fenced, FencedOut)
-    assert fence.lost.is_set() and fence.reason == "a write was refused as stale"
+    assert fence.reason == "a write was refused as stale"
+    assert fence.unreachable is False
     with pytest.raises(LeaseLost):
         callback.should_stop()
     with pytest.raises(LeaseLost):
@@ -184,6 +185,28 @@ def test_a_refused_write_stops_the_job_without_a_checkpoint(client: redis.Redis)
     assert publisher.close() is False
     assert [s for k, s in kinds(client, job.id) if k == "metrics"] == [1]
     assert not ours.poll()
+
+
+def test_a_refused_write_is_blamed_on_another_holder_before_the_fence_hears_of_it(
+    client: redis.Redis,
+) -> None:
+    """The publisher sets `fenced` and only then tells the fence: a step's hook that runs
+    between the two raises from `fenced` alone, and must say "taken over", not "unreachable"
+    (a worker hands a job back to the queue, stealing it from its new holder, only when Redis
+    was to blame)."""
+    store = JobStore(client)
+    job = running_job(client)
+    client.set(lease_key(job.id), "w1:abc", px=30_000)
+    fence = LeaseFence(client, job.id, "w1:abc", seconds=30)
+    publisher = EventPublisher(store, job, StoreRetry(30), fence)
+    callback = JobCallback(publisher, multiprocessing.Event(), multiprocessing.Pipe()[1], fence)
+    publisher.fenced = FencedOut(job.id, "metrics")  # the fence not told yet
+    assert not fence.lost.is_set()
+    for hook in (callback.should_stop, lambda: callback.on_step(1, {"step": 1.0})):
+        with pytest.raises(LeaseLost) as lost:
+            hook()
+        assert lost.value.unreachable is False
+        assert "no longer holds the job's lease" in str(lost.value)
 
 
 def test_the_fence_alone_stops_the_job_before_a_checkpoint(client: redis.Redis) -> None:

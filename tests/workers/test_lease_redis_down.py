@@ -78,3 +78,42 @@ def test_the_fence_holds_its_lease_until_it_expires_while_redis_is_down(
         assert fence.reason.startswith("could not be read past its expiry")
     finally:
         fence.stop()
+
+
+def test_the_checkpoint_gate_waits_out_a_known_lease_then_refuses_blaming_redis(
+    own: RedisServer,
+) -> None:
+    """A checkpoint is due with less than the margin of the lease known and Redis down: the gate
+    neither writes (the lease might pass mid-write) nor gives up while the lease may still be
+    renewed; it retries until the lease it knew of has run out, then refuses, blamed on Redis."""
+    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+    client.set(lease_key("j3"), "w1:abc", px=2000)
+    fence = LeaseFence(client, "j3", "w1:abc", seconds=2)  # a checkpoint needs 1 s left
+    assert fence.check()
+    own.stop()
+    time.sleep(1.2)
+    left = fence.held_for
+    assert 0.3 < left < 1.0, left
+    started = time.monotonic()
+    with pytest.raises(LeaseLost) as lost:
+        fence.ensure_held()
+    waited = time.monotonic() - started
+    assert left - 0.05 <= waited < left + 1.0, (left, waited)
+    assert lost.value.unreachable is True
+    assert fence.reason.startswith("could not be read past its expiry"), fence.reason
+
+
+def test_releasing_while_redis_is_down_leaves_the_lease_to_expire(
+    own: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job is over (handed back or finished) when the lease is released: a release that
+    Redis refuses must not turn that outcome into an error; the key expires by itself."""
+    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+    lease = Lease(client, "j4", seconds=1, owner="w1")
+    assert lease.acquire()
+    lease.start_heartbeat()
+    own.stop()
+    with caplog.at_level("WARNING", logger="workers.lease"):
+        lease.release()
+    assert lease._thread is not None and not lease._thread.is_alive()
+    assert "could not release pdppo:job:j4:lease; it expires by itself" in caplog.text

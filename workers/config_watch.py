@@ -20,10 +20,10 @@ POLL_SECONDS = 0.5
 
 
 class ConfigWatch:
-    def __init__(self, steering: Steering, job_id: str, version: int = 0) -> None:
+    def __init__(self, steering: Steering, job_id: str) -> None:
         self.steering = steering
         self.job_id = job_id
-        self._latest: tuple[int, dict[str, Any]] = (version, {})
+        self._latest: tuple[int, dict[str, Any]] = (0, {})  # version 0: no change yet
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="pdppo config", daemon=True)

@@ -156,6 +156,21 @@ def test_the_checkpoint_gate_waits_for_a_late_renewal_and_refuses_a_lapsing_leas
     assert 0.3 < time.monotonic() - started < 1.0
 
 
+def test_the_gate_looks_for_a_late_renewal_every_tenth_of_a_second_whatever_the_lease(
+    client: redis.Redis,
+) -> None:
+    """Of the default 30 s lease, 10 s left (under its 15 s margin): the renewal that comes 0.2 s
+    later lets the checkpoint start at once, not a lease-sized poll later."""
+    client.set(lease_key("j1"), "w1:abc", px=10_000)
+    fence = LeaseFence(client, "j1", "w1:abc", seconds=30)
+    renewer = threading.Timer(0.2, lambda: client.pexpire(lease_key("j1"), 30_000))
+    renewer.start()
+    started = time.monotonic()
+    fence.ensure_held()
+    assert 0.15 < time.monotonic() - started < 0.6
+    assert fence.held_for > fence.margin
+
+
 def test_a_refused_write_stops_the_job_without_a_checkpoint(client: redis.Redis) -> None:
     """The publisher hears the refusal, tells the fence and drops the rest; the callback then
     raises LeaseLost from should_stop (a True would checkpoint) and from the next step's hook."""

@@ -5,6 +5,7 @@ Redis (`unreachable`), so the worker leaves the job to be resumed rather than fa
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import redis
 
 from pdppo.store import lease_key
 from tests.integration.stack import RedisServer
+from tests.workers.renewals import record_renewals
 from workers.lease import Lease, LeaseFence, LeaseLost
 
 
@@ -35,15 +37,7 @@ def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
     client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
     lease = Lease(client, "j1", seconds=1, owner="w1")
     assert lease.acquire()
-    renewals = 0
-    renew = lease.renew
-
-    def counted() -> bool:
-        nonlocal renewals
-        renewals += 1
-        return renew()
-
-    lease.renew = counted  # type: ignore[method-assign]
+    renewals = record_renewals(lease)
     lease.start_heartbeat()
     try:
         own.stop()
@@ -54,9 +48,31 @@ def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
             lease.check()
         assert lost.value.unreachable, lease.lost_reason
         assert lease.lost_reason.startswith("not renewed for ")
-        assert 3 <= renewals <= 40, renewals  # 1.3 s at 0.05 s to 1/6 s apart
+        assert 3 <= len(renewals) <= 40, renewals  # 1.3 s at 0.05 s to 1/6 s apart
     finally:
         lease.stop_heartbeat()
+
+
+def test_failed_renewals_are_retried_within_moments_and_never_a_second_apart(
+    own: RedisServer,
+) -> None:
+    """The lease's stall promise (five sixths of it less a second) holds because a failed
+    renewal is retried with a backoff that starts at 0.05 s and is capped at a second, not a
+    renewal interval later (2 s for this 12 s lease; 5 s for the default 30 s)."""
+    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+    lease = Lease(client, "j5", seconds=12, owner="w1")
+    assert lease.acquire()
+    renewals = record_renewals(lease)
+    lease.start_heartbeat()
+    try:
+        own.stop()
+        time.sleep(2.0 + 5.0)  # the first renewal, due at 2 s, fails; then 5 s of retries
+    finally:
+        lease.stop_heartbeat()
+    gaps = [b - a for a, b in itertools.pairwise(renewals)]
+    assert len(gaps) >= 6, renewals
+    assert gaps[0] < 0.3, gaps  # 0.025 to 0.05 s after the first failure
+    assert max(gaps) <= 1.15, gaps
 
 
 def test_the_fence_holds_its_lease_until_it_expires_while_redis_is_down(
@@ -73,7 +89,7 @@ def test_the_fence_holds_its_lease_until_it_expires_while_redis_is_down(
         own.stop()
         time.sleep(1.0)  # three failed reads, the lease known to last 1 s more
         assert not fence.lost.is_set(), fence.reason
-        assert fence.lost.wait(2.0)
+        assert fence.lost.wait(1.6)  # the first read past its expiry, a third of a second on
         assert fence.unreachable
         assert fence.reason.startswith("could not be read past its expiry")
     finally:
@@ -116,4 +132,6 @@ def test_releasing_while_redis_is_down_leaves_the_lease_to_expire(
     with caplog.at_level("WARNING", logger="workers.lease"):
         lease.release()
     assert lease._thread is not None and not lease._thread.is_alive()
-    assert "could not release pdppo:job:j4:lease; it expires by itself" in caplog.text
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("could not release")]
+    assert record.getMessage() == "could not release pdppo:job:j4:lease; it expires by itself"
+    assert record.exc_info and record.exc_info[0] is redis.ConnectionError  # why, in the log

@@ -1,0 +1,91 @@
+"""The reaper after Redis was away (`workers.reaper.start_reaper`'s `outage_hold`), on a real Redis.
+
+Every lease expires in a stall longer than the lease, but the holders are alive: each hands its
+job back itself, saying why. A reaper that reaped first would count a lost worker against each
+job (enough of them fail it), so after an outage it holds off for a lease period. Here the
+orphan is made right after the stall, so only the hold keeps it running; the test also waits for
+the reap the hold only delays. The task's send is stood in for (Celery's `send_task`; the
+requeue itself is the store's script, which is what the job's status shows)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from pdppo.store import JobStore, job_key
+from tests.integration.stack import RedisServer
+from tests.store.conftest import stall
+from tests.workers.test_publisher import running_job
+from workers.reaper import start_reaper
+
+HOLD = 1.5
+TICK = 0.5  # the reap interval: longer than the 0.3 s timeout of a failing ping
+
+
+def status_over(client: redis.Redis, job_id: str, seconds: float) -> list[tuple[float, str]]:
+    """(seconds since the call, status) whenever the job's status changes, for `seconds`."""
+    started = time.monotonic()
+    seen: list[tuple[float, str]] = []
+    while (now := time.monotonic() - started) < seconds:
+        status = str(client.hget(job_key(job_id), "status"))
+        if not seen or seen[-1][1] != status:
+            seen.append((now, status))
+        time.sleep(0.02)
+    return seen
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ids: list[str] = []
+    monkeypatch.setattr("workers.reaper.enqueue", lambda job_id, queue: ids.append(job_id))
+    return ids
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [
+        # Each ping in the stall times out (an error), and one sent near its end is answered
+        # within the timeout, faster than a tick: only the failures say that Redis was away.
+        pytest.param(0.3, id="ping-failed"),
+        # The ping waits the stall out: no error, but an answer slower than a tick.
+        pytest.param(5.0, id="ping-slow"),
+    ],
+)
+def test_after_redis_was_away_the_reaper_holds_off_for_a_lease_period(
+    server: RedisServer, sent: list[str], timeout: float
+) -> None:
+    client = redis.Redis.from_url(server.url(), socket_timeout=timeout, decode_responses=True)
+    store = JobStore(client)
+    stop = start_reaper(store, interval=TICK, outage_hold=HOLD)
+    try:
+        stall(server, 1.5).join()  # a ping starts at most a tick into it
+        running_job(client, "orphan")  # running, and nobody holds its lease
+        seen = status_over(client, "orphan", HOLD + 2 * TICK + 1.0)
+    finally:
+        stop.set()
+    assert seen[0][1] == "running"
+    assert [s for _, s in seen] == ["running", "queued"], seen
+    requeued_at = seen[1][0]
+    # Held from the first ping that answered (at most a tick after the stall), then reaped at
+    # the next tick; without the hold, within a tick or two.
+    assert HOLD - 0.1 <= requeued_at <= HOLD + 2 * TICK + 0.3, seen
+    assert sent == ["orphan"]
+
+
+def test_without_an_outage_an_orphan_is_reaped_at_the_next_tick(
+    client: redis.Redis, sent: list[str]
+) -> None:
+    """The hold is for outages only: a worker that died is replaced within an interval."""
+    store = JobStore(client)
+    stop = start_reaper(store, interval=TICK, outage_hold=HOLD)
+    try:
+        time.sleep(TICK + 0.1)
+        running_job(client, "orphan")
+        seen = status_over(client, "orphan", 1.5)
+    finally:
+        stop.set()
+    assert [s for _, s in seen] == ["running", "queued"], seen
+    assert seen[1][0] <= TICK + 0.3, seen
+    assert sent == ["orphan"]

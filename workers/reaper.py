@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import redis
 
 from pdppo.settings import Settings
-from pdppo.store import JobStore, job_key
+from pdppo.store import RUNNING_SET, JobStore, job_key
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
 from workers.celery_app import broker_view, enqueue, restore_taken
 
@@ -67,7 +67,7 @@ def reap_once(
     for job_id in store.running_job_ids():
         job = store.get(job_id)
         if job is None:
-            store.redis.srem("pdppo:running", job_id)
+            store.redis.srem(RUNNING_SET, job_id)
             continue
         outcome = store.requeue_if_orphaned(
             job, max_worker_losses=max_worker_losses, dispatch_grace=dispatch_grace

@@ -6,6 +6,7 @@ tests/integration/test_outbox.py's."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -14,7 +15,9 @@ from kombu.transport.redis import Channel as RedisChannel
 
 from pdppo.settings import Settings
 from pdppo.store import OUTBOX, JobStore, job_key, now_iso
-from workers.reaper import DispatchTiming, dispatch_once, start_reaper
+from tests.integration.stack import RedisServer
+from workers.celery_app import celery_app
+from workers.reaper import CONFIRM_SECONDS, DispatchTiming, dispatch_once, start_reaper
 
 
 def _queued(client: redis.Redis, job_id: str, status: str = "queued") -> None:
@@ -100,3 +103,59 @@ def test_dispatch_timing_from_the_settings() -> None:
     assert (timing.grace, timing.claim_grace, timing.recheck) == (10.0, 30.0, 60.0)
     short = Settings(_env_file=None, outbox_grace_seconds=2.0, lease_seconds=30.0)  # type: ignore[call-arg]
     assert DispatchTiming.from_settings(short).recheck == 30.0
+
+
+def test_a_task_whose_taker_died_before_claiming_goes_back_to_the_head_of_its_queue(
+    server: RedisServer, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken 100 s ago, past the 30 s claim grace, and the job still queued: the worker died
+    with it. kombu would redeliver it only after its visibility timeout (an hour): the
+    dispatcher puts the very message back (kombu's own restore, on this Redis), first in line,
+    and looks again a grace later."""
+    monkeypatch.setattr(celery_app.conf, "broker_url", server.url())
+    store = JobStore(client)
+    _queued(client, "j3")
+    client.rpush("cpu", json.dumps({"body": "", "headers": {"id": "other"}, "properties": {}}))
+    client.zadd(OUTBOX, {"j3": 100.0})
+    _taken(client, "j3", "tag-3", at=900.0)
+    timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
+    assert dispatch_once(store, timing, now=1000.0) == ["j3"]
+    assert not client.hexists(RedisChannel.unacked_key, "tag-3")
+    # kombu's consumers BRPOP: the right end of the list is the head of the queue.
+    assert [json.loads(raw)["headers"]["id"] for raw in client.lrange("cpu", 0, -1)] == [
+        "other",
+        "j3",
+    ]
+    assert client.zscore(OUTBOX, "j3") == 1000.0 + 5.0
+
+
+def test_a_task_seen_nowhere_is_sent_only_if_a_second_look_still_finds_it_nowhere(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer's BRPOP and its `unacked` write are two commands: a task between them is
+    seen nowhere. So the dispatcher looks once more half a second later, and sends only the
+    tasks still nowhere whose job is still queued. Here, in that half second, one task is
+    taken, one job claimed and one task shows up in its queue; only the fourth is sent."""
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        "workers.reaper.enqueue", lambda job_id, queue: sent.append((job_id, queue))
+    )
+    store = JobStore(client)
+    for job_id in ("taken", "claimed", "waiting", "lost"):
+        _queued(client, job_id)
+        client.zadd(OUTBOX, {job_id: 0.0})
+    taken_at = time.time()
+
+    def meanwhile() -> None:
+        _taken(client, "taken", "tag-t", at=taken_at)
+        client.hset(job_key("claimed"), "status", "running")
+        message = {"body": "", "headers": {"id": "waiting"}, "properties": {}}
+        client.lpush("cpu", json.dumps(message))
+
+    timer = threading.Timer(CONFIRM_SECONDS / 2, meanwhile)
+    timer.start()
+    timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
+    assert dispatch_once(store, timing) == ["lost"]
+    timer.join()
+    assert sent == [("lost", "cpu")]
+    assert client.zscore(OUTBOX, "taken") == taken_at + 30.0  # its taker's grace

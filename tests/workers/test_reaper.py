@@ -1,11 +1,12 @@
-"""The reaper after Redis was away (`workers.reaper.start_reaper`'s `outage_hold`), on a real Redis.
+"""The reaper (`workers.reaper`) on a real Redis: what one pass reaps, and its hold after an outage.
 
-Every lease expires in a stall longer than the lease, but the holders are alive: each hands its
-job back itself, saying why. A reaper that reaped first would count a lost worker against each
-job (enough of them fail it), so after an outage it holds off for a lease period. Here the
-orphan is made right after the stall, so only the hold keeps it running; the test also waits for
-the reap the hold only delays. The task's send is stood in for (Celery's `send_task`; the
-requeue itself is the store's script, which is what the job's status shows)."""
+After Redis was away (`start_reaper`'s `outage_hold`): every lease expires in a stall longer than
+the lease, but the holders are alive: each hands its job back itself, saying why. A reaper that
+reaped first would count a lost worker against each job (enough of them fail it), so after an outage
+it holds off for a lease period. The tests make the orphan right after the stall, so only the hold
+keeps it running, and also wait for the reap the hold only delays. The task's send is stood in for
+(Celery's `send_task`; the requeue itself is the store's script, which is what the job's status
+shows)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import time
 import pytest
 import redis
 
-from pdppo.store import JobStore, job_key
+from pdppo.store import RUNNING_SET, JobStore, job_key
 from tests.integration.stack import RedisServer
 from tests.store.conftest import stall
 from tests.workers.test_publisher import running_job
-from workers.reaper import start_reaper
+from workers.lease import Lease
+from workers.reaper import reap_once, start_reaper
 
 HOLD = 1.5
 TICK = 0.5  # the reap interval: longer than the 0.3 s timeout of a failing ping
@@ -89,3 +91,18 @@ def test_without_an_outage_an_orphan_is_reaped_at_the_next_tick(
     assert [s for _, s in seen] == ["running", "queued"], seen
     assert seen[1][0] <= TICK + 0.3, seen
     assert sent == ["orphan"]
+
+
+def test_one_pass_requeues_orphans_only_and_drops_running_entries_without_a_job(
+    client: redis.Redis, sent: list[str]
+) -> None:
+    store = JobStore(client)
+    running_job(client, "orphan")
+    alive = running_job(client, "alive")
+    assert Lease(client, alive.id, seconds=30, owner="w1").acquire()
+    client.sadd(RUNNING_SET, "ghost")  # its record gone (expired, deleted by hand)
+    assert reap_once(store) == ["orphan"]
+    assert sent == ["orphan"]
+    assert client.smembers(RUNNING_SET) == {"alive"}
+    assert client.hget(job_key("orphan"), "status") == "queued"
+    assert client.hget(job_key("alive"), "status") == "running"

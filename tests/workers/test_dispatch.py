@@ -14,8 +14,9 @@ import redis
 from kombu.transport.redis import Channel as RedisChannel
 
 from pdppo.settings import Settings
-from pdppo.store import OUTBOX, JobStore, job_key, now_iso
+from pdppo.store import OUTBOX, JobStore, job_key, now_iso, tenant_active_key
 from tests.integration.stack import RedisServer
+from tests.store.conftest import stall
 from workers.celery_app import celery_app
 from workers.reaper import CONFIRM_SECONDS, DispatchTiming, dispatch_once, start_reaper
 
@@ -159,3 +160,32 @@ def test_a_task_seen_nowhere_is_sent_only_if_a_second_look_still_finds_it_nowher
     timer.join()
     assert sent == [("lost", "cpu")]
     assert client.zscore(OUTBOX, "taken") == taken_at + 30.0  # its taker's grace
+
+
+@pytest.mark.parametrize("stalled_at_start", [False, True], ids=["redis-up", "redis-stalled"])
+def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
+    server: RedisServer,
+    client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    stalled_at_start: bool,
+) -> None:
+    """A job queued before the outbox existed (no entry) is adopted when a worker's reaper
+    starts, and its lost task sent. An adoption that Redis did not answer (a stall at the
+    worker's start) is tried again at each tick until it succeeds, not given up."""
+    sent: list[str] = []
+    monkeypatch.setattr("workers.reaper.enqueue", lambda job_id, queue: sent.append(job_id))
+    store = JobStore(client)
+    _queued(client, "old")
+    client.sadd(tenant_active_key("t"), "old")
+    sleeper = stall(server, 1.0) if stalled_at_start else None
+    stop = start_reaper(store, 60.0, timing=DispatchTiming(grace=5.0, claim_grace=1.0, recheck=1.0))
+    try:
+        if sleeper is not None:
+            sleeper.join()
+        deadline = time.monotonic() + 4.0
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+    assert sent == ["old"]
+    assert client.zscore(OUTBOX, "old") is not None

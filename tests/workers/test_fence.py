@@ -160,7 +160,8 @@ def test_the_gate_looks_for_a_late_renewal_every_tenth_of_a_second_whatever_the_
     client: redis.Redis,
 ) -> None:
     """Of the default 30 s lease, 10 s left (under its 15 s margin): the renewal that comes 0.2 s
-    later lets the checkpoint start at once, not a lease-sized poll later."""
+    later lets the checkpoint start within a tenth of a second, not a twentieth of the lease
+    (1.5 s) later."""
     client.set(lease_key("j1"), "w1:abc", px=10_000)
     fence = LeaseFence(client, "j1", "w1:abc", seconds=30)
     renewer = threading.Timer(0.2, lambda: client.pexpire(lease_key("j1"), 30_000))

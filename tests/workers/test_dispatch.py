@@ -102,6 +102,10 @@ def test_dispatch_timing_from_the_settings() -> None:
     settings = Settings(_env_file=None, outbox_grace_seconds=10.0, lease_seconds=30.0)  # type: ignore[call-arg]
     timing = DispatchTiming.from_settings(settings)
     assert (timing.grace, timing.claim_grace, timing.recheck) == (10.0, 30.0, 60.0)
+    # The dispatcher's tick: half a grace, so that a due entry is acted on well within its
+    # grace, and never over a second (a lost task is sent again within seconds).
+    assert timing.interval == 1.0
+    assert DispatchTiming(grace=0.5, claim_grace=1.0, recheck=3.0).interval == 0.25
     short = Settings(_env_file=None, outbox_grace_seconds=2.0, lease_seconds=30.0)  # type: ignore[call-arg]
     assert DispatchTiming.from_settings(short).recheck == 30.0
 

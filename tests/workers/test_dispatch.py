@@ -171,6 +171,7 @@ def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
     server: RedisServer,
     client: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
     stalled_at_start: bool,
 ) -> None:
     """A job queued before the outbox existed (no entry) is adopted when a worker's reaper
@@ -193,3 +194,7 @@ def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
         stop.set()
     assert sent == ["old"]
     assert client.zscore(OUTBOX, "old") is not None
+    # A stall is logged as such (a warning), not as a bug's traceback.
+    failed = "outbox adoption could not reach Redis; retrying" in caplog.messages
+    assert failed is stalled_at_start, caplog.messages
+    assert not [r for r in caplog.records if r.getMessage().endswith("failed; retrying")]

@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 import redis
 
-from pdppo.store import JobStore, StoreRetry, events_key, job_key, lease_key, metrics_key
+from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, lease_key, metrics_key
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.retry import log_fields
 from tests.workers.test_publisher import running_job
@@ -134,18 +134,25 @@ def test_the_watch_notices_a_lapsed_lease_within_a_renewal_interval(client: redi
         fence.stop()
 
 
-def test_the_checkpoint_gate_waits_for_a_late_renewal_and_refuses_a_lapsing_lease(
-    client: redis.Redis,
-) -> None:
-    # 0.4 s left of a 2 s lease (margin 1 s): a checkpoint could outlast it. Renewed 0.2 s on.
-    client.set(lease_key("j1"), "w1:abc", px=400)
-    fence = LeaseFence(client, "j1", "w1:abc", seconds=2)
-    renewer = threading.Timer(0.2, lambda: client.pexpire(lease_key("j1"), 2000))
+def gate_renewed_late(client: redis.Redis, seconds: float, left_ms: int) -> float:
+    """How long the checkpoint gate of a `seconds` lease with `left_ms` left (under its margin)
+    waits when the lease is renewed 0.2 s on; checks that it then holds."""
+    client.set(lease_key("j1"), "w1:abc", px=left_ms)
+    fence = LeaseFence(client, "j1", "w1:abc", seconds=seconds)
+    renewer = threading.Timer(0.2, lambda: client.pexpire(lease_key("j1"), int(seconds * 1000)))
     renewer.start()
     started = time.monotonic()
     fence.ensure_held()
-    assert 0.15 < time.monotonic() - started < 1.0
+    waited = time.monotonic() - started
     assert fence.held_for > fence.margin and not fence.lost.is_set()
+    return waited
+
+
+def test_the_checkpoint_gate_waits_for_a_late_renewal_and_refuses_a_lapsing_lease(
+    client: redis.Redis,
+) -> None:
+    # 0.4 s left of a 2 s lease (margin 1 s): a checkpoint could outlast it.
+    assert 0.15 < gate_renewed_late(client, seconds=2, left_ms=400) < 1.0
 
     # Never renewed again (its worker froze): the gate refuses once the lease lapses.
     client.set(lease_key("j2"), "w1:abc", px=400)
@@ -162,14 +169,7 @@ def test_the_gate_looks_for_a_late_renewal_every_tenth_of_a_second_whatever_the_
     """Of the default 30 s lease, 10 s left (under its 15 s margin): the renewal that comes 0.2 s
     later lets the checkpoint start within a tenth of a second, not a twentieth of the lease
     (1.5 s) later."""
-    client.set(lease_key("j1"), "w1:abc", px=10_000)
-    fence = LeaseFence(client, "j1", "w1:abc", seconds=30)
-    renewer = threading.Timer(0.2, lambda: client.pexpire(lease_key("j1"), 30_000))
-    renewer.start()
-    started = time.monotonic()
-    fence.ensure_held()
-    assert 0.15 < time.monotonic() - started < 0.6
-    assert fence.held_for > fence.margin
+    assert 0.15 < gate_renewed_late(client, seconds=30, left_ms=10_000) < 0.6
 
 
 def test_a_refused_write_stops_the_job_without_a_checkpoint(client: redis.Redis) -> None:
@@ -203,6 +203,19 @@ def test_a_refused_write_stops_the_job_without_a_checkpoint(client: redis.Redis)
     assert not ours.poll()
 
 
+def fenced_job(
+    client: redis.Redis, seconds: float
+) -> tuple[JobRecord, LeaseFence, EventPublisher, JobCallback]:
+    """A running job whose `seconds` lease worker w1 holds, and its job process's fence,
+    publisher (not started) and trainer callback."""
+    job = running_job(client)
+    client.set(lease_key(job.id), "w1:abc", px=int(seconds * 1000))
+    fence = LeaseFence(client, job.id, "w1:abc", seconds=seconds)
+    publisher = EventPublisher(JobStore(client), job, StoreRetry(30), fence)
+    callback = JobCallback(publisher, multiprocessing.Event(), multiprocessing.Pipe()[1], fence)
+    return job, fence, publisher, callback
+
+
 def test_a_refused_write_is_blamed_on_another_holder_before_the_fence_hears_of_it(
     client: redis.Redis,
 ) -> None:
@@ -210,12 +223,7 @@ def test_a_refused_write_is_blamed_on_another_holder_before_the_fence_hears_of_i
     between the two raises from `fenced` alone, and must say "taken over", not "unreachable"
     (a worker hands a job back to the queue, stealing it from its new holder, only when Redis
     was to blame)."""
-    store = JobStore(client)
-    job = running_job(client)
-    client.set(lease_key(job.id), "w1:abc", px=30_000)
-    fence = LeaseFence(client, job.id, "w1:abc", seconds=30)
-    publisher = EventPublisher(store, job, StoreRetry(30), fence)
-    callback = JobCallback(publisher, multiprocessing.Event(), multiprocessing.Pipe()[1], fence)
+    job, fence, publisher, callback = fenced_job(client, seconds=30)
     publisher.fenced = FencedOut(job.id, "metrics")  # the fence not told yet
     assert not fence.lost.is_set()
     for hook in (callback.should_stop, lambda: callback.on_step(1, {"step": 1.0})):
@@ -228,12 +236,7 @@ def test_a_refused_write_is_blamed_on_another_holder_before_the_fence_hears_of_i
 def test_the_fence_alone_stops_the_job_before_a_checkpoint(client: redis.Redis) -> None:
     """The lease lapsed and nothing has been refused yet: the gate in the step's hook (right
     before the trainer writes that step's checkpoint) raises, and nothing of the step is sent."""
-    store = JobStore(client)
-    job = running_job(client)
-    client.set(lease_key(job.id), "w1:abc", px=2000)
-    fence = LeaseFence(client, job.id, "w1:abc", seconds=2)
-    publisher = EventPublisher(store, job, StoreRetry(30), fence)
-    callback = JobCallback(publisher, multiprocessing.Event(), multiprocessing.Pipe()[1], fence)
+    job, _, publisher, callback = fenced_job(client, seconds=2)
     publisher.start()
     callback.on_step(1, {"step": 1.0, "loss": 1.0})
     wait_published(client, job.id, 1)

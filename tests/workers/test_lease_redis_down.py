@@ -27,6 +27,18 @@ def own(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+def renewing_then_down(own: RedisServer, seconds: float) -> tuple[Lease, list[float]]:
+    """A lease held and renewed on `own`, which is then stopped; and its renewals' start times
+    (`record_renewals`). The caller stops the heartbeat."""
+    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+    lease = Lease(client, "j1", seconds=seconds, owner="w1")
+    assert lease.acquire()
+    renewals = record_renewals(lease)
+    lease.start_heartbeat()
+    own.stop()
+    return lease, renewals
+
+
 def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
     own: RedisServer,
 ) -> None:
@@ -34,13 +46,8 @@ def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
     only the first failure's time (`_failing_since`) says that Redis is why none succeeded.
     They are retried with a backoff of up to a renewal interval (1/6 s here), not in a loop
     that would spin a core against a server that is down."""
-    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
-    lease = Lease(client, "j1", seconds=1, owner="w1")
-    assert lease.acquire()
-    renewals = record_renewals(lease)
-    lease.start_heartbeat()
+    lease, renewals = renewing_then_down(own, seconds=1)
     try:
-        own.stop()
         time.sleep(0.5)
         lease.check()  # half a lifetime without a renewal: still held
         time.sleep(0.8)
@@ -59,13 +66,8 @@ def test_failed_renewals_are_retried_within_moments_and_never_a_second_apart(
     """The lease's stall promise (five sixths of it less a second) holds because a failed
     renewal is retried with a backoff that starts at 0.05 s and is capped at a second, not a
     renewal interval later (2 s for this 12 s lease; 5 s for the default 30 s)."""
-    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
-    lease = Lease(client, "j5", seconds=12, owner="w1")
-    assert lease.acquire()
-    renewals = record_renewals(lease)
-    lease.start_heartbeat()
+    lease, renewals = renewing_then_down(own, seconds=12)
     try:
-        own.stop()
         time.sleep(2.0 + 5.0)  # the first renewal, due at 2 s, fails; then 5 s of retries
     finally:
         lease.stop_heartbeat()

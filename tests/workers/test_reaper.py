@@ -64,15 +64,14 @@ def test_after_redis_was_away_the_reaper_holds_off_for_a_lease_period(
     try:
         stall(server, 1.5).join()  # a ping starts at most a tick into it
         running_job(client, "orphan")  # running, and nobody holds its lease
-        seen = status_over(client, "orphan", HOLD + 2 * TICK + 1.0)
+        seen = status_over(client, "orphan", HOLD + 3 * TICK + 1.0)
     finally:
         stop.set()
-    assert seen[0][1] == "running"
     assert [s for _, s in seen] == ["running", "queued"], seen
     requeued_at = seen[1][0]
-    # Held from the first ping that answered (at most a tick after the stall), then reaped at
-    # the next tick; without the hold, within a tick or two.
-    assert HOLD - 0.1 <= requeued_at <= HOLD + 2 * TICK + 0.3, seen
+    # Held from the first ping that answered (a tick or so after the stall), then reaped at the
+    # next tick; without the hold, within a tick or two.
+    assert HOLD - 0.1 <= requeued_at <= HOLD + 3 * TICK + 0.3, seen
     assert sent == ["orphan"]
 
 

@@ -250,6 +250,13 @@ def run_group(
             )
         finally:
             free.put(index)
+        if STOPPING.is_set():  # its tests were stopped with the run: the outcome says nothing
+            print(
+                f"  {mutant.module}:{mutant.line} {mutant.short_operator} stopped, not scored",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
         if result.outcome == KILLED:
             killers.add(mutant.module, mutant.line, result.killer)
         done[0] += 1

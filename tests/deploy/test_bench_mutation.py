@@ -414,3 +414,6 @@ def test_a_stopped_run_keeps_each_mutant_that_finished_and_says_it_stopped(tmp_p
     assert proc.returncode == 130, out
     assert f"stopped by SIGTERM; what it scored is in {results}" in out
     assert [(r["line"], r["outcome"]) for r in scored()] == [(8, KILLED)]
+    # The hang's tests, stopped with the run, fail: not a kill, and not reported as one.
+    assert "spin.py:3 ReplaceBinaryOperator_Sub_Add stopped, not scored" in out, out
+    assert not [line for line in out.splitlines() if "spin.py:3" in line and "killed" in line]

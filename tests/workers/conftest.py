@@ -1,5 +1,18 @@
-"""The store tests' own redis-server and client fixtures (`tests.store.conftest`)."""
+"""The store tests' own redis-server and client fixtures (`tests.store.conftest`), and `sent`."""
+
+import pytest
 
 from tests.store.conftest import client, server
 
-__all__ = ["client", "server"]
+__all__ = ["client", "sent", "server"]
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """The (job id, queue) of each task the reaper or dispatcher sends, in order: Celery's
+    `send_task` stood in for (the end-to-end path is tests/integration/test_outbox.py's)."""
+    tasks: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        "workers.reaper.enqueue", lambda job_id, queue: tasks.append((job_id, queue))
+    )
+    return tasks

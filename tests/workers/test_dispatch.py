@@ -75,16 +75,12 @@ def test_the_dispatcher_ticks_on_its_own_interval_not_the_reapers(client: redis.
 
 
 def test_a_task_sent_for_a_job_seen_nowhere_is_looked_at_again_a_grace_later(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, sent: list[tuple[str, str]]
 ) -> None:
     """A queued job whose task is nowhere in the broker (its sender died) gets one sent, and
     its next check `grace` later: soon enough to see the task lost again, late enough not to
     send a second one before a worker took the first. Sending is Celery's `send_task`, stood in
     for here (the end-to-end path is tests/integration/test_outbox.py's)."""
-    sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        "workers.reaper.enqueue", lambda job_id, queue: sent.append((job_id, queue))
-    )
     store = JobStore(client)
     _queued(client, "j2")
     client.zadd(OUTBOX, {"j2": 0.0})
@@ -135,16 +131,12 @@ def test_a_task_whose_taker_died_before_claiming_goes_back_to_the_head_of_its_qu
 
 
 def test_a_task_seen_nowhere_is_sent_only_if_a_second_look_still_finds_it_nowhere(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, sent: list[tuple[str, str]]
 ) -> None:
     """A consumer's BRPOP and its `unacked` write are two commands: a task between them is
     seen nowhere. So the dispatcher looks once more half a second later, and sends only the
     tasks still nowhere whose job is still queued. Here, in that half second, one task is
     taken, one job claimed and one task shows up in its queue; only the fourth is sent."""
-    sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        "workers.reaper.enqueue", lambda job_id, queue: sent.append((job_id, queue))
-    )
     store = JobStore(client)
     for job_id in ("taken", "claimed", "waiting", "lost"):
         _queued(client, job_id)
@@ -170,15 +162,13 @@ def test_a_task_seen_nowhere_is_sent_only_if_a_second_look_still_finds_it_nowher
 def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
     server: RedisServer,
     client: redis.Redis,
-    monkeypatch: pytest.MonkeyPatch,
+    sent: list[tuple[str, str]],
     caplog: pytest.LogCaptureFixture,
     stalled_at_start: bool,
 ) -> None:
     """A job queued before the outbox existed (no entry) is adopted when a worker's reaper
     starts, and its lost task sent. An adoption that Redis did not answer (a stall at the
     worker's start) is tried again at each tick until it succeeds, not given up."""
-    sent: list[str] = []
-    monkeypatch.setattr("workers.reaper.enqueue", lambda job_id, queue: sent.append(job_id))
     store = JobStore(client)
     _queued(client, "old")
     client.sadd(tenant_active_key("t"), "old")
@@ -192,7 +182,7 @@ def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
             time.sleep(0.05)
     finally:
         stop.set()
-    assert sent == ["old"]
+    assert sent == [("old", "cpu")]
     assert client.zscore(OUTBOX, "old") is not None
     # A stall is logged as such (a warning), not as a bug's traceback.
     failed = "outbox adoption could not reach Redis; retrying" in caplog.messages

@@ -38,13 +38,6 @@ def status_over(client: redis.Redis, job_id: str, seconds: float) -> list[tuple[
     return seen
 
 
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    ids: list[str] = []
-    monkeypatch.setattr("workers.reaper.enqueue", lambda job_id, queue: ids.append(job_id))
-    return ids
-
-
 @pytest.mark.parametrize(
     "timeout",
     [
@@ -56,7 +49,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ],
 )
 def test_after_redis_was_away_the_reaper_holds_off_for_a_lease_period(
-    server: RedisServer, sent: list[str], timeout: float
+    server: RedisServer, sent: list[tuple[str, str]], timeout: float
 ) -> None:
     client = redis.Redis.from_url(server.url(), socket_timeout=timeout, decode_responses=True)
     store = JobStore(client)
@@ -72,11 +65,11 @@ def test_after_redis_was_away_the_reaper_holds_off_for_a_lease_period(
     # Held from the first ping that answered (a tick or so after the stall), then reaped at the
     # next tick; without the hold, within a tick or two.
     assert HOLD - 0.1 <= requeued_at <= HOLD + 3 * TICK + 0.3, seen
-    assert sent == ["orphan"]
+    assert sent == [("orphan", "cpu")]
 
 
 def test_without_an_outage_an_orphan_is_reaped_at_the_next_tick(
-    client: redis.Redis, sent: list[str]
+    client: redis.Redis, sent: list[tuple[str, str]]
 ) -> None:
     """The hold is for outages only: a worker that died is replaced within an interval."""
     store = JobStore(client)
@@ -89,11 +82,11 @@ def test_without_an_outage_an_orphan_is_reaped_at_the_next_tick(
         stop.set()
     assert [s for _, s in seen] == ["running", "queued"], seen
     assert seen[1][0] <= TICK + 0.3, seen
-    assert sent == ["orphan"]
+    assert sent == [("orphan", "cpu")]
 
 
 def test_one_pass_requeues_orphans_only_and_drops_running_entries_without_a_job(
-    client: redis.Redis, sent: list[str]
+    client: redis.Redis, sent: list[tuple[str, str]]
 ) -> None:
     store = JobStore(client)
     running_job(client, "orphan")
@@ -101,7 +94,7 @@ def test_one_pass_requeues_orphans_only_and_drops_running_entries_without_a_job(
     assert Lease(client, alive.id, seconds=30, owner="w1").acquire()
     client.sadd(RUNNING_SET, "ghost")  # its record gone (expired, deleted by hand)
     assert reap_once(store) == ["orphan"]
-    assert sent == ["orphan"]
+    assert sent == [("orphan", "cpu")]
     assert client.smembers(RUNNING_SET) == {"alive"}
     assert client.hget(job_key("orphan"), "status") == "queued"
     assert client.hget(job_key("alive"), "status") == "running"

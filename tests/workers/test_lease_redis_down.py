@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,34 +17,27 @@ from tests.workers.renewals import record_renewals
 from workers.lease import Lease, LeaseFence, LeaseLost
 
 
-@pytest.fixture
-def own(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, to be stopped under the lease."""
-    server = RedisServer(tmp_path)
-    yield server
-    server.stop()
-
-
-def renewing_then_down(own: RedisServer, seconds: float) -> tuple[Lease, list[float]]:
-    """A lease held and renewed on `own`, which is then stopped; and its renewals' start times
-    (`record_renewals`). The caller stops the heartbeat."""
-    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
+def renewing_then_down(
+    server: RedisServer, client: redis.Redis, seconds: float
+) -> tuple[Lease, list[float]]:
+    """A lease held and renewed through `client` on `server`, which is then stopped; and its
+    renewals' start times (`record_renewals`). The caller stops the heartbeat."""
     lease = Lease(client, "j1", seconds=seconds, owner="w1")
     assert lease.acquire()
     renewals = record_renewals(lease)
     lease.start_heartbeat()
-    own.stop()
+    server.stop()
     return lease, renewals
 
 
 def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
-    own: RedisServer,
+    server: RedisServer, client: redis.Redis
 ) -> None:
     """Refused renewals fail in a moment, so between them no renewal is waiting for a reply:
     only the first failure's time (`_failing_since`) says that Redis is why none succeeded.
     They are retried with a backoff of up to a renewal interval (1/6 s here), not in a loop
     that would spin a core against a server that is down."""
-    lease, renewals = renewing_then_down(own, seconds=1)
+    lease, renewals = renewing_then_down(server, client, seconds=1)
     try:
         time.sleep(0.5)
         lease.check()  # half a lifetime without a renewal: still held
@@ -61,12 +52,12 @@ def test_renewals_refused_by_a_redis_that_is_down_lose_the_lease_as_unreachable(
 
 
 def test_failed_renewals_are_retried_within_moments_and_never_a_second_apart(
-    own: RedisServer,
+    server: RedisServer, client: redis.Redis
 ) -> None:
     """The lease's stall promise (five sixths of it less a second) holds because a failed
     renewal is retried with a backoff that starts at 0.05 s and is capped at a second, not a
     renewal interval later (2 s for this 12 s lease; 5 s for the default 30 s)."""
-    lease, renewals = renewing_then_down(own, seconds=12)
+    lease, renewals = renewing_then_down(server, client, seconds=12)
     try:
         time.sleep(2.0 + 5.0)  # the first renewal, due at 2 s, fails; then 5 s of retries
     finally:
@@ -78,17 +69,16 @@ def test_failed_renewals_are_retried_within_moments_and_never_a_second_apart(
 
 
 def test_the_fence_holds_its_lease_until_it_expires_while_redis_is_down(
-    own: RedisServer,
+    server: RedisServer, client: redis.Redis
 ) -> None:
     """The job process's fence reads the lease every lifetime / 6: reads that fail while the
     lease is known to last do not lose it; past its expiry they do, blamed on Redis."""
-    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
     client.set(lease_key("j2"), "w1:abc", px=2000)
     fence = LeaseFence(client, "j2", "w1:abc", seconds=2)
     assert fence.check()
     fence.start()
     try:
-        own.stop()
+        server.stop()
         time.sleep(1.0)  # three failed reads, the lease known to last 1 s more
         assert not fence.lost.is_set(), fence.reason
         assert fence.lost.wait(1.6)  # the first read past its expiry, a third of a second on
@@ -99,16 +89,15 @@ def test_the_fence_holds_its_lease_until_it_expires_while_redis_is_down(
 
 
 def test_the_checkpoint_gate_waits_out_a_known_lease_then_refuses_blaming_redis(
-    own: RedisServer,
+    server: RedisServer, client: redis.Redis
 ) -> None:
     """A checkpoint is due with less than the margin of the lease known and Redis down: the gate
     neither writes (the lease might pass mid-write) nor gives up while the lease may still be
     renewed; it retries until the lease it knew of has run out, then refuses, blamed on Redis."""
-    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
     client.set(lease_key("j3"), "w1:abc", px=2000)
     fence = LeaseFence(client, "j3", "w1:abc", seconds=2)  # a checkpoint needs 1 s left
     assert fence.check()
-    own.stop()
+    server.stop()
     time.sleep(1.2)
     left = fence.held_for
     assert 0.3 < left < 1.0, left
@@ -122,15 +111,14 @@ def test_the_checkpoint_gate_waits_out_a_known_lease_then_refuses_blaming_redis(
 
 
 def test_releasing_while_redis_is_down_leaves_the_lease_to_expire(
-    own: RedisServer, caplog: pytest.LogCaptureFixture
+    server: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The job is over (handed back or finished) when the lease is released: a release that
     Redis refuses must not turn that outcome into an error; the key expires by itself."""
-    client = redis.Redis.from_url(own.url(), socket_timeout=0.3, decode_responses=True)
     lease = Lease(client, "j4", seconds=1, owner="w1")
     assert lease.acquire()
     lease.start_heartbeat()
-    own.stop()
+    server.stop()
     with caplog.at_level("WARNING", logger="workers.lease"):
         lease.release()
     assert lease._thread is not None and not lease._thread.is_alive()

@@ -59,9 +59,10 @@ class DispatchTiming:
 
 
 def reap_once(
-    store: JobStore, max_worker_losses: int = 0, dispatch_grace: float = DEFAULT_GRACE_SECONDS
+    store: JobStore, max_worker_losses: int, dispatch_grace: float = DEFAULT_GRACE_SECONDS
 ) -> list[str]:
-    """Requeue every orphaned running job; returns the ids sent again. A requeued job is in the
+    """Requeue every orphaned running job, or fail it past `max_worker_losses` (0: no limit; the
+    server's setting, so no default here); returns the ids sent again. A requeued job is in the
     outbox, so if this reaper dies before sending, a dispatcher sends it `dispatch_grace` later."""
     sent: list[str] = []
     for job_id in store.running_job_ids():

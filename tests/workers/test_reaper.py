@@ -93,8 +93,30 @@ def test_one_pass_requeues_orphans_only_and_drops_running_entries_without_a_job(
     alive = running_job(client, "alive")
     assert Lease(client, alive.id, seconds=30, owner="w1").acquire()
     client.sadd(RUNNING_SET, "ghost")  # its record gone (expired, deleted by hand)
-    assert reap_once(store) == ["orphan"]
+    assert reap_once(store, max_worker_losses=0) == ["orphan"]
     assert sent == [("orphan", "cpu")]
     assert client.smembers(RUNNING_SET) == {"alive"}
     assert client.hget(job_key("orphan"), "status") == "queued"
     assert client.hget(job_key("alive"), "status") == "running"
+
+
+def test_one_pass_fails_a_job_past_max_worker_losses_and_0_sets_no_limit(
+    client: redis.Redis, sent: list[tuple[str, str]]
+) -> None:
+    """The reaper passes the server's `max_worker_losses` on: with 1, the second worker that dies
+    on a job fails it (and sends no task); with 0, a job is requeued however often it is lost."""
+    store = JobStore(client)
+    for _ in range(3):
+        running_job(client, "unlimited")
+        assert reap_once(store, max_worker_losses=0) == ["unlimited"]
+    assert client.hget(job_key("unlimited"), "status") == "queued"
+    running_job(client, "limited")
+    assert reap_once(store, max_worker_losses=1) == ["limited"]
+    running_job(client, "limited")
+    assert reap_once(store, max_worker_losses=1) == []
+    assert client.hget(job_key("limited"), "status") == "failed"
+    assert client.hget(job_key("limited"), "error_message") == (
+        "the job's worker died 2 times while running it (killed, out of memory, or lost its "
+        "machine); not retried again"
+    )
+    assert sent == [("unlimited", "cpu")] * 3 + [("limited", "cpu")]

@@ -101,7 +101,7 @@ def test_one_pass_requeues_orphans_only_and_drops_running_entries_without_a_job(
 
 
 def test_one_pass_fails_a_job_past_max_worker_losses_and_0_sets_no_limit(
-    client: redis.Redis, sent: list[tuple[str, str]]
+    client: redis.Redis, sent: list[tuple[str, str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The reaper passes the server's `max_worker_losses` on: with 1, the second worker that dies
     on a job fails it (and sends no task); with 0, a job is requeued however often it is lost."""
@@ -113,7 +113,12 @@ def test_one_pass_fails_a_job_past_max_worker_losses_and_0_sets_no_limit(
     running_job(client, "limited")
     assert reap_once(store, max_worker_losses=1) == ["limited"]
     running_job(client, "limited")
-    assert reap_once(store, max_worker_losses=1) == []
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="workers.reaper"):
+        assert reap_once(store, max_worker_losses=1) == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", "job limited lost its worker too often; marked failed")
+    ]
     assert client.hget(job_key("limited"), "status") == "failed"
     assert client.hget(job_key("limited"), "error_message") == (
         "the job's worker died 2 times while running it (killed, out of memory, or lost its "

@@ -106,10 +106,15 @@ def test_dispatch_timing_from_the_settings() -> None:
     assert DispatchTiming.from_settings(short).recheck == 30.0
 
 
+@pytest.mark.parametrize("ago", [100.0, 30.0], ids=["past-the-grace", "a-whole-grace"])
 def test_a_task_whose_taker_died_before_claiming_goes_back_to_the_head_of_its_queue(
-    server: RedisServer, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    server: RedisServer,
+    client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    ago: float,
 ) -> None:
-    """Taken 100 s ago, past the 30 s claim grace, and the job still queued: the worker died
+    """Taken a whole 30 s claim grace ago or longer, and the job still queued: the worker died
     with it. kombu would redeliver it only after its visibility timeout (an hour): the
     dispatcher puts the very message back (kombu's own restore, on this Redis), first in line,
     and looks again a grace later."""
@@ -118,9 +123,14 @@ def test_a_task_whose_taker_died_before_claiming_goes_back_to_the_head_of_its_qu
     _queued(client, "j3")
     client.rpush("cpu", json.dumps({"body": "", "headers": {"id": "other"}, "properties": {}}))
     client.zadd(OUTBOX, {"j3": 100.0})
-    _taken(client, "j3", "tag-3", at=900.0)
+    _taken(client, "j3", "tag-3", at=1000.0 - ago)
     timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
-    assert dispatch_once(store, timing, now=1000.0) == ["j3"]
+    with caplog.at_level("WARNING", logger="workers.reaper"):
+        assert dispatch_once(store, timing, now=1000.0) == ["j3"]
+    assert caplog.messages == [
+        f"job j3: its task was taken {ago:.0f}s ago by a worker that never claimed the job; put "
+        "back in queue cpu"
+    ]
     assert not client.hexists(RedisChannel.unacked_key, "tag-3")
     # kombu's consumers BRPOP: the right end of the list is the head of the queue.
     assert [json.loads(raw)["headers"]["id"] for raw in client.lrange("cpu", 0, -1)] == [
@@ -136,11 +146,12 @@ def test_a_task_seen_nowhere_is_sent_only_if_a_second_look_still_finds_it_nowher
     """A consumer's BRPOP and its `unacked` write are two commands: a task between them is
     seen nowhere. So the dispatcher looks once more half a second later, and sends only the
     tasks still nowhere whose job is still queued. Here, in that half second, one task is
-    taken, one job claimed and one task shows up in its queue; only the fourth is sent."""
+    taken, one job claimed and one task shows up in its queue; only the fourth is sent (last
+    in the outbox's order, so each of the others is passed over, not the end of the look)."""
     store = JobStore(client)
-    for job_id in ("taken", "claimed", "waiting", "lost"):
+    for due, job_id in enumerate(("taken", "claimed", "waiting", "lost")):
         _queued(client, job_id)
-        client.zadd(OUTBOX, {job_id: 0.0})
+        client.zadd(OUTBOX, {job_id: float(due)})
     taken_at = time.time()
 
     def meanwhile() -> None:

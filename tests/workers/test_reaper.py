@@ -20,7 +20,7 @@ from tests.integration.stack import RedisServer
 from tests.store.conftest import stall
 from tests.workers.test_publisher import running_job
 from workers.lease import Lease
-from workers.reaper import reap_once, start_reaper
+from workers.reaper import DispatchTiming, reap_once, start_reaper
 
 HOLD = 1.5
 TICK = 0.5  # the reap interval: longer than the 0.3 s timeout of a failing ping
@@ -125,3 +125,33 @@ def test_one_pass_fails_a_job_past_max_worker_losses_and_0_sets_no_limit(
         "machine); not retried again"
     )
     assert sent == [("unlimited", "cpu")] * 3 + [("limited", "cpu")]
+
+
+def test_the_reaper_passes_every_interval_whatever_the_dispatchers_tick(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads every running job, so the dispatcher's short tick (0.1 s here) must not make
+    the reaper pass more often than its interval (1 s): the first pass is an interval after the
+    start, the next an interval after that. The outbox adoption, though, is done at once."""
+    store = JobStore(client)
+    started = time.monotonic()
+    passes: list[float] = []
+    adoptions: list[float] = []
+
+    def reap_once_timed(*args: object, **kwargs: object) -> list[str]:
+        passes.append(time.monotonic() - started)
+        return []
+
+    def adopt_timed() -> int:
+        adoptions.append(time.monotonic() - started)
+        return 0
+
+    monkeypatch.setattr("workers.reaper.reap_once", reap_once_timed)
+    monkeypatch.setattr(store.outbox, "adopt_queued", adopt_timed)
+    timing = DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0)
+    stop = start_reaper(store, interval=1.0, timing=timing)
+    time.sleep(2.5)
+    stop.set()
+    assert len(passes) == 2, passes
+    assert passes[0] >= 1.0 and passes[1] - passes[0] >= 1.0, passes
+    assert len(adoptions) == 1 and adoptions[0] < timing.interval, adoptions

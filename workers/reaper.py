@@ -149,14 +149,16 @@ def _send_missing(
 
 def start_reaper(
     store: JobStore,
+    *,
     interval: float,
-    max_worker_losses: int = 0,
+    max_worker_losses: int,
+    outage_hold: float,
     timing: DispatchTiming | None = None,
-    outage_hold: float = 0.0,
 ) -> threading.Event:
     """Runs `reap_once` every `interval` seconds in a daemon thread, and with `timing`
     `dispatch_once` every `timing.interval` (after adopting queued jobs that predate the
-    outbox); set the event to stop.
+    outbox); set the event to stop. The policy comes from the server's settings
+    (`workers.tasks`), so none of it has a default here.
 
     After this reaper could not reach Redis, it waits `outage_hold` seconds (a lease period)
     before reaping again: every lease expired during the outage, but their holders are alive

@@ -64,7 +64,13 @@ def test_the_dispatcher_ticks_on_its_own_interval_not_the_reapers(client: redis.
     store = JobStore(client)
     _queued(client, "done", status="succeeded")
     client.zadd(OUTBOX, {"done": 0.0})
-    stop = start_reaper(store, 60.0, timing=DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0))
+    stop = start_reaper(
+        store,
+        interval=60.0,
+        max_worker_losses=0,
+        outage_hold=0.0,
+        timing=DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0),
+    )
     try:
         deadline = time.monotonic() + 3.0
         while client.zscore(OUTBOX, "done") is not None and time.monotonic() < deadline:
@@ -184,7 +190,13 @@ def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
     _queued(client, "old")
     client.sadd(tenant_active_key("t"), "old")
     sleeper = stall(server, 1.0) if stalled_at_start else None
-    stop = start_reaper(store, 60.0, timing=DispatchTiming(grace=5.0, claim_grace=1.0, recheck=1.0))
+    stop = start_reaper(
+        store,
+        interval=60.0,
+        max_worker_losses=0,
+        outage_hold=0.0,
+        timing=DispatchTiming(grace=5.0, claim_grace=1.0, recheck=1.0),
+    )
     try:
         if sleeper is not None:
             sleeper.join()

@@ -53,7 +53,7 @@ def test_after_redis_was_away_the_reaper_holds_off_for_a_lease_period(
 ) -> None:
     client = redis.Redis.from_url(server.url(), socket_timeout=timeout, decode_responses=True)
     store = JobStore(client)
-    stop = start_reaper(store, interval=TICK, outage_hold=HOLD)
+    stop = start_reaper(store, interval=TICK, max_worker_losses=0, outage_hold=HOLD)
     try:
         stall(server, 1.5).join()  # a ping starts at most a tick into it
         running_job(client, "orphan")  # running, and nobody holds its lease
@@ -73,7 +73,7 @@ def test_without_an_outage_an_orphan_is_reaped_at_the_next_tick(
 ) -> None:
     """The hold is for outages only: a worker that died is replaced within an interval."""
     store = JobStore(client)
-    stop = start_reaper(store, interval=TICK, outage_hold=HOLD)
+    stop = start_reaper(store, interval=TICK, max_worker_losses=0, outage_hold=HOLD)
     try:
         time.sleep(TICK + 0.1)
         running_job(client, "orphan")
@@ -149,7 +149,7 @@ def test_the_reaper_passes_every_interval_whatever_the_dispatchers_tick(
     monkeypatch.setattr("workers.reaper.reap_once", reap_once_timed)
     monkeypatch.setattr(store.outbox, "adopt_queued", adopt_timed)
     timing = DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0)
-    stop = start_reaper(store, interval=1.0, timing=timing)
+    stop = start_reaper(store, interval=1.0, max_worker_losses=0, outage_hold=0.0, timing=timing)
     time.sleep(2.5)
     stop.set()
     assert len(passes) == 2, passes

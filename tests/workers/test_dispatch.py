@@ -58,6 +58,25 @@ def test_a_task_taken_within_the_claim_grace_is_left_to_its_taker(client: redis.
     assert client.llen("cpu") == 0
 
 
+def test_a_task_waiting_in_its_queue_is_left_there_and_the_next_job_still_looked_at(
+    client: redis.Redis, sent: list[tuple[str, str]]
+) -> None:
+    """A task in its queue is on its way to a worker: nothing to do but look again after
+    `recheck` (the hold `take_due` put on the entry). A job due after it is still looked at."""
+    store = JobStore(client)
+    for due, job_id in enumerate(("waiting", "lost")):
+        _queued(client, job_id)
+        client.zadd(OUTBOX, {job_id: float(due)})
+    client.lpush("cpu", json.dumps({"body": "", "headers": {"id": "waiting"}, "properties": {}}))
+    timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
+    before = time.time()
+    assert dispatch_once(store, timing) == ["lost"]
+    assert sent == [("lost", "cpu")]
+    score = client.zscore(OUTBOX, "waiting")
+    assert score is not None and before + 60.0 <= score <= time.time() + 60.0
+    assert client.llen("cpu") == 1  # the waiting task, untouched
+
+
 def test_the_dispatcher_ticks_on_its_own_interval_not_the_reapers(client: redis.Redis) -> None:
     """With a reaper interval of a minute, the dispatcher still looks every `timing.interval`
     (0.1 s here): a due entry of a job that is no longer queued is gone within a second."""

@@ -1,0 +1,30 @@
+"""A rank process that does not train: `play` stands in for `workers.job_ranks.rank_main` in
+tests/workers/test_ranks_watch.py, so the watch is tried on real processes and pipes in seconds.
+What each rank does is read from the job's `config_json` (rank -> act)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+ERROR = (
+    "invalid_input",
+    "ValueError: rank {rank} has bad data",
+    "Traceback (most recent call last): ...",
+)
+
+
+def play(job: Any, rank: int, parent: int, conn: Connection) -> None:
+    act = json.loads(job.config_json)[str(rank)]
+    if act == "error":  # what rank_main does on an error: say it, leave with status 1
+        code, message, text = ERROR
+        conn.send((code, message.format(rank=rank), text))
+        os._exit(1)
+    if act == "crash":  # dies without a word (the interpreter, a C extension)
+        os._exit(3)
+    if act == "train":  # a long step, or a wait in a collective: it leaves only when killed
+        time.sleep(120)
+    # "finish": trained its share; its pipe closes without a word and it exits 0

@@ -1,0 +1,145 @@
+"""The watch over a multi-device job's ranks (`workers.job_ranks.Ranks`) on real processes and
+pipes, each rank a stand-in that errs, crashes, finishes or trains on
+(`tests.workers.rank_stand_ins`): a rank's error or death fails the job once, naming the rank,
+and takes the other ranks down; ranks that finish fail nothing; once rank 0 is leaving, a rank's
+exit is its doing. The same paths with real training: tests/integration/test_multi_device.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.workers.rank_stand_ins import play
+from workers import job_ranks
+from workers.job_ranks import Failure, RankJob, Ranks
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Ranks, list[Failure]]]]:
+    """`start(*acts)`: ranks 1.. of a job doing those acts, watched; killed after the test."""
+    monkeypatch.setattr(job_ranks, "rank_main", play)
+    made: list[tuple[Ranks, list[Failure]]] = []
+    yield made
+    for ranks, _ in made:
+        ranks.kill()
+
+
+def start(made: list[tuple[Ranks, list[Failure]]], *acts: str) -> tuple[Ranks, list[Failure]]:
+    plan = json.dumps({str(rank): act for rank, act in enumerate(acts, start=1)})
+    job = RankJob(
+        "j1", plan, "/nonexistent", False, (), {}, None, len(acts) + 1, 1, False, 1, "INFO"
+    )
+    failures: list[Failure] = []
+    ranks = Ranks(job, on_failure=failures.append)
+    ranks.start()
+    made.append((ranks, failures))
+    return ranks, failures
+
+
+def exits(ranks: Ranks) -> list[int | None]:
+    return [proc.exitcode for proc in ranks.procs]
+
+
+def test_a_ranks_error_fails_the_job_once_naming_the_rank_and_stops_the_others(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    ranks, failures = start(started, "train", "error")
+    assert ranks.failed.wait(30)
+    ranks._watcher.join(10)
+    assert failures == [
+        (
+            "invalid_input",
+            "rank 2 of 3: ValueError: rank 2 has bad data",
+            "Traceback (most recent call last): ...",
+        )
+    ]  # once: the erring rank's exit (status 1) after it is not a second failure
+    assert exits(ranks)[0] == -signal.SIGKILL
+    assert exits(ranks)[1] in (1, -signal.SIGKILL)  # its own exit, or the kill that beat it
+
+
+def test_a_rank_that_dies_without_a_word_fails_the_job_with_how_it_died(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    ranks, failures = start(started, "crash", "train")
+    assert ranks.failed.wait(30)
+    ranks._watcher.join(10)
+    assert failures == [
+        (
+            "training_error",
+            "rank 1 of 3 exited with code 3 without a result; the job's other ranks were stopped",
+            "",
+        )
+    ]
+    assert exits(ranks) == [3, -signal.SIGKILL]
+
+
+def test_ranks_that_finish_fail_nothing_and_the_watch_ends(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    ranks, failures = start(started, "finish", "finish")
+    ranks._watcher.join(30)
+    assert not ranks._watcher.is_alive()
+    assert (failures, ranks.failed.is_set(), exits(ranks)) == ([], False, [0, 0])
+    assert ranks.close(failing=False) is True
+
+
+def test_once_rank_0_is_leaving_a_ranks_death_is_its_doing(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    """Rank 0 closes the watch before it stops the others itself: their deaths then fail
+    nothing, and kill nothing more."""
+    ranks, failures = start(started, "train", "train")
+    assert ranks.close(failing=False) is True
+    ranks.procs[0].kill()
+    ranks.procs[0].join(10)
+    time.sleep(1.0)  # the watch has seen the death by now
+    assert (failures, ranks.failed.is_set()) == ([], False)
+    assert exits(ranks) == [-signal.SIGKILL, None]  # rank 2 is rank 0's to stop
+
+
+def test_rank_0_leaving_with_an_error_waits_for_the_watch_to_name_a_dead_rank(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    """Rank 0's error is the echo of rank 1's death, which the watch sees a moment later: the
+    job's error is the death's, and rank 0 does not wait out the whole grace for it."""
+    ranks, failures = start(started, "train", "train")
+    time.sleep(1.0)
+    killer = threading.Timer(0.3, os.kill, (ranks.procs[0].pid, signal.SIGKILL))
+    asked = time.monotonic()
+    killer.start()
+    assert ranks.close(failing=True) is False
+    assert time.monotonic() - asked < job_ranks.PEER_GRACE_S
+    ranks._watcher.join(10)  # on_failure comes after the watch killed the others
+    assert [message for _, message, _ in failures] == [
+        "rank 1 of 3 was killed by SIGKILL (the kernel's OOM killer sends SIGKILL when memory "
+        "runs out); the job's other ranks were stopped"
+    ]
+
+
+def test_rank_0_leaving_with_an_error_of_its_own_waits_the_grace_then_leaves(
+    started: list[tuple[Ranks, list[Failure]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(job_ranks, "PEER_GRACE_S", 0.5)
+    ranks, failures = start(started, "train", "train")
+    asked = time.monotonic()
+    assert ranks.close(failing=True) is True
+    assert time.monotonic() - asked >= 0.5
+    assert failures == []
+
+
+def test_joining_gives_leaving_ranks_the_time_and_kills_the_rest(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    ranks, failures = start(started, "finish", "train")
+    ranks.close(failing=False)
+    asked = time.monotonic()
+    ranks.join(2.0)
+    assert 2.0 <= time.monotonic() - asked < 15
+    assert exits(ranks) == [0, -signal.SIGKILL]
+    assert failures == []

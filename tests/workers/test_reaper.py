@@ -155,3 +155,30 @@ def test_the_reaper_passes_every_interval_whatever_the_dispatchers_tick(
     assert len(passes) == 2, passes
     assert passes[0] >= 1.0 and passes[1] - passes[0] >= 1.0, passes
     assert len(adoptions) == 1 and adoptions[0] < timing.interval, adoptions
+
+
+def test_a_bug_in_one_tick_is_logged_with_its_traceback_and_the_loop_goes_on(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a Redis error: a bug (here the dispatcher's first pass raising). The thread must not
+    die of it, or no orphan would ever be requeued on this worker again."""
+    calls: list[float] = []
+
+    def dispatch_once_buggy(*args: object, **kwargs: object) -> list[str]:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise ValueError("a bug")
+        return []
+
+    monkeypatch.setattr("workers.reaper.dispatch_once", dispatch_once_buggy)
+    timing = DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0)
+    with caplog.at_level("WARNING", logger="workers.reaper"):
+        stop = start_reaper(
+            JobStore(client), interval=60.0, max_worker_losses=0, outage_hold=0.0, timing=timing
+        )
+        time.sleep(0.5)
+        stop.set()
+    assert len(calls) >= 2, calls
+    (record,) = [r for r in caplog.records if r.getMessage() == "dispatcher failed; retrying"]
+    assert record.levelname == "ERROR"
+    assert record.exc_info is not None and record.exc_info[0] is ValueError

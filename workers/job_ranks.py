@@ -83,6 +83,7 @@ class Ranks:
         self.procs: list[BaseProcess] = []
         self.pipes: dict[Connection, int] = {}  # our end of each rank's error pipe -> rank
         self._lock = threading.Lock()
+        self._reaping = threading.Lock()
         self._closing = False
         self.failed = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="pdppo ranks", daemon=True)
@@ -125,11 +126,10 @@ class Ranks:
                 return None  # closed without a word: its exit says how it ended
             return code, f"rank {rank} of {self.job.size}: {message}", text
         rank = sentinels[ready]
-        proc = self.procs[rank - 1]
-        proc.join()
-        if proc.exitcode == 0:
+        code = self._exit_code(self.procs[rank - 1], None)
+        if code == 0:
             return None  # past the final barrier
-        _, message = describe_exit(proc.exitcode, oom_killed=False)
+        _, message = describe_exit(code, oom_killed=False)
         message = message.replace("the job's process", f"rank {rank} of {self.job.size}")
         return "training_error", f"{message}; the job's other ranks were stopped", ""
 
@@ -144,11 +144,21 @@ class Ranks:
 
     def kill(self) -> None:
         for proc in self.procs:
-            if proc.exitcode is None:
+            if self._exit_code(proc, 0) is None:
                 with contextlib.suppress(OSError):
                     proc.kill()
         for proc in self.procs:
-            proc.join(10)
+            self._exit_code(proc, 10)
+
+    def _exit_code(self, proc: BaseProcess, timeout: float | None) -> int | None:
+        """The rank's exit code once it has ended, None while it runs after `timeout`. The watch
+        and rank 0 both wait for ranks: one reaps at a time, since of two waitpid calls on one
+        process CPython's Popen.poll gives the second no code at all (as if still running)."""
+        if not wait([proc.sentinel], timeout):
+            return None
+        with self._reaping:
+            proc.join()  # the process has exited (its sentinel closed): this waitpid is brief
+            return proc.exitcode
 
     def close(self, failing: bool) -> bool:
         """Stop watching: from now on a rank's exit is rank 0's doing. False when the watch
@@ -164,7 +174,7 @@ class Ranks:
     def join(self, timeout: float) -> None:
         """Wait for ranks that are leaving on their own; kill what is left."""
         for proc in self.procs:
-            proc.join(timeout)
+            self._exit_code(proc, timeout)
         self.kill()
 
 

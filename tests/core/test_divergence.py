@@ -68,12 +68,14 @@ def test_exact_change_matches_autograd(pos: Positions, kind: str) -> None:
     )
     scale = _scale(pos)
     # relative error <= 1e-4 where g is not tiny next to its own terms (where it is, fp32
-    # cancellation between them is the limit): absolute error against the terms' size elsewhere
+    # cancellation between them is the limit): absolute error against the terms' size elsewhere,
+    # 1e-5 of it (~80 float32 ulps: a 32k-term reduction in fp32 whose order depends on the CPU's
+    # vector width; 1.35e-6 measured on AMD EPYC, while a wrong term is off by the whole size)
     not_tiny = want.abs() > 1e-3 * scale
     assert not_tiny.float().mean() > 0.5
     rel = (got - want).abs() / want.abs()
     assert rel[not_tiny].max() <= 1e-4, f"max rel err {rel[not_tiny].max():.2e}"
-    assert ((got - want).abs() <= 1e-6 * scale + 1e-12).all()
+    assert ((got - want).abs() <= 1e-5 * scale + 1e-12).all()
 
 
 @pytest.mark.parametrize("kind", KINDS)

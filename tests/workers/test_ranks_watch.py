@@ -143,3 +143,28 @@ def test_joining_gives_leaving_ranks_the_time_and_kills_the_rest(
     assert 2.0 <= time.monotonic() - asked < 15
     assert exits(ranks) == [0, -signal.SIGKILL]
     assert failures == []
+
+
+def test_a_rank_the_watch_reaps_while_rank_0_kills_it_still_has_its_exit(
+    started: list[tuple[Ranks, list[Failure]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch and rank 0 both wait for a killed rank; with two waitpid calls on one process,
+    CPython's Popen.poll gives the loser no exit code (ECHILD reads as "still running"). Here the
+    watch reaps first and is slow to record it, as a busy machine makes it (a CI run saw
+    [0, None] in the test above): rank 0 must still read -SIGKILL."""
+    ranks, _ = start(started, "train")
+    time.sleep(1.0)
+    real_waitpid = os.waitpid
+
+    def waitpid(pid: int, flags: int) -> tuple[int, int]:
+        if threading.current_thread() is not ranks._watcher:
+            time.sleep(0.2)  # the watch gets there first
+        got = real_waitpid(pid, flags)
+        if threading.current_thread() is ranks._watcher and got[0] == pid:
+            time.sleep(1.0)  # ...and records it late
+        return got
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    ranks.close(failing=False)
+    ranks.kill()
+    assert exits(ranks) == [-signal.SIGKILL]

@@ -1,10 +1,12 @@
-"""The store tests' own redis-server and client fixtures (`tests.store.conftest`), and `sent`."""
+"""The store tests' own redis-server and client fixtures (`tests.store.conftest`), `held` (a
+running job whose lease this worker holds) and `sent`."""
 
 import pytest
 
 from tests.store.conftest import client, server
+from tests.workers.held import held
 
-__all__ = ["client", "sent", "server"]
+__all__ = ["client", "held", "sent", "server"]
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """A rank process that does not train: `play` stands in for `workers.job_ranks.rank_main` in
 tests/workers/test_ranks_watch.py, so the watch is tried on real processes and pipes in seconds.
-What each rank does is read from the job's `config_json` (rank -> act)."""
+What each rank does is read from the job's `config_json` (rank -> act); each says it is up by
+a file `rank<N>.up` in the job's `out_dir`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 ERROR = (
@@ -19,6 +21,7 @@ ERROR = (
 
 def play(job: Any, rank: int, parent: int, conn: Connection) -> None:
     act = json.loads(job.config_json)[str(rank)]
+    Path(job.out_dir, f"rank{rank}.up").touch()
     if act == "error":  # what rank_main does on an error: say it, leave with status 1
         code, message, text = ERROR
         conn.send((code, message.format(rank=rank), text))
@@ -27,4 +30,5 @@ def play(job: Any, rank: int, parent: int, conn: Connection) -> None:
         os._exit(3)
     if act == "train":  # a long step, or a wait in a collective: it leaves only when killed
         time.sleep(120)
-    # "finish": trained its share; its pipe closes without a word and it exits 0
+    # "finish": trains its share for a second; its pipe closes without a word and it exits 0
+    time.sleep(1.0)

@@ -96,6 +96,8 @@ def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:
     class Exited:
         def __init__(self, code: int) -> None:
             self.exitcode = code
+            self.sentinel, ended = os.pipe()  # ready, as an exited process's sentinel is
+            os.close(ended)
 
         def join(self, timeout: float | None = None) -> None:
             pass

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,18 +30,27 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Ranks, list[
     yield made
     for ranks, _ in made:
         ranks.kill()
+        shutil.rmtree(ranks.job.out_dir, ignore_errors=True)
 
 
 def start(made: list[tuple[Ranks, list[Failure]]], *acts: str) -> tuple[Ranks, list[Failure]]:
     plan = json.dumps({str(rank): act for rank, act in enumerate(acts, start=1)})
-    job = RankJob(
-        "j1", plan, "/nonexistent", False, (), {}, None, len(acts) + 1, 1, False, 1, "INFO"
-    )
+    out = tempfile.mkdtemp(prefix="pdppo-ranks-")
+    job = RankJob("j1", plan, out, False, (), {}, None, len(acts) + 1, 1, False, 1, "INFO")
     failures: list[Failure] = []
     ranks = Ranks(job, on_failure=failures.append)
     ranks.start()
     made.append((ranks, failures))
     return ranks, failures
+
+
+def wait_up(ranks: Ranks) -> None:
+    """Until every rank runs its act (a spawned interpreter takes seconds on a busy machine)."""
+    deadline = time.monotonic() + 60
+    up = [os.path.join(ranks.job.out_dir, f"rank{rank}.up") for rank in range(1, ranks.job.size)]
+    while not all(os.path.exists(path) for path in up):
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
 
 
 def exits(ranks: Ranks) -> list[int | None]:
@@ -109,7 +120,7 @@ def test_rank_0_leaving_with_an_error_waits_for_the_watch_to_name_a_dead_rank(
     """Rank 0's error is the echo of rank 1's death, which the watch sees a moment later: the
     job's error is the death's, and rank 0 does not wait out the whole grace for it."""
     ranks, failures = start(started, "train", "train")
-    time.sleep(1.0)
+    wait_up(ranks)
     killer = threading.Timer(0.3, os.kill, (ranks.procs[0].pid, signal.SIGKILL))
     asked = time.monotonic()
     killer.start()
@@ -137,6 +148,7 @@ def test_joining_gives_leaving_ranks_the_time_and_kills_the_rest(
     started: list[tuple[Ranks, list[Failure]]],
 ) -> None:
     ranks, failures = start(started, "finish", "train")
+    wait_up(ranks)  # rank 1 leaves a second from now: join waits for it
     ranks.close(failing=False)
     asked = time.monotonic()
     ranks.join(2.0)
@@ -153,7 +165,7 @@ def test_a_rank_the_watch_reaps_while_rank_0_kills_it_still_has_its_exit(
     watch reaps first and is slow to record it, as a busy machine makes it (a CI run saw
     [0, None] in the test above): rank 0 must still read -SIGKILL."""
     ranks, _ = start(started, "train")
-    time.sleep(1.0)
+    wait_up(ranks)
     real_waitpid = os.waitpid
 
     def waitpid(pid: int, flags: int) -> tuple[int, int]:

@@ -9,65 +9,17 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import redis
 
-from pdppo.settings import Settings
-from pdppo.store import JobRecord, JobStore, StoreRetry, job_key, now_iso
+from pdppo.store import JobStore, StoreRetry, job_key, now_iso
 from tests.integration.stack import RedisServer
-from tests.workers.test_publisher import running_job, stream
+from tests.workers.held import RETRY, Held
 from workers import runner
-from workers.lease import Lease, LeaseLost
+from workers.lease import LeaseLost
 from workers.runner import PAUSE_REASON, SHUTDOWN_REASON, _Outcome, _Watch
-
-SETTINGS = Settings(job_timeout_minutes=1.5, store_outage_seconds=45)
-RETRY = StoreRetry(2.0)
-
-
-@dataclass
-class Held:
-    """A running job whose lease this worker holds, at step 2."""
-
-    client: redis.Redis
-    job: JobRecord
-    lease: Lease
-    store: JobStore = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.store = JobStore(self.client)
-
-    def conclude(
-        self,
-        result: dict[str, Any] | None = None,
-        reason: str | None = None,
-        *,
-        killed: bool = False,
-        exitcode: int | None = 0,
-        oom: bool = False,
-    ) -> _Outcome:
-        watch = _Watch()
-        watch.result, watch.reason, watch.killed = result, reason, killed
-        return runner._conclude(
-            self.store, RETRY, self.job, self.lease, watch, exitcode, oom, SETTINGS
-        )
-
-    def field(self, name: str) -> str | None:
-        return cast(str | None, self.client.hget(job_key(self.job.id), name))
-
-    def logs(self) -> list[str]:
-        return [data["message"] for kind, data in stream(self.client, self.job.id) if kind == "log"]
-
-
-@pytest.fixture
-def held(client: redis.Redis) -> Held:
-    job = running_job(client, "j1")
-    client.hset(job_key("j1"), "step", 2)
-    lease = Lease(client, "j1", seconds=30, owner="w1")
-    assert lease.acquire()
-    return Held(client, job, lease)
 
 
 def test_a_success_is_recorded_with_its_final_model(held: Held) -> None:
@@ -247,6 +199,30 @@ def test_a_hand_back_whose_reply_was_lost_still_sends_the_task_once(
     monkeypatch.setattr(held.store, "requeue_if_orphaned", reply_lost)
     runner._hand_back(held.store, RETRY, held.job, held.lease, "worker shutting down")
     assert calls == ["requeued"]  # not sent again: the job was seen queued
+    assert sent == [("j1", "cpu")]
+
+
+def test_a_hand_back_whose_request_was_lost_is_sent_again(
+    held: Held, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed call never reached Redis: the job is still running, so the requeue is sent
+    again rather than taken for done (which would leave the job running with nobody at it)."""
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(runner, "enqueue", lambda job_id, queue: sent.append((job_id, queue)))
+    requeue = held.store.requeue_if_orphaned
+    calls: list[str] = []
+
+    def request_lost(*args: Any, **kwargs: Any) -> str:
+        if not calls:
+            calls.append("lost")
+            raise redis.ConnectionError("the request was lost")
+        calls.append(requeue(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(held.store, "requeue_if_orphaned", request_lost)
+    runner._hand_back(held.store, RETRY, held.job, held.lease, "worker shutting down")
+    assert calls == ["lost", "requeued"]
+    assert held.field("status") == "queued"
     assert sent == [("j1", "cpu")]
 
 

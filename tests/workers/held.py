@@ -1,0 +1,63 @@
+"""`held`: a running job whose lease this worker holds, for the tests of how the worker records
+a job's end (tests/workers/test_runner.py) and watches it run (tests/workers/test_supervise.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+import redis
+
+from pdppo.settings import Settings
+from pdppo.store import JobRecord, JobStore, StoreRetry, job_key
+from tests.workers.test_publisher import running_job, stream
+from workers import runner
+from workers.lease import Lease
+from workers.runner import _Outcome, _Watch
+
+SETTINGS = Settings(job_timeout_minutes=1.5, store_outage_seconds=45)
+RETRY = StoreRetry(2.0)
+
+
+@dataclass
+class Held:
+    """A running job whose lease this worker holds, at step 2."""
+
+    client: redis.Redis
+    job: JobRecord
+    lease: Lease
+    store: JobStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = JobStore(self.client)
+
+    def conclude(
+        self,
+        result: dict[str, Any] | None = None,
+        reason: str | None = None,
+        *,
+        killed: bool = False,
+        exitcode: int | None = 0,
+        oom: bool = False,
+    ) -> _Outcome:
+        watch = _Watch()
+        watch.result, watch.reason, watch.killed = result, reason, killed
+        return runner._conclude(
+            self.store, RETRY, self.job, self.lease, watch, exitcode, oom, SETTINGS
+        )
+
+    def field(self, name: str) -> str | None:
+        return cast(str | None, self.client.hget(job_key(self.job.id), name))
+
+    def logs(self) -> list[str]:
+        return [data["message"] for kind, data in stream(self.client, self.job.id) if kind == "log"]
+
+
+@pytest.fixture
+def held(client: redis.Redis) -> Held:
+    job = running_job(client, "j1")
+    client.hset(job_key("j1"), "step", 2)
+    lease = Lease(client, "j1", seconds=30, owner="w1")
+    assert lease.acquire()
+    return Held(client, job, lease)

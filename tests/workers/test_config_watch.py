@@ -1,7 +1,7 @@
 """The job process's view of its steering changes (`workers.config_watch`), on a real Redis:
 the newest change in memory without a wait, a change made while queued applied from the start,
-a stall survived by the poll thread. End to end (PATCH to metrics): tests/integration/
-test_steering.py."""
+a stall survived by the poll thread, the pace of its reads. End to end (PATCH to metrics):
+tests/integration/test_steering.py."""
 
 from __future__ import annotations
 
@@ -75,3 +75,26 @@ def test_reads_that_fail_in_a_stall_keep_the_last_change_and_polling_goes_on(
         assert watch.latest() == (2, {"learning_rate": 0.3})
     finally:
         watch.stop()
+
+
+class CountedReads:
+    """A stand-in for the one call the watch makes (`Steering.config`): no change, counted."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def config(self, job_id: str) -> tuple[int, dict[str, object]]:
+        self.reads += 1
+        return 0, {}
+
+
+def test_the_config_is_read_at_the_start_then_twice_a_second() -> None:
+    """A change reaches the trainer within half a second, for two reads of Redis a second per
+    job. In seconds, not in POLL_SECONDS: a bound in its terms follows it."""
+    steering = CountedReads()
+    watch = ConfigWatch(steering, "j4")  # type: ignore[arg-type]
+    watch.start()
+    assert steering.reads == 1
+    time.sleep(2.1)
+    watch.stop()
+    assert 4 <= steering.reads <= 5

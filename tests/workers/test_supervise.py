@@ -84,7 +84,7 @@ def test_a_claim_stalled_past_the_lease_leaves_the_job_alone(
     assert client.exists(lease_key("j2")) == 0
 
 
-def test_the_worker_has_one_redis_client(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_has_one_redis_client() -> None:
     """Jobs and the reaper share one client and its connection pool: a client per job would
     leave a pool of idle connections behind each one."""
     runner.redis_client.cache_clear()

@@ -44,6 +44,12 @@ def _taken(client: redis.Redis, job_id: str, tag: str, at: float) -> None:
     client.zadd(RedisChannel.unacked_index_key, {tag: at})
 
 
+def assert_due_in(client: redis.Redis, job_id: str, seconds: float, since: float) -> None:
+    """The job's outbox entry is due `seconds` after a dispatch that began at `since`."""
+    score = client.zscore(OUTBOX, job_id)
+    assert score is not None and since + seconds <= score <= time.time() + seconds, score
+
+
 def test_a_task_taken_within_the_claim_grace_is_left_to_its_taker(client: redis.Redis) -> None:
     """A worker that took the task a second ago is about to claim the job: putting the task back
     would deliver it twice. The job's next check moves to when that worker's grace runs out."""
@@ -72,8 +78,7 @@ def test_a_task_waiting_in_its_queue_is_left_there_and_the_next_job_still_looked
     before = time.time()
     assert dispatch_once(store, timing) == ["lost"]
     assert sent == [("lost", "cpu")]
-    score = client.zscore(OUTBOX, "waiting")
-    assert score is not None and before + 60.0 <= score <= time.time() + 60.0
+    assert_due_in(client, "waiting", 60.0, before)
     assert client.llen("cpu") == 1  # the waiting task, untouched
 
 
@@ -113,8 +118,7 @@ def test_a_task_sent_for_a_job_seen_nowhere_is_looked_at_again_a_grace_later(
     before = time.time()
     assert dispatch_once(store, timing) == ["j2"]
     assert sent == [("j2", "cpu")]
-    score = client.zscore(OUTBOX, "j2")
-    assert score is not None and before + 5.0 <= score <= time.time() + 5.0
+    assert_due_in(client, "j2", 5.0, before)
 
 
 def test_dispatch_timing_from_the_settings() -> None:

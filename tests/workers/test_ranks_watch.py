@@ -53,6 +53,14 @@ def wait_up(ranks: Ranks) -> None:
         time.sleep(0.05)
 
 
+def failing(made: list[tuple[Ranks, list[Failure]]], *acts: str) -> tuple[Ranks, list[Failure]]:
+    """`start`, then wait for the watch to fail the job and finish (on_failure comes last)."""
+    ranks, failures = start(made, *acts)
+    assert ranks.failed.wait(30)
+    ranks._watcher.join(10)
+    return ranks, failures
+
+
 def exits(ranks: Ranks) -> list[int | None]:
     return [proc.exitcode for proc in ranks.procs]
 
@@ -60,9 +68,7 @@ def exits(ranks: Ranks) -> list[int | None]:
 def test_a_ranks_error_fails_the_job_once_naming_the_rank_and_stops_the_others(
     started: list[tuple[Ranks, list[Failure]]],
 ) -> None:
-    ranks, failures = start(started, "train", "error")
-    assert ranks.failed.wait(30)
-    ranks._watcher.join(10)
+    ranks, failures = failing(started, "train", "error")
     assert failures == [
         (
             "invalid_input",
@@ -77,9 +83,7 @@ def test_a_ranks_error_fails_the_job_once_naming_the_rank_and_stops_the_others(
 def test_a_rank_that_dies_without_a_word_fails_the_job_with_how_it_died(
     started: list[tuple[Ranks, list[Failure]]],
 ) -> None:
-    ranks, failures = start(started, "crash", "train")
-    assert ranks.failed.wait(30)
-    ranks._watcher.join(10)
+    ranks, failures = failing(started, "crash", "train")
     assert failures == [
         (
             "training_error",

@@ -62,6 +62,14 @@ def test_a_job_whose_record_is_gone_is_left_alone(held: Held) -> None:
     assert held.field("status") == "running"
 
 
+def test_a_job_deleted_while_it_stopped_is_said_to_stop_at_step_0(held: Held) -> None:
+    """The record is gone (deleted by its tenant meanwhile): no step to name but the first."""
+    held.client.delete(job_key("j1"))
+    assert held.conclude({"outcome": "stopped", "step": 2}, "shutdown") == _Outcome(
+        "stopped at step 0 for a worker shutdown", SHUTDOWN_REASON
+    )
+
+
 @pytest.mark.parametrize(
     ("killed", "how"), [(False, "at step 2"), (True, "killed after the grace period")]
 )

@@ -176,3 +176,151 @@ def test_a_rank_killed_while_rank_0_is_in_a_collective_is_the_jobs_error(
     )  # fmt: skip
     assert proc.returncode == 3, (proc.stdout, proc.stderr[-3000:])
     assert proc.stdout.startswith("watch: rank 1 of 2 was killed by SIGKILL"), proc.stdout
+
+
+# A job process of 2 ranks training the tiny model through data_parallel, whose rank 0 either
+# finishes its steps or raises at step 2 ("raise"). Prints how the context ended, the seconds
+# from the end of training to the end of the context, and rank 1's exit code.
+DATA_PARALLEL = """
+import json, sys, time
+from pathlib import Path
+
+from core.callbacks import TrainerCallback
+from core.config import TrainConfig
+from core.distributed import free_port
+from core.trainer import train
+from workers import job_ranks
+
+config_json, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+made = []
+
+class Kept(job_ranks.Ranks):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        made.append(self)
+
+job_ranks.Ranks = Kept
+ended = []
+
+class RaiseAtStep2(TrainerCallback):
+    def on_step(self, step, metrics):
+        if mode == "raise" and step == 2:
+            ended.append(time.monotonic())
+            raise RuntimeError("rank 0's own error")
+
+def failed(failure):
+    print(json.dumps({"end": "watch", "message": failure[1]}), flush=True)
+    sys.exit(3)
+
+if __name__ == "__main__":
+    job = job_ranks.RankJob("j1", config_json, out, False, (), {}, None, 2, free_port(), False,
+                            1, "WARNING")
+    end = "finished"
+    try:
+        with job_ranks.data_parallel(job, failed) as world:
+            train(TrainConfig.model_validate_json(config_json), Path(out),
+                  callback=RaiseAtStep2(), world=world)
+            ended.append(time.monotonic())
+    except RuntimeError as exc:
+        end = str(exc)
+    [ranks] = made
+    print(json.dumps({"end": end, "seconds": time.monotonic() - ended[0],
+                      "exits": [proc.exitcode for proc in ranks.procs]}), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "want_end", "want_exits", "graces"),
+    [
+        # every rank meets at the final barrier and leaves on its own: no grace, no kill
+        ("finish", "finished", [0], 0),
+        # rank 0's own error: the watch gets PEER_GRACE_S to name another rank's death, then the
+        # other ranks (waiting in the next step's collective) are killed, not joined
+        ("raise", "rank 0's own error", [-signal.SIGKILL], 1),
+    ],
+    ids=["finish", "raise"],
+)
+def test_rank_0_leaving_data_parallel_ends_the_other_ranks_by_how_it_leaves(
+    tmp_path: Path, mode: str, want_end: str, want_exits: list[int], graces: int
+) -> None:
+    import json
+
+    from core.config import TrainConfig
+    from workers.job_ranks import PEER_GRACE_S
+
+    train = smoke_spec(steps=3, checkpoint_every=0)["train"]
+    config = TrainConfig.model_validate(train).model_dump_json()
+    script = tmp_path / "job.py"
+    script.write_text(DATA_PARALLEL)
+    proc = subprocess.run(
+        [sys.executable, str(script), config, str(tmp_path / "out"), mode],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    got = json.loads(proc.stdout)
+    assert (got["end"], got["exits"]) == (want_end, want_exits), proc.stderr[-3000:]
+    # a finished rank leaves in well under a second; a kill is as quick
+    assert graces * PEER_GRACE_S <= got["seconds"] < graces * PEER_GRACE_S + 3.0
+
+
+def _rank_main_whose_join_fails(job: RankJob, rank: int, parent: int, conn: Any) -> None:
+    """rank_main in a spawned child, its join_group replaced by one that raises what the rank
+    looks like as it would start training: its torch threads and whether SIGINT and SIGTERM are
+    ignored. os._exit raises SystemExit instead, so the child's coverage is still written (the
+    mutation run's baseline reads which tests reach these lines from it)."""
+    import signal as signals
+
+    import torch
+
+    from workers import job_ranks
+
+    def join_group(*_: Any) -> None:
+        ignored = [signals.getsignal(s) == signals.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]
+        raise RuntimeError(
+            f"threads {torch.get_num_threads()}, SIGINT and SIGTERM ignored: {ignored} "
+            + "x" * 5000
+        )
+
+    job_ranks.join_group = join_group  # type: ignore[assignment]
+    os._exit = sys.exit  # type: ignore[assignment]
+    job_ranks.rank_main(job, rank, parent, conn)
+
+
+def _start_rank(parent: int, torch_threads: int | None) -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=False)
+    job = RankJob("j1", "{}", "/nonexistent", False, (), {}, None, 2, 1, False, torch_threads,
+                  "INFO")  # fmt: skip
+    proc = ctx.Process(target=_rank_main_whose_join_fails, args=(job, 1, parent, theirs))
+    proc.start()
+    theirs.close()
+    return proc, ours
+
+
+def test_a_rank_that_fails_says_why_over_its_pipe_and_exits_1() -> None:
+    """What the watch reads of a rank's error: its code, its message cut to 2000 characters and
+    the last TRACEBACK_CHARS of its traceback; the rank exits 1. It fails with the job's torch
+    threads set and the stop signals ignored (the job process decides when its ranks stop)."""
+    from workers.job_ranks import TRACEBACK_CHARS
+
+    proc, ours = _start_rank(os.getpid(), torch_threads=7)
+    assert ours.poll(60), "the rank said nothing"
+    code, message, text = ours.recv()
+    proc.join(30)
+    assert proc.exitcode == 1
+    assert code == "training_error"
+    head = "RuntimeError: threads 7, SIGINT and SIGTERM ignored: [True, True] xxx"
+    assert message.startswith(head) and len(message) == 2000
+    assert len(text) == TRACEBACK_CHARS and text.endswith("x" * 100 + "\n")
+
+
+def test_a_rank_whose_job_process_is_gone_exits_1_without_a_word() -> None:
+    """A rank started by a job process that died before the rank armed its parent-death signal
+    would never get that signal: it leaves at once, and its exit (1, not 0: the watch reads 0 as
+    a rank past the final barrier) is not a finished rank's."""
+    proc, ours = _start_rank(os.getpid() + 100_000, torch_threads=None)
+    proc.join(60)
+    assert proc.exitcode == 1
+    with pytest.raises(EOFError):
+        ours.recv()  # closed without a word

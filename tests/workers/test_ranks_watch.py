@@ -7,6 +7,7 @@ exit is its doing. The same paths with real training: tests/integration/test_mul
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -66,9 +67,14 @@ def exits(ranks: Ranks) -> list[int | None]:
 
 
 def test_a_ranks_error_fails_the_job_once_naming_the_rank_and_stops_the_others(
-    started: list[tuple[Ranks, list[Failure]]],
+    started: list[tuple[Ranks, list[Failure]]], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger=job_ranks.__name__)
     ranks, failures = failing(started, "train", "error")
+    # the job process's log says which job and what the rank said, not its code or traceback
+    assert [r.getMessage() for r in caplog.records] == [
+        "job j1: rank 2 of 3: ValueError: rank 2 has bad data"
+    ]
     assert failures == [
         (
             "invalid_input",
@@ -184,3 +190,18 @@ def test_a_rank_the_watch_reaps_while_rank_0_kills_it_still_has_its_exit(
     ranks.close(failing=False)
     ranks.kill()
     assert exits(ranks) == [-signal.SIGKILL]
+
+
+def test_killing_running_ranks_does_not_wait_for_them_first(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    """kill() only looks whether a rank has ended (a wait of 0) before it sends SIGKILL: rank 0
+    leaving mid-run, or the watch failing the job, must not give each rank time to leave."""
+    ranks, failures = start(started, "train", "train")
+    wait_up(ranks)
+    ranks.close(failing=False)
+    asked = time.monotonic()
+    ranks.kill()
+    assert time.monotonic() - asked < 1.0
+    assert exits(ranks) == [-signal.SIGKILL, -signal.SIGKILL]
+    assert failures == []

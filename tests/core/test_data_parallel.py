@@ -30,7 +30,7 @@ from core.run import _Run
 from core.sharding import shard
 from core.trainer import build_optimizer, train
 from core.update import group_advantages, update_policy
-from tests.core.test_trainer import SpreadReward, read_metrics, small_config
+from tests.core.trainer_runs import SpreadReward, read_metrics, small_config
 from tests.integration.stack import children, pdppo_command, running, still_running
 
 GROUPS, GROUP_SIZE = 4, 4

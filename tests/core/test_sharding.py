@@ -32,7 +32,7 @@ from tests.core.test_data_parallel import (
     spec_file,
     step,
 )
-from tests.core.test_trainer import small_config
+from tests.core.trainer_runs import small_config
 from tests.integration.stack import REPO
 
 

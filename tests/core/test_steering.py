@@ -11,7 +11,7 @@ import pytest
 
 from core.steering import SteeringError, changed, check_change, leaves, merge_patch, steered
 from core.trainer import TrainerCallback, train
-from tests.core.test_trainer import read_metrics, small_config
+from tests.core.trainer_runs import read_metrics, small_config
 
 
 def test_merge_patch_follows_rfc_7396() -> None:

@@ -1,12 +1,11 @@
-"""The training loop on the built-in tiny model: it learns something, logs finite metrics, stops
-when asked, and a resumed run reproduces an uninterrupted one exactly (CPU, fixed seed)."""
+"""The training loop on the built-in tiny model: it learns something, logs finite metrics, and
+its knobs (masks, estimators, schedule, KL to the reference, accumulation, aggregation, LoRA,
+graders) do what they say (CPU, fixed seed). Stopping and resuming: test_trainer_resume.py."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +13,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from core.checkpoint import latest_checkpoint, list_checkpoints
 from core.config import OptimConfig, TrainConfig
 from core.loss import policy_loss
 from core.models import load_model
 from core.schedule import lr_at
-from core.tasks import Example, Grades, Task
 from core.trainer import TrainerCallback, group_advantages, train
+from tests.core.trainer_runs import (
+    TIMING,
+    Recorder,
+    SpreadReward,
+    ZeroReward,
+    read_metrics,
+    small_config,
+    strip_timing,
+)
 
-TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time"}
 REQUIRED = {
     "step",
     "reward_mean",
@@ -42,48 +47,6 @@ REQUIRED = {
     "grad_norm",
     *TIMING,
 }
-
-
-def small_config(**overrides: Any) -> TrainConfig:
-    data: dict[str, Any] = {
-        "model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32}},
-        "task": {"name": "reverse", "min_len": 2, "max_len": 3},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 4},
-        "algorithm": {"mask": "predictive", "top_k": 8, "minibatches": 2},
-        "optim": {"lr": 3e-3},
-        "steps": 4,
-        "checkpoint_every": 2,
-        "seed": 0,
-        "device": "cpu",
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            data[key] = {**data.get(key, {}), **value}
-        else:
-            data[key] = value
-    return TrainConfig.model_validate(data)
-
-
-def read_metrics(out: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-class Recorder(TrainerCallback):
-    def __init__(self, stop_after: int | None = None) -> None:
-        self.steps: list[int] = []
-        self.checkpoints: list[int] = []
-        self.stop_after = stop_after
-
-    def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        assert not self.checkpoints or self.checkpoints[-1] < step  # on_step before checkpoint
-        self.steps.append(step)
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        assert path.is_dir()
-        self.checkpoints.append(step)
-
-    def should_stop(self) -> bool:
-        return self.stop_after is not None and len(self.steps) >= self.stop_after
 
 
 @pytest.mark.usefixtures("spread_reward")
@@ -112,76 +75,6 @@ def test_short_run_changes_every_parameter_and_logs_finite_metrics(tmp_path: Pat
         assert 0.0 <= row["masked_fraction"] <= 1.0
 
 
-def _strip_timing(rows: list[dict[str, float]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [{}, {"rollout": {"staleness": 2}, "task": {"warmup_steps": 3}}],
-    ids=["on-policy", "stale+warmup"],
-)
-def test_stop_and_resume_reproduces_uninterrupted_run(
-    tmp_path: Path, extra: dict[str, Any]
-) -> None:
-    cfg = small_config(steps=6, checkpoint_every=4, **extra)
-    full = tmp_path / "full"
-    train(cfg, full)
-
-    part = tmp_path / "part"
-    rec = Recorder(stop_after=3)
-    stopped = train(cfg, part, callback=rec)
-    assert stopped.stopped and stopped.step == 3 and stopped.final_model is None
-    ckpt = latest_checkpoint(part)
-    assert ckpt is not None and ckpt.name == "step-000003"  # stop writes a checkpoint
-    resumed = train(cfg, part, resume=True)
-    assert resumed.step == 6 and not resumed.stopped
-
-    assert _strip_timing(read_metrics(part)) == _strip_timing(read_metrics(full))
-    a = load_file(str(full / "final" / "model.safetensors"))
-    b = load_file(str(part / "final" / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_stop_during_warmup_leaves_no_checkpoint_and_resume_starts_over(tmp_path: Path) -> None:
-    """A cancel or worker shutdown mid warm-up must not save a half-warmed model as step 0."""
-
-    class StopInWarmup(TrainerCallback):
-        def __init__(self) -> None:
-            self.asked = 0
-            self.logs: list[str] = []
-
-        def should_stop(self) -> bool:
-            self.asked += 1
-            return self.asked > 3  # three warm-up steps, then stop
-
-        def on_log(self, message: str) -> None:
-            self.logs.append(message)
-
-    cfg = small_config(steps=3, checkpoint_every=1, task={"warmup_steps": 10})
-    cb = StopInWarmup()
-    stopped = train(cfg, tmp_path / "part", callback=cb)
-    assert stopped.stopped and stopped.step == 0 and stopped.final_model is None
-    assert cb.asked == 4 and "stopped during the warm-up" in cb.logs
-    assert latest_checkpoint(tmp_path / "part") is None
-    resumed = train(cfg, tmp_path / "part", resume=True)
-    train(cfg, tmp_path / "full")
-    assert resumed.step == 3
-    assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
-        read_metrics(tmp_path / "full")
-    )
-
-
-def test_resume_without_checkpoint_starts_fresh_and_keeps_last_n(tmp_path: Path) -> None:
-    cfg = small_config(steps=5, checkpoint_every=1, keep_checkpoints=2)
-    result = train(cfg, tmp_path, resume=True)
-    assert result.step == 5
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000004", "step-000005"]
-    # resuming a finished run does no more steps and leaves the metrics alone
-    again = train(cfg, tmp_path, resume=True)
-    assert again.step == 5 and len(read_metrics(tmp_path)) == 5
-
-
 def test_group_advantages() -> None:
     r = torch.tensor([1.0, 0.0, 0.5, 0.5])
     assert torch.allclose(group_advantages(r, 2, False), torch.tensor([0.5, -0.5, 0.0, 0.0]))
@@ -203,32 +96,6 @@ def test_low_precision_stale_rollouts_make_the_mask_work(tmp_path: Path) -> None
     rows = read_metrics(tmp_path)
     assert all(r["offpolicy_logratio_abs"] > 0 for r in rows)  # mu != pi from the first update
     assert max(r["masked_fraction"] for r in rows) > 0
-
-
-def test_cli_train_writes_metrics_checkpoints_and_resumes(tmp_path: Path) -> None:
-    import yaml
-    from click.testing import CliRunner
-
-    from pdppo.cli import main
-
-    cfg = small_config(steps=3, checkpoint_every=2)
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"name": "t", "train": cfg.model_dump(mode="json")}))
-    out = tmp_path / "out"
-    runner = CliRunner()
-    result = runner.invoke(main, ["train", str(spec), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert {"step", "reward_mean", "masked_fraction", "loss"} <= set(rows[0])
-    assert [p.name for p in list_checkpoints(out)] == ["step-000002", "step-000003"]
-    assert (out / "final" / "model.safetensors").is_file()
-    again = runner.invoke(main, ["train", str(spec), "--out", str(out), "--resume", "--quiet"])
-    assert again.exit_code == 0 and "resumed from" in again.output
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("train: {steps: -1}")
-    failed = runner.invoke(main, ["train", str(bad)])
-    assert failed.exit_code != 0 and "train.steps" in failed.output
 
 
 @pytest.mark.parametrize(
@@ -254,109 +121,7 @@ def test_algorithm_and_sampling_variants_train_with_finite_metrics(
     assert all(math.isfinite(v) for r in rows for v in r.values())
 
 
-class StopInside(Recorder):
-    """Asks to stop from inside step `step` once the trainer is in `where` (the function that
-    asked: `generate` for the rollout, `update` for the minibatch loop)."""
-
-    def __init__(self, step: int, where: str) -> None:
-        super().__init__()
-        self.step, self.where = step, where
-        self.logs: list[str] = []
-
-    def should_stop(self) -> bool:
-        import inspect
-
-        callers = [frame.function for frame in inspect.stack()[1:4]]
-        return len(self.steps) == self.step - 1 and self.where in callers
-
-    def on_log(self, message: str) -> None:
-        self.logs.append(message)
-
-
-@pytest.mark.parametrize("extra", [{}, {"rollout": {"staleness": 2}}], ids=["plain", "stale"])
-def test_stop_during_a_rollout_checkpoints_the_last_step_and_resumes_exactly(
-    tmp_path: Path, extra: dict[str, Any]
-) -> None:
-    """A cancel in the middle of a long generation takes effect at once; the checkpoint it
-    writes is the previous step's, as if the stop had come between steps."""
-    cfg = small_config(steps=5, checkpoint_every=0, **extra)
-    train(cfg, tmp_path / "full")
-    cb = StopInside(step=3, where="generate")
-    stopped = train(cfg, tmp_path / "part", callback=cb)
-    assert stopped.stopped and stopped.step == 2 and cb.steps == [1, 2]
-    assert cb.checkpoints == [2]
-    assert "stopped during generation of step 3; stopped at step 2" in cb.logs
-    resumed = train(cfg, tmp_path / "part", resume=True)
-    assert resumed.step == 5
-    assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
-        read_metrics(tmp_path / "full")
-    )
-
-
-def test_stop_between_minibatches_discards_the_partial_update(tmp_path: Path) -> None:
-    """Once a step's first minibatch has updated the weights, its state is no step's: nothing is
-    saved, and a resume redoes the step from the latest checkpoint."""
-    cfg = small_config(steps=4, checkpoint_every=1, algorithm={"minibatches": 4})
-    train(cfg, tmp_path / "full")
-
-    class SecondMinibatch(StopInside):
-        calls = 0
-
-        def should_stop(self) -> bool:
-            if super().should_stop():
-                self.calls += 1
-            return self.calls >= 2  # the first minibatch has run, the second is next
-
-    cb = SecondMinibatch(step=3, where="update")
-    stopped = train(cfg, tmp_path / "part", callback=cb)
-    assert stopped.stopped and stopped.step == 2 and cb.checkpoints == [1, 2]
-    assert cb.logs[-1] == (
-        "stopped between minibatch updates of step 3; its partial update is discarded; "
-        "the latest checkpoint (step 2) is kept"
-    )
-    assert latest_checkpoint(tmp_path / "part") == tmp_path / "part" / "checkpoints" / "step-000002"
-    train(cfg, tmp_path / "part", resume=True)
-    assert _strip_timing(read_metrics(tmp_path / "part")) == _strip_timing(
-        read_metrics(tmp_path / "full")
-    )
-
-
 # -- knobs: schedule, KL to the reference, gradient accumulation ----------------------------
-
-
-KNOBS: dict[str, Any] = {
-    "optim": {"schedule": "cosine", "lr_warmup_steps": 2, "min_lr_ratio": 0.1},
-    "algorithm": {"kl_beta": 0.2, "minibatches": 2},
-}
-
-
-def test_resume_with_schedule_kl_and_accumulation_reproduces_uninterrupted_run(
-    tmp_path: Path,
-) -> None:
-    """The lr is a function of the step, the reference is rebuilt from the loaded model, and
-    the silence watch is checkpointed: a stop and resume changes nothing."""
-    optim = {**KNOBS["optim"], "grad_accumulation": 2}
-    cfg = small_config(
-        steps=6,
-        checkpoint_every=4,
-        task={"warmup_steps": 3},
-        optim=optim,
-        **{"algorithm": KNOBS["algorithm"]},
-    )
-    full = tmp_path / "full"
-    train(cfg, full)
-    part = tmp_path / "part"
-    assert train(cfg, part, callback=Recorder(stop_after=3)).step == 3
-    assert train(cfg, part, resume=True).step == 6
-    rows = read_metrics(full)
-    assert _strip_timing(read_metrics(part)) == _strip_timing(rows)
-    a = load_file(str(full / "final" / "model.safetensors"))
-    b = load_file(str(part / "final" / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    # the knobs are on: a cosine lr from 0 through the warm-up, a KL that the warm-up made > 0
-    assert [r["lr"] for r in rows] == [lr_at(s, cfg.optim, 6) for s in range(6)]
-    assert rows[0]["lr"] == 0.0 and rows[2]["lr"] == 3e-3 and rows[5]["lr"] == pytest.approx(3e-4)
-    assert all(r["kl_ref"] > 0 for r in rows)
 
 
 def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
@@ -386,7 +151,7 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     monkeypatch.undo()
     now, old = read_metrics(tmp_path / "now"), read_metrics(tmp_path / "old")
     assert "kl_ref" not in now[0]
-    assert _strip_timing(now) == _strip_timing(old)
+    assert strip_timing(now) == strip_timing(old)
     a = load_file(str(tmp_path / "now" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "old" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -490,37 +255,6 @@ def test_offpolicy_logratio_covers_every_token_of_the_first_epoch(
     assert row["offpolicy_logratio_abs"] == pytest.approx(float(first_epoch.mean()), rel=1e-6)
     # the first minibatch is on-policy, the second is measured after the first update
     assert float(torch.cat(seen[2:4]).mean()) > 100 * float(torch.cat(seen[:2]).mean())
-
-
-class ZeroReward(Task):
-    """A built-in task whose grader never matches: every reward 0, as with a free-form dataset
-    and an untrained model."""
-
-    def __init__(self, inner: Task) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def sample(self, rng: random.Random) -> Example:
-        return self.inner.sample(rng)
-
-    def score(self, example: Example, completion: str) -> float:
-        return 0.0
-
-    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
-        return Grades([0.0] * len(examples), {"grader/never": 0.0, "grader_errors": 0.25})
-
-    def warmup_completion(self, example: Example, rng: random.Random) -> str:
-        return self.inner.warmup_completion(example, rng)
-
-
-class SpreadReward(ZeroReward):
-    """A built-in task graded by the length of the decoded completion: an untrained model's
-    completions differ in it (half the byte vocabulary decodes to nothing), so groups have a
-    spread of rewards from the first step whatever the sampler draws, where the task's own
-    digits are a lucky hit or two in a few hundred tokens."""
-
-    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
-        return Grades([min(len(c), 4) / 4 for c in completions], {})
 
 
 @pytest.fixture

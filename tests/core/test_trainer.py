@@ -83,6 +83,21 @@ def test_group_advantages() -> None:
     assert torch.equal(norm[2:], torch.zeros(2))
 
 
+def test_group_advantages_use_each_groups_own_mean_and_std() -> None:
+    """Groups of unequal means and spreads (the case above has equal means, where the batch's
+    mean would pass): each reward is centred, and scaled, by its own group's statistics,
+    computed here one group at a time with `statistics` (the sample std, as torch.std)."""
+    import statistics
+
+    rewards = [1.0, 0.0, 0.0, 0.9, 0.6, 0.6]
+    groups = [rewards[:3], rewards[3:]]
+    centred = [x - statistics.mean(g) for g in groups for x in g]
+    scaled = [(x - statistics.mean(g)) / (statistics.stdev(g) + 1e-6) for g in groups for x in g]
+    r = torch.tensor(rewards, dtype=torch.float64)
+    assert torch.allclose(group_advantages(r, 3, False), torch.tensor(centred, dtype=r.dtype))
+    assert torch.allclose(group_advantages(r, 3, True), torch.tensor(scaled, dtype=r.dtype))
+
+
 def test_low_precision_stale_rollouts_make_the_mask_work(tmp_path: Path) -> None:
     cfg = small_config(
         steps=3,

@@ -260,8 +260,9 @@ def test_rank_0_leaving_data_parallel_ends_the_other_ranks_by_how_it_leaves(
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
     got = json.loads(proc.stdout)
     assert (got["end"], got["exits"]) == (want_end, want_exits), proc.stderr[-3000:]
-    # a finished rank leaves in well under a second; a kill is as quick
-    assert graces * PEER_GRACE_S <= got["seconds"] < graces * PEER_GRACE_S + 3.0
+    # a finished rank leaves in well under a second and a kill is as quick: the bound is loose
+    # for a busy machine (the exits above tell a grace-then-kill from a clean leave)
+    assert graces * PEER_GRACE_S <= got["seconds"] < graces * PEER_GRACE_S + 5.0
 
 
 def _rank_main_whose_join_fails(job: RankJob, rank: int, parent: int, conn: Any) -> None:

@@ -110,6 +110,24 @@ def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:
     assert message.endswith("; the job's other ranks were stopped")
 
 
+def run_job_script(
+    tmp_path: Path, source: str, steps: int, *args: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run a job-process script (argv: the smoke spec's train config of `steps` steps, an out
+    dir, then `args`) on one torch thread, with the repository importable."""
+    from core.config import TrainConfig
+
+    train = smoke_spec(steps=steps, checkpoint_every=0)["train"]
+    config = TrainConfig.model_validate(train).model_dump_json()
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script), config, str(tmp_path / "out"), *args],
+        capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+
 # A job process of 2 ranks whose watch is slow (each thing it sees waits `slow` seconds): rank 1
 # is killed with -9 after rank 0's step 3, so rank 0's next collective fails ("Connection reset")
 # before the watch has seen the death: the order of the race that CI met. Prints who failed the
@@ -163,17 +181,8 @@ def test_a_rank_killed_while_rank_0_is_in_a_collective_is_the_jobs_error(
 ) -> None:
     """Rank 0's collective error is only the echo of rank 1's death: the job's error names the
     death (CI once reported rank 0's gloo "Connection reset" instead), whichever is seen first."""
-    from core.config import TrainConfig
 
-    train = smoke_spec(steps=5000, checkpoint_every=0)["train"]
-    config = TrainConfig.model_validate(train).model_dump_json()
-    script = tmp_path / "job.py"
-    script.write_text(SLOW_WATCH)
-    proc = subprocess.run(
-        [sys.executable, str(script), config, str(tmp_path / "out"), str(slow)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    proc = run_job_script(tmp_path, SLOW_WATCH, 5000, str(slow), timeout=120)
     assert proc.returncode == 3, (proc.stdout, proc.stderr[-3000:])
     assert proc.stdout.startswith("watch: rank 1 of 2 was killed by SIGKILL"), proc.stdout
 
@@ -245,18 +254,9 @@ def test_rank_0_leaving_data_parallel_ends_the_other_ranks_by_how_it_leaves(
 ) -> None:
     import json
 
-    from core.config import TrainConfig
     from workers.job_ranks import PEER_GRACE_S
 
-    train = smoke_spec(steps=3, checkpoint_every=0)["train"]
-    config = TrainConfig.model_validate(train).model_dump_json()
-    script = tmp_path / "job.py"
-    script.write_text(DATA_PARALLEL)
-    proc = subprocess.run(
-        [sys.executable, str(script), config, str(tmp_path / "out"), mode],
-        capture_output=True, text=True, timeout=180,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    proc = run_job_script(tmp_path, DATA_PARALLEL, 3, mode, timeout=180)
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
     got = json.loads(proc.stdout)
     assert (got["end"], got["exits"]) == (want_end, want_exits), proc.stderr[-3000:]
@@ -270,14 +270,12 @@ def _rank_main_whose_join_fails(job: RankJob, rank: int, parent: int, conn: Any)
     looks like as it would start training: its torch threads and whether SIGINT and SIGTERM are
     ignored. os._exit raises SystemExit instead, so the child's coverage is still written (the
     mutation run's baseline reads which tests reach these lines from it)."""
-    import signal as signals
-
     import torch
 
     from workers import job_ranks
 
     def join_group(*_: Any) -> None:
-        ignored = [signals.getsignal(s) == signals.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]
+        ignored = [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]
         raise RuntimeError(
             f"threads {torch.get_num_threads()}, SIGINT and SIGTERM ignored: {ignored} "
             + "x" * 5000

@@ -19,6 +19,7 @@ def main() -> None:
 main.add_command(train.train)
 main.add_command(serve.serve)
 main.add_command(worker.worker)
+main.add_command(worker.healthcheck)
 main.add_command(dev.dev)
 main.add_command(files.files)
 for command in jobs.COMMANDS:

@@ -8,6 +8,7 @@ of starting a service that anyone can use.
 from __future__ import annotations
 
 import re
+import tempfile
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -115,6 +116,18 @@ class Settings(BaseSettings):
             "devices this worker owns (`pdppo worker --devices`/`--gpus`): it takes jobs of up to "
             "that many (resources.gpus), one at a time; on the cpu queue a device is a process"
         ),
+    )
+    worker_heartbeat_dir: Path = Field(
+        default=Path(tempfile.gettempdir()) / "pdppo-workers",
+        description=(
+            "where each worker process writes when it last reached Redis; `pdppo healthcheck` "
+            "(the worker containers' healthcheck) reads it"
+        ),
+    )
+    worker_health_max_age_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="`pdppo healthcheck` calls a worker dead whose last reach of Redis is older",
     )
     worker_torch_threads: int | None = Field(
         default=None,

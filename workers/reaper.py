@@ -30,6 +30,7 @@ from pdppo.settings import Settings
 from pdppo.store import RUNNING_SET, JobStore, job_key
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
 from workers.celery_app import broker_view, enqueue, restore_taken
+from workers.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 # How long a task seen nowhere in the broker is looked for once more before it is sent again.
@@ -154,6 +155,7 @@ def start_reaper(
     max_worker_losses: int,
     outage_hold: float,
     timing: DispatchTiming | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> threading.Event:
     """Runs `reap_once` every `interval` seconds in a daemon thread, and with `timing`
     `dispatch_once` every `timing.interval` (after adopting queued jobs that predate the
@@ -163,7 +165,10 @@ def start_reaper(
     After this reaper could not reach Redis, it waits `outage_hold` seconds (a lease period)
     before reaping again: every lease expired during the outage, but their holders are alive
     and hand their jobs back themselves, saying why; a reaper that got there first would call
-    each a lost worker and count it towards failing the job."""
+    each a lost worker and count it towards failing the job.
+
+    `heartbeat` beats after every dispatcher pass, each of which reached Redis: the worker's
+    healthcheck reads it (`workers.heartbeat`)."""
     stop = threading.Event()
     grace = DEFAULT_GRACE_SECONDS if timing is None else timing.grace
     outage = {"failed": False, "hold_until": 0.0}
@@ -209,7 +214,9 @@ def start_reaper(
                 guarded("reaper", reap)
             if timing is not None:
                 adopted = adopted or guarded("outbox adoption", adopt)
-                guarded("dispatcher", lambda: dispatch_once(store, timing))
+                passed = guarded("dispatcher", lambda: dispatch_once(store, timing))
+                if passed and heartbeat is not None:
+                    heartbeat.beat()
 
     threading.Thread(target=loop, name="pdppo reaper", daemon=True).start()
     return stop

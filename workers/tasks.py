@@ -12,9 +12,10 @@ from celery.signals import worker_ready, worker_shutting_down
 from pdppo.settings import get_settings
 from pdppo.store import JobStore
 from workers.celery_app import TRAIN_TASK, celery_app
+from workers.heartbeat import Heartbeat
 from workers.job_process import job_context
 from workers.reaper import DispatchTiming, start_reaper
-from workers.runner import SHUTTING_DOWN, redis_client, run_job
+from workers.runner import SHUTTING_DOWN, redis_client, run_job, worker_name
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def _on_worker_ready(**_: Any) -> None:
         max_worker_losses=settings.max_worker_losses,
         timing=DispatchTiming.from_settings(settings),
         outage_hold=settings.lease_seconds,
+        heartbeat=Heartbeat(settings.worker_heartbeat_dir, worker_name()),
     )
 
 

@@ -79,3 +79,25 @@ def worker(
             "--without-mingle",
         ]
     )
+
+
+@click.command()
+@click.option(
+    "--max-age",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds since a worker last reached Redis before it counts as dead "
+    "(default: PDPPO_WORKER_HEALTH_MAX_AGE_SECONDS).",
+)
+def healthcheck(max_age: float | None) -> None:
+    """Exit 0 when every worker process on this machine (this container) reached Redis
+    recently, 1 otherwise: the worker containers' healthcheck. Reads the files the workers'
+    reaper threads write (PDPPO_WORKER_HEARTBEAT_DIR); talks to nothing itself."""
+    from pdppo.settings import get_settings
+    from workers.heartbeat import read_beats, verdict
+
+    settings = get_settings()
+    limit = settings.worker_health_max_age_seconds if max_age is None else max_age
+    healthy, message = verdict(read_beats(settings.worker_heartbeat_dir), limit)
+    click.echo(message)
+    raise SystemExit(0 if healthy else 1)

@@ -19,8 +19,18 @@ if [[ -n "${WORKER_GPUS:-}" ]]; then
 else
     count=$(python -c "import torch; print(torch.cuda.device_count())")
     if [[ "${count}" -lt 1 ]]; then
-        echo "gpu-workers: no GPU visible (is the NVIDIA Container Toolkit installed?)" >&2
-        exit 1
+        # Exiting would only make the restart policy start us again, forever: stay up, idle,
+        # with no worker, so no gpu job is taken here and the healthcheck says why.
+        echo "gpu-workers: no GPU visible (is the NVIDIA driver and Container Toolkit installed," \
+            "and does the service reserve GPUs?); no worker started, no gpu job will run here." \
+            "Idle until stopped." >&2
+        sleeper=""
+        trap 'kill ${sleeper} 2>/dev/null; exit 0' TERM INT
+        while true; do
+            sleep 3600 &
+            sleeper=$!
+            wait "${sleeper}" || true
+        done
     fi
     mapfile -t gpus < <(seq 0 $((count - 1)))
 fi

@@ -23,13 +23,17 @@ while true; do sleep 0.1; done
 
 
 def _start(
-    tmp_path: Path, gpus: str, crash: str = "", per_worker: str = "1"
+    tmp_path: Path, gpus: str, crash: str = "", per_worker: str = "1", visible: int = 0
 ) -> subprocess.Popen[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "pdppo"
     fake.write_text(FAKE_PDPPO)
     fake.chmod(0o755)
+    # what `python -c "import torch; print(torch.cuda.device_count())"` answers
+    fake_python = bin_dir / "python"
+    fake_python.write_text(f"#!/bin/sh\necho {visible}\n")
+    fake_python.chmod(0o755)
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -38,7 +42,9 @@ def _start(
         "CRASH_GPU": crash,
         "GPUS_PER_WORKER": per_worker,
     }
-    return subprocess.Popen(["bash", str(SCRIPT)], env=env, text=True, stdout=subprocess.PIPE)
+    return subprocess.Popen(
+        ["bash", str(SCRIPT)], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def _wait_for(paths: list[Path], timeout: float = 10) -> None:
@@ -95,3 +101,21 @@ def test_gpus_that_do_not_split_into_workers_are_refused(tmp_path: Path) -> None
     finally:
         proc.kill()
     assert not list(tmp_path.glob("*.args"))
+
+
+def test_without_a_gpu_the_container_says_so_and_idles_with_no_worker(tmp_path: Path) -> None:
+    proc = _start(tmp_path, gpus="", visible=0)
+    time.sleep(1.5)
+    assert proc.poll() is None, "it exited: the restart policy would start it again and again"
+    assert not list(tmp_path.glob("*.args")), "a worker was started without a GPU"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=5)
+    assert proc.returncode == 0
+    assert "no GPU visible" in err and "no gpu job will run here" in err, err
+
+
+def test_without_worker_gpus_it_starts_one_worker_per_visible_gpu(tmp_path: Path) -> None:
+    proc = _start(tmp_path, gpus="", visible=2)
+    _wait_for([tmp_path / "0.args", tmp_path / "1.args"])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0

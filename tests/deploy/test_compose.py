@@ -1,8 +1,10 @@
-"""The compose deployment, checked without Docker: parse it and hold it to what the service needs.
+"""The compose deployment read as data: the properties that break a deployment silently.
 
-Docker is not available in CI, so these tests read `deploy/` as data and check the properties
-that break a deployment silently: Redis that evicts or forgets, a healthcheck that is missing,
-a worker that gets no GPU, an env var that no setting reads, a command the CLI does not have.
+The stack itself is built and run by `.ci/compose` (tests/compose/, real containers); these
+checks run in the plain suite, in seconds and without Docker, and cover what the CPU-only run
+cannot reach (the GPU service) or would only find late: Redis that evicts or forgets, a service
+without a healthcheck, a worker that gets no GPU, an env var that no setting reads, a command the
+CLI does not have, an install that is not pinned.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def test_gpu_worker_reserves_nvidia_gpus_and_runs_one_worker_per_gpu(
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
     dockerfile = (ROOT / gpu["build"]["dockerfile"]).read_text()
-    assert re.search(r"^FROM nvidia/cuda:\S+", dockerfile, re.MULTILINE)
+    assert _default_base(dockerfile).startswith("nvidia/cuda:")
     assert _command(gpu) == ["pdppo-gpu-workers"]
     assert "deploy/gpu-workers.sh /usr/local/bin/pdppo-gpu-workers" in dockerfile
     assert _env(gpu)["PDPPO_ARTIFACT_DIR"] == "/artifacts"  # the anchor survived the merge
@@ -98,8 +100,26 @@ def test_gpu_worker_reserves_nvidia_gpus_and_runs_one_worker_per_gpu(
 def test_cpu_worker_and_api_use_the_slim_image(services: dict[str, Any]) -> None:
     for name in ("api", "worker-cpu"):
         dockerfile = ROOT / services[name]["build"]["dockerfile"]
-        assert re.search(r"^FROM python:3\.\d+-slim", dockerfile.read_text(), re.MULTILINE)
+        assert re.fullmatch(r"python:3\.\d+-slim", _default_base(dockerfile.read_text()))
     assert _command(services["worker-cpu"])[-2:] == ["--queues", "cpu"]
+
+
+def _default_base(dockerfile: str) -> str:
+    """The image a user's build starts from: BASE_IMAGE's default, which every FROM names."""
+    froms = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
+    assert froms[0] == "${BASE_IMAGE}", froms
+    found = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert found, "no default base image"
+    return found.group(1)
+
+
+def test_every_long_running_service_has_a_healthcheck(services: dict[str, Any]) -> None:
+    """`docker compose ps` answers "all healthy?" only if each service says how it is."""
+    for name, service in services.items():
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD" and len(test) > 1, name
+    for name in ("worker-cpu", "worker-gpu"):
+        assert services[name]["healthcheck"]["test"] == ["CMD", "pdppo", "healthcheck"]
 
 
 def test_artifacts_volume_is_shared_at_the_configured_dir(
@@ -186,12 +206,21 @@ def test_service_command_is_a_real_cli_invocation(services: dict[str, Any], serv
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
-def test_dockerfiles_copy_what_exists_and_install_the_package(dockerfile: str) -> None:
+def test_dockerfiles_copy_what_exists_and_install_pinned_versions(dockerfile: str) -> None:
     text = (DEPLOY / dockerfile).read_text()
-    for sources in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.MULTILINE):
-        for source in (w for w in sources.split() if not w.startswith("--")):
-            assert (ROOT / source).exists(), f"{dockerfile} copies missing {source}"
-    assert "pip install" in text and "torch==" in text
-    assert re.search(r"^USER\s+\w+", text, re.MULTILINE), "run as a non-root user"
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S*)$", text, re.MULTILINE))
     ignore = (DEPLOY / f"{dockerfile}.dockerignore").read_text()
+    for sources in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.MULTILINE):
+        if "--from=" in sources:  # from an earlier stage, not the build context
+            continue
+        for source in (w for w in sources.split() if not w.startswith("--")):
+            source = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], source)
+            assert (ROOT / source).exists(), f"{dockerfile} copies missing {source}"
+            assert f"!{source}" in ignore, f"{source} is not in the build context"
+    # every install that resolves dependencies is pinned (the CPU image's torch by its version)
+    installs = [i for i in re.findall(r"pip install [^&]*", text) if "--no-deps" not in i]
+    assert installs
+    for install in installs:
+        assert "--constraint /constraints.txt" in install or '"torch==${TORCH_VERSION}"' in install
+    assert re.search(r"^USER\s+\w+", text, re.MULTILINE), "run as a non-root user"
     assert "!pdppo/" in ignore and "!core/" in ignore

@@ -1,0 +1,134 @@
+"""What a user does with the deployed stack, from the host: submit with the CLI and follow it,
+download checkpoints, upload a dataset, train on their own model and data from the data folder,
+open the dashboard; and what they must never meet: a container running as root, an API that
+starts in production without keys."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import httpx
+import yaml
+
+from pdppo.client import Client
+from tests.compose.stack import REPO, Stack, wait_job
+from tests.integration.conftest import metric_steps, read_events
+
+
+def test_the_smoke_job_submitted_from_the_host_cli_succeeds_streams_and_downloads(
+    stack: Stack, alice: httpx.Client, tmp_path: Path
+) -> None:
+    out = stack.cli("submit", str(REPO / "examples" / "smoke.yaml"), "--follow")
+    job_id, status = out.strip().splitlines()[-1].split()
+    assert status == "succeeded", out
+
+    events = read_events(alice, job_id)
+    assert metric_steps(events) == list(range(1, 9))
+    statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
+    assert statuses == ["queued", "running", "succeeded"]
+    assert events[-1]["event"] == "done"
+
+    with Client(stack.url, stack.keys["alice"]) as client:
+        listing = client.checkpoints(job_id)
+        assert [c.name for c in listing.items] == ["step-000006", "step-000008"]
+        for name in ("step-000008", "final"):
+            saved = client.download(job_id, name, tmp_path)
+            with tarfile.open(saved) as tar:
+                files = {Path(n).name for n in tar.getnames()}
+            assert "model.safetensors" in files or "model.pt" in files, (name, files)
+
+
+def records(n: int) -> str:
+    """Digit strings and their reverses: what the tiny model reads."""
+    rows = [f"{(i * 37 + 11) % 1000:03d}" for i in range(n)]
+    return "".join(json.dumps({"prompt": f"{d}=", "answer": d[::-1]}) + "\n" for d in rows)
+
+
+def smoke(steps: int = 3) -> dict[str, object]:
+    spec: dict[str, object] = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
+    train = spec["train"]
+    assert isinstance(train, dict)
+    train.update(steps=steps, checkpoint_every=0)
+    return spec
+
+
+def test_a_dataset_uploaded_through_the_files_api_trains(alice: httpx.Client) -> None:
+    uploaded = alice.post("/v1/files", files={"file": ("digits.jsonl", records(40).encode())})
+    assert uploaded.status_code == 201, uploaded.text
+    spec = smoke()
+    spec["train"]["task"] = {"name": "jsonl", "file": uploaded.json()["id"]}  # type: ignore[index]
+    job = alice.post("/v1/jobs", json=spec)
+    assert job.status_code == 201, job.text
+    done = wait_job(alice, job.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert done["progress"] == {"step": 3, "total": 3}
+
+
+def test_a_model_and_dataset_in_the_data_folder_train_and_the_mount_is_read_only(
+    stack: Stack, alice: httpx.Client
+) -> None:
+    from core.models.local_hf import make_chat_hf
+
+    folder = stack.data_dir / "own"
+    make_chat_hf(folder / "model")
+    (folder / "prompts.jsonl").write_text(records(24))
+    for path in [folder, *folder.rglob("*")]:  # the workers' user is not the host's
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+    spec = smoke(steps=2)
+    train = spec["train"]
+    assert isinstance(train, dict)
+    train["model"] = {"name": "hf:/data/own/model"}
+    train["task"] = {"name": "jsonl", "path": "/data/own/prompts.jsonl"}
+    job = alice.post("/v1/jobs", json=spec)
+    assert job.status_code == 201, job.text
+    done = wait_job(alice, job.json()["id"])
+    assert done["status"] == "succeeded", done
+
+    refused = stack.exec("worker-cpu", "touch", "/data/own/written", check=False)
+    assert "Read-only file system" in refused, refused
+    assert not (folder / "written").exists()
+
+
+def test_no_container_runs_as_root(stack: Stack, alice: httpx.Client) -> None:
+    for service in ("redis", "api", "worker-cpu"):
+        assert stack.exec(service, "id", "-u").strip() != "0", service
+    # the job processes too: every process in the worker container
+    owners = stack.exec("worker-cpu", "ps", "-e", "-o", "uid=", check=False)
+    if "not found" in owners or "executable file" in owners:  # no procps in the image
+        owners = stack.exec(
+            "worker-cpu", "sh", "-c", "for s in /proc/[0-9]*/status; do grep ^Uid: $s; done"
+        )
+        uids = {line.split()[1] for line in owners.splitlines() if line.startswith("Uid:")}
+    else:
+        uids = set(owners.split())
+    assert uids and "0" not in uids, owners
+
+
+def test_the_api_refuses_to_start_in_production_without_keys(stack: Stack) -> None:
+    for keys, says in (("", "PDPPO_API_KEYS must be set"), ("team:short", "shorter than")):
+        done = stack.run(
+            "run", "--rm", "--no-deps", "-e", f"PDPPO_API_KEYS={keys}", "api", check=False
+        )
+        assert done.returncode != 0, done.stdout
+        assert says in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_the_dashboard_and_every_file_it_loads_come_from_the_container(
+    alice: httpx.Client,
+) -> None:
+    page = alice.get("/", follow_redirects=True)
+    assert page.status_code == 200
+    assert page.url.path == "/ui/", page.url
+    assert "<html" in page.text.lower()
+    assets = re.findall(r'(?:src|href)="([^"#:]+\.(?:js|css))"', page.text)
+    assert len(assets) == 5, assets  # uPlot's css and js, js-yaml, app.css, app.js
+    for asset in assets:
+        response = alice.get(f"/ui/{asset}")
+        assert response.status_code == 200, asset
+        assert len(response.content) > 1000, asset
+    external = re.findall(r'(?:src|href)="(https?://[^"]+)"', page.text)
+    assert external == [], external

@@ -260,13 +260,20 @@ def test_timeout_stops_both_ranks_and_keeps_the_checkpoint(
 ) -> None:
     svc = start(make_service)
     with svc.client("alice") as alice:
+        # The job must time out after its first step: a timeout before it leaves no checkpoint
+        # to keep. How long two ranks take to start and step once is measured on a 1-step job
+        # first (with 6 s, ranks under coverage, the mutation run's baseline, once timed out
+        # before their first step; with 15 s, ranks under a parallel test run once did, 13 s of
+        # it the worker's first fork), and the timeout is three times that, 15 s at least.
+        began = time.monotonic()
+        first = alice.post("/v1/jobs", json=two_device_spec(steps=1)).json()["id"]
+        assert wait_status(alice, first, FINISHED, timeout=120)["status"] == "succeeded"
+        timeout_s = max(15.0, 3 * (time.monotonic() - began))
         spec = two_device_spec(steps=100_000, checkpoint_every=5, keep_checkpoints=2)
-        # 15 s: with 6 s, two ranks starting under coverage (the mutation run's baseline) once
-        # timed out before their first step, which leaves no checkpoint to keep
-        spec["resources"]["timeout_minutes"] = 0.25
+        spec["resources"]["timeout_minutes"] = timeout_s / 60
         job_id = alice.post("/v1/jobs", json=spec).json()["id"]
         wait_status(alice, job_id, "running")
-        done = wait_status(alice, job_id, FINISHED, timeout=60)
+        done = wait_status(alice, job_id, FINISHED, timeout=timeout_s + 60)
         assert done["status"] == "failed" and done["error"]["code"] == "timeout", done
         step = done["progress"]["step"]
         assert step >= 1, f"timed out before its first step: {svc.worker_log()[-2000:]}"

@@ -31,6 +31,28 @@ while True:
 """
 
 
+# A server that answers every connection at once with an empty 200, doing nothing else: probed
+# beside a real server, its times are what the machine alone (its load, the scheduler) adds to a
+# probe's. Prints its port.
+CONTROL = """
+import socket
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+while True:
+    conn, _ = server.accept()
+    with conn:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n")
+"""
+
+
+def start_control() -> tuple[subprocess.Popen[str], str]:
+    """The control server (`CONTROL`) and its base URL."""
+    proc = subprocess.Popen([sys.executable, "-c", CONTROL], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, f"http://127.0.0.1:{int(proc.stdout.readline())}"
+
+
 def start_probe(
     base_url: str, path: str, interval: float, timeout: float = 10.0
 ) -> subprocess.Popen[str]:

@@ -23,12 +23,14 @@ import redis
 
 from pdppo.store.keys import events_key
 from tests.integration.conftest import metric_steps, read_events
-from tests.integration.probe import start_probe, stop_probe
+from tests.integration.probe import start_control, start_probe, stop_probe
 from tests.integration.stack import KEYS, RedisServer, Service, smoke_spec
 
 SUBSCRIBERS = 250
 BACKLOG = 2000
-HEALTHZ_BOUND_MS = 500  # generous for a shared 2-core machine; bench/api_load.py has the figure
+# generous for a shared 2-core machine, past what the machine itself adds (the control probe);
+# bench/api_load.py has the figure
+HEALTHZ_BOUND_MS = 500
 
 
 def gpu_spec(**train: Any) -> dict[str, Any]:
@@ -93,14 +95,20 @@ def test_replay_storm_keeps_health_checks_fast_and_redis_connections_few(
     job_id = ended_job_with_backlog(alice, service.redis_url, BACKLOG)
     store = redis.Redis.from_url(service.redis_url)
     clients_before = int(store.info("clients")["connected_clients"])
+    control, control_url = start_control()
     probe = start_probe(service.base_url, "/healthz", 0.02, timeout=30)
-    time.sleep(0.5)  # its interpreter started and probing
+    control_probe = start_probe(control_url, "/", 0.02, timeout=30)
+    time.sleep(0.5)  # their interpreters started and probing
     try:
         results = asyncio.run(storm(service.base_url, f"/v1/jobs/{job_id}/events", KEYS["alice"]))
     finally:
         rows = stop_probe(probe)
+        control_rows = stop_probe(control_probe)
+        control.kill()
+        control.wait()
         assert all(status == 200 for _, status in rows), rows
         probes = [ms for ms, _ in rows]
+        machine = [ms for ms, _ in control_rows]
     clients_after = int(store.info("clients")["connected_clients"])
     store.close()
 
@@ -108,7 +116,13 @@ def test_replay_storm_keeps_health_checks_fast_and_redis_connections_few(
     assert [r[0] for r in results] == [200] * SUBSCRIBERS
     assert [r[1] for r in results] == [expected] * SUBSCRIBERS  # every event, each once
     assert all(r[2] is not None for r in results)
-    assert len(probes) >= 10 and max(probes) < HEALTHZ_BOUND_MS, sorted(probes)[-5:]
+    # The bound is the API's, on top of what the machine added to a probe of a server that does
+    # nothing, probed at the same moments (other tests beside this one in a parallel run: the
+    # slowest probe once took 709 ms). A storm that stalls the API's event loop stalls its
+    # probes for as long, and not the control's.
+    assert len(machine) >= 10, machine
+    bound = HEALTHZ_BOUND_MS + max(machine)
+    assert len(probes) >= 10 and max(probes) < bound, (sorted(probes)[-5:], sorted(machine)[-5:])
     # No connection per subscriber: the requests' pool is capped (PDPPO_API_REDIS_MAX_CONNECTIONS,
     # 64), the backlog was read a page at a time for all, and an ended job needs no live reader.
     assert clients_after - clients_before <= 64, (clients_before, clients_after)

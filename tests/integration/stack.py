@@ -36,6 +36,33 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# A free port is free when picked, not when the server binds it: another process (a parallel
+# test worker, a client's connection) may take it meanwhile. The servers then exit saying so,
+# and are started again on another port.
+PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
+PORT_TRIES = 3
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on 127.0.0.1:`port`."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def redis_server_binary() -> str:
     candidate = Path(sys.executable).parent / "redis-server"
     if candidate.exists():
@@ -108,10 +135,20 @@ def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
 
 class RedisServer:
     def __init__(self, root: Path) -> None:
-        self.port = free_port()
         self.dir = root / "redis"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.log = (self.dir / "redis.log").open("wb")
+        for _ in range(PORT_TRIES):
+            self._start()
+            if self._ready():
+                return
+            self.log.close()
+        raise RuntimeError(f"redis-server found no free port in {PORT_TRIES} tries; see {self.dir}")
+
+    def _start(self) -> None:
+        self.port = free_port()
+        path = self.dir / "redis.log"
+        self._logged = path.stat().st_size if path.exists() else 0
+        self.log = path.open("ab")
         self.proc = subprocess.Popen(
             [
                 redis_server_binary(),
@@ -127,19 +164,34 @@ class RedisServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+    def _ready(self) -> bool:
+        """True once it answers; False when it exited because its port was taken. The server
+        that answers must be this one: with the port taken, another would."""
         import redis
 
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, socket_timeout=2)
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start; see {self.dir}") from None
-                time.sleep(0.05)
-        client.close()
+        try:
+            while True:
+                try:
+                    if client.info("server")["process_id"] == self.proc.pid:
+                        return True
+                    raise redis.ConnectionError("another server has the port")
+                except (redis.ConnectionError, redis.TimeoutError):
+                    if self.proc.poll() is not None and PORT_TAKEN.search(self._log_text()):
+                        return False
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"redis-server did not start; see {self.dir}") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def _log_text(self) -> str:
+        """What this start logged (a restart in the same folder appends to the log)."""
+        with (self.dir / "redis.log").open("rb") as log:
+            log.seek(self._logged)
+            return log.read().decode(errors="replace")
 
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
@@ -195,19 +247,28 @@ class Service:
         )
 
     def start_api(self, timeout: float = 60) -> str:
-        port = free_port()
-        self.api = self._spawn(["serve", "--port", str(port), "--log-level", "warning"], "api.log")
-        self.base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
-                    return self.base_url
-            except httpx.TransportError:
-                pass
-            if self.api.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"API did not start: {self.tail('api.log')}")
-            time.sleep(0.1)
+        for _ in range(PORT_TRIES):
+            port = free_port()
+            logged = len(self.tail("api.log", 10_000_000))
+            args = ["serve", "--port", str(port), "--log-level", "warning"]
+            self.api = self._spawn(args, "api.log")
+            self.base_url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    ready = httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200
+                    if ready and listens(self.api.pid, port):  # not another service's API
+                        return self.base_url
+                except httpx.TransportError:
+                    pass
+                if self.api.poll() is not None and PORT_TAKEN.search(
+                    self.tail("api.log", 10_000_000)[logged:]
+                ):
+                    break  # another port
+                if self.api.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"API did not start: {self.tail('api.log')}")
+                time.sleep(0.1)
+        raise RuntimeError(f"API did not start: {self.tail('api.log')}")
 
     def start_worker(
         self, queues: str = "cpu", timeout: float = 90, args: tuple[str, ...] = ()

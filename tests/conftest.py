@@ -9,6 +9,7 @@ starting its own Redis and service. PYTEST_XDIST_AUTO_NUM_WORKERS overrides it, 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -29,3 +30,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None  # xdist's own hook reads it
     cpus = len(os.sched_getaffinity(0))
     return max(1, min(WORKERS_PER_CPU * cpus, int(_memory_gib() // GIB_PER_WORKER)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On a pytest-xdist worker: torch's threads (and those of the processes tests start) are
+    the worker's share of the CPUs, one at least. Torch takes every CPU by default, so N workers
+    on this many CPUs would run N times too many threads, which spin waiting for each other."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    threads = str(max(1, len(os.sched_getaffinity(0)) // int(workers)))
+    os.environ.setdefault("OMP_NUM_THREADS", threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

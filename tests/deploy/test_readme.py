@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 CLIENT_VARS = {"PDPPO_URL", "PDPPO_API_KEY"}  # read by the client and CLI, not the service
 TEST_VARS = {"PDPPO_BROWSER_ARTIFACTS"}  # read by tests/browser (.ci/browser), not the service
+TEST_COMMAND = "python -m pytest -q -n auto --dist worksteal"  # in parallel: tests/conftest.py
 
 
 def _code_blocks(lang: str) -> list[str]:
@@ -50,8 +51,10 @@ def test_quick_start_is_two_commands_stack_first_then_tests() -> None:
     first, second = _commands(block.group(1))
     assert first.startswith("python3 -m venv .venv")
     assert "pip install -e" in first and first.endswith("pdppo dev --demo")
-    assert second == "python -m pytest -q"
-    assert "python -m pytest -q" in _section("Tests")
+    assert second == TEST_COMMAND
+    assert TEST_COMMAND in _commands(_section("Tests"))
+    # and it is what CI runs
+    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
 
 
 def _pdppo_invocations() -> list[list[str]]:

@@ -120,33 +120,14 @@ def build_model(folder: Path, setup: Setup) -> tuple[int, int]:
     beyond the characters, which no prompt encodes to but the model samples), saved in the
     model's dtype; returns its parameters and those of its input embedding."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
 
-    from core.models.local_hf import PRINTABLE, char_tokenizer
+    from core.models.local_hf import PRINTABLE, char_tokenizer, save_llama
 
     logging.disable_progress_bar()  # the table is the output
 
     tok = char_tokenizer(SPECIALS, PRINTABLE, fillers=setup.vocab - len(SPECIALS) - len(PRINTABLE))
-    s = setup.shape
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=s.hidden,
-            intermediate_size=s.intermediate,
-            num_hidden_layers=s.layers,
-            num_attention_heads=s.heads,
-            num_key_value_heads=s.kv_heads,
-            max_position_embeddings=s.max_positions,
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            tie_word_embeddings=False,
-        )
-    )
-    model.to(getattr(torch, setup.dtype)).save_pretrained(str(folder), safe_serialization=True)
-    tok.save_pretrained(str(folder))
+    model = save_llama(folder, tok, setup.shape, seed=0, dtype=getattr(torch, setup.dtype))
     params = sum(p.numel() for p in model.parameters())
     return params, sum(p.numel() for p in model.get_input_embeddings().parameters())
 

@@ -85,8 +85,11 @@ class LlamaShape:
     max_positions: int = 256
 
 
-def _save_llama(path: Path, tokenizer: Any, shape: LlamaShape, seed: int) -> Path:
-    """Random Llama weights for `tokenizer`'s vocabulary, both saved into `path`."""
+def save_llama(
+    path: Path, tokenizer: Any, shape: LlamaShape, seed: int, dtype: torch.dtype | None = None
+) -> Any:
+    """Random Llama weights for `tokenizer`'s vocabulary (in `dtype`, else float32), both saved
+    into `path`; returns the model (bench/gpu_check.py counts its parameters)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -104,10 +107,12 @@ def _save_llama(path: Path, tokenizer: Any, shape: LlamaShape, seed: int) -> Pat
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
+    if dtype is not None:
+        torch.nn.Module.to(model, dtype)  # in place (transformers types its .to oddly)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
-    return path
+    return model
 
 
 def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:
@@ -121,7 +126,8 @@ def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:
         ("<pad>", "<s>", "</s>", "<unk>"), chars, fillers=max(0, vocab_words - len(chars))
     )
     shape = LlamaShape(hidden=32, heads=4, kv_heads=2, layers=2, intermediate=64, max_positions=128)
-    return _save_llama(path, tok, shape, seed)
+    save_llama(path, tok, shape, seed)
+    return path
 
 
 def make_chat_hf(path: Path, *, shape: LlamaShape | None = None, seed: int = 0) -> Path:
@@ -138,4 +144,5 @@ def make_chat_hf(path: Path, *, shape: LlamaShape | None = None, seed: int = 0) 
         chat_template=LLAMA3_CHAT_TEMPLATE,
         add_bos=True,
     )
-    return _save_llama(path, tok, shape or LlamaShape(), seed)
+    save_llama(path, tok, shape or LlamaShape(), seed)
+    return path

@@ -97,9 +97,6 @@ class Stack:
         done = self.run("exec", "-T", service, *command, check=check)
         return done.stdout + done.stderr
 
-    def logs(self, service: str, tail: int = 200) -> str:
-        return self.run("logs", "--no-color", "--tail", str(tail), service, check=False).stdout
-
     def client(self, tenant: str = "alice", timeout: float = 30) -> httpx.Client:
         return httpx.Client(
             base_url=self.url,

@@ -4,20 +4,20 @@ lost and no step may run twice; each test reads the record back over the API."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import httpx
-import yaml
 
-from tests.compose.stack import REPO, TERMINAL, Stack, wait_api, wait_job
+from tests.compose.stack import TERMINAL, Stack, wait_api, wait_job
 from tests.integration.conftest import metric_steps, read_events
+from tests.integration.stack import smoke_spec
 
 
 def long_spec(steps: int, checkpoint_every: int) -> dict[str, Any]:
     """The smoke job made long enough to be caught running (about a second a step)."""
-    spec: dict[str, Any] = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
-    spec["train"].update(steps=steps, checkpoint_every=checkpoint_every, keep_checkpoints=50)
+    spec = smoke_spec(steps=steps, checkpoint_every=checkpoint_every, keep_checkpoints=50)
     spec["train"]["rollout"].update(prompts_per_step=8, group_size=8)
     return spec
 
@@ -130,8 +130,6 @@ def test_down_and_up_keeps_jobs_metrics_files_and_checkpoints(
 
 
 def test_flower_answers_under_the_monitoring_profile(stack: Stack) -> None:
-    import os
-
     url = os.environ["PDPPO_COMPOSE_FLOWER_URL"]
     user, password = os.environ["PDPPO_COMPOSE_FLOWER_AUTH"].split(":", 1)
     stack.run("--profile", "monitoring", "up", "-d", "--no-build", "flower")

@@ -6,6 +6,7 @@ process is a child of this one, and `stop()` ends exactly those children.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -317,6 +318,15 @@ def smoke_spec(**train_overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
     spec["train"].update(train_overrides)
     return spec
+
+
+def records(n: int, tag: str = "") -> bytes:
+    """`n` prompt/answer records the tiny model can read (digits, reversed)."""
+    rows = []
+    for i in range(n):
+        digits = f"{(i * 37 + 11) % 1000:03d}"
+        rows.append(json.dumps({"prompt": f"{tag}{digits}=", "answer": digits[::-1]}))
+    return ("\n".join(rows) + "\n").encode()
 
 
 def clean_dir(path: Path) -> None:

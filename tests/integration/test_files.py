@@ -7,7 +7,6 @@ job started."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,18 +15,9 @@ from typing import Any
 import httpx
 
 from tests.integration.conftest import wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.integration.stack import Service, records, smoke_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def records(n: int, tag: str = "") -> bytes:
-    """`n` prompt/answer records the tiny model can read (digits, reversed)."""
-    rows = []
-    for i in range(n):
-        digits = f"{(i * 37 + 11) % 1000:03d}"
-        rows.append(json.dumps({"prompt": f"{tag}{digits}=", "answer": digits[::-1]}))
-    return ("\n".join(rows) + "\n").encode()
 
 
 def upload(

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from fastapi.responses import Response
 
-from api.schemas import Job, JobError, Progress
+from api.schemas import Job, JobError, JobPhase, Progress
 from pdppo.store import JobRecord
 
 
@@ -42,8 +42,21 @@ def to_job(record: JobRecord) -> Job:
             "config_version": record.config_version,
             "overrides": record.overrides,
             "attempts": record.attempts,
+            "phase": _phase(record),
+            "warnings": list(record.warnings),
         }
     )
+
+
+def _phase(record: JobRecord) -> JobPhase | None:
+    """The phase while running (a paused or ended job is doing nothing); training's progress is
+    the record's step, which moves with every step where the phase event does not."""
+    if record.status != "running" or record.phase is None:
+        return None
+    phase = JobPhase.model_validate(record.phase)
+    if phase.name == "training":
+        phase = JobPhase(name="training", done=record.step, total=record.total_steps)
+    return phase
 
 
 class StepRow(Protocol):

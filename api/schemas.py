@@ -19,12 +19,42 @@ from pdppo.queues import QUEUE_PATTERN
 
 JobStatus = Literal["queued", "running", "paused", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-EventType = Literal["status", "metrics", "eval", "samples", "checkpoint", "log", "config", "done"]
+EventType = Literal[
+    "status", "metrics", "eval", "samples", "checkpoint", "log", "config", "phase", "done"
+]
+PhaseName = Literal["loading model", "warm-up", "training", "evaluating", "saving"]
 
 
 class Progress(BaseModel):
     step: int = Field(description="last step whose metrics were published; 0 before the first")
     total: int = Field(description="steps the job will run (train.steps, as last changed)")
+
+
+class JobPhase(BaseModel):
+    """What a running job is doing now, so that a long silence (a model loading, a warm-up) has
+    a name and, where it counts, a progress."""
+
+    name: PhaseName = Field(
+        description="loading model, warm-up, training, evaluating or saving (a checkpoint or "
+        "the final model)"
+    )
+    done: int | None = Field(
+        None, description="warm-up: steps done; training: the last published step"
+    )
+    total: int | None = Field(None, description="warm-up: its steps; training: the job's steps")
+
+
+class JobWarning(BaseModel):
+    """Something a job that succeeded should tell its user: it learned nothing, say."""
+
+    code: str = Field(
+        description=(
+            "no_reward_variance (every group of every step scored alike: zero gradient), "
+            "rewards_all_zero (the grader never matched), eval_unchanged (the held-out score "
+            "never moved over 2+ evaluations)"
+        )
+    )
+    message: str = Field(description="what happened and what to try")
 
 
 class JobError(BaseModel):
@@ -81,6 +111,13 @@ class Job(BaseModel):
         description="every change made while it ran, as one JSON merge patch of the spec",
     )
     attempts: int = Field(0, description="times a worker started it (resumes count)")
+    phase: JobPhase | None = Field(
+        None, description="while running: what it is doing now; null otherwise"
+    )
+    warnings: list[JobWarning] = Field(
+        default_factory=list,
+        description="set when it ends: what it learned nothing from (it still succeeded)",
+    )
 
 
 class JobList(BaseModel):
@@ -176,6 +213,7 @@ class Health(BaseModel):
 #   log         {"message": str, "at": iso8601}
 #   config      {"step": int, "version": int, "changes": {dotted path: value}}   (PATCH applied
 #               from step + 1)
+#   phase       {"name": PhaseName, "done": int | null, "total": int | null, "at": iso8601}
 #   done        {"status": "succeeded" | "failed" | "cancelled"}
 # `id:` is the Redis stream entry id ("1700000000000-0"); send it back as Last-Event-ID.
 
@@ -192,8 +230,8 @@ class ServerSentEvent(BaseModel):
             "total, metrics} (held-out evaluation); samples {step, samples: [{prompt, answer, "
             "completion, reward, truncated}]}; checkpoint {step, name}; log {message, at}; "
             "config {step, version, changes} (a change made with PATCH, applied from step + "
-            "1); done "
-            "{status}"
+            "1); phase {name, done, total, at} (loading model, warm-up k of N, training, "
+            "evaluating, saving); done {status}"
         )
     )
     id: str = Field(pattern=r"^[0-9]+-[0-9]+$", description="send back as Last-Event-ID")

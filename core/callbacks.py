@@ -18,6 +18,11 @@ class TrainerCallback:
     def on_checkpoint(self, step: int, path: Path) -> None:
         """A complete checkpoint for `step` now exists at `path`."""
 
+    def on_phase(self, name: str, done: int | None = None, total: int | None = None) -> None:
+        """The run entered phase `name` (one of `PHASES`), or made progress in it: the warm-up
+        reports every step as `done` of `total`; `training` starts at step `done` of `total`.
+        Lets a caller show what a silent minute is spent on (loading a model, the warm-up)."""
+
     def on_log(self, message: str) -> None:
         """A human-readable line about the run (warm-up, resume, final model)."""
 
@@ -47,3 +52,23 @@ class TrainerCallback:
 
     def on_config(self, step: int, version: int, changes: dict[str, Any]) -> None:
         """Change `version` applies from step `step + 1` on; `changes`: {dotted path: value}."""
+
+
+PHASES = ("loading model", "warm-up", "training", "evaluating", "saving")
+"""What a run does, in the order a fresh run meets them; `training`, `evaluating` and `saving`
+then alternate, step after step."""
+
+
+class Phases:
+    """The run's current phase, told to the callback only when it changes, so that the trainer
+    may say where it is at every boundary without flooding a caller that publishes each one."""
+
+    def __init__(self, callback: TrainerCallback) -> None:
+        self.callback = callback
+        self.name: str | None = None
+
+    def enter(self, name: str, done: int | None = None, total: int | None = None) -> None:
+        if name == self.name:
+            return
+        self.name = name
+        self.callback.on_phase(name, done, total)

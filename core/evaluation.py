@@ -320,10 +320,14 @@ class RunResults:
             return self.cfg.eval_on_start
         return step % every == 0 or step == self.cfg.steps
 
+    def owes(self, step: int) -> bool:
+        """`step`'s evaluation is due and not done yet (a resumed run owes the evaluation a
+        stop interrupted)."""
+        return self.eval_due(step) and step > self.last_eval_step
+
     def evaluate_if_owed(self, step: int) -> dict[str, float] | None:
-        """Evaluates `step` when it is due and not done yet (a resumed run owes the evaluation
-        a stop interrupted); None when nothing was owed."""
-        if not self.eval_due(step) or step <= self.last_eval_step:
+        """Evaluates `step` when it `owes` it; None when nothing was owed."""
+        if not self.owes(step):
             return None
         assert self.evaluator is not None
         metrics = self.evaluator.evaluate(step)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from core.callbacks import TrainerCallback
+from core.callbacks import Phases, TrainerCallback
 from core.checkpoint import save_checkpoint, save_sharded_checkpoint
 from core.config import OptimConfig, TrainConfig
 from core.distributed import World, check_world
@@ -116,6 +116,8 @@ class _Run:
         self.overrides: dict[str, Any] = {}
         self.out_dir = out_dir
         self.cb = callback
+        self.phases = Phases(callback)  # what the run is doing, for the caller to show
+        self.phases.enter("loading model")
         # asked inside a step (every token, every minibatch); ranks must stop together, so with
         # several a stop waits for the step boundary, where they agree on it (core.trainer)
         self.inner_stop = callback.should_stop if not self.world.parallel else self._heard
@@ -227,6 +229,7 @@ class _Run:
             "model": self.cfg.model.name,
             "config_version": self.config_version,
         }
+        self.phases.enter("saving")
         if not self.sharded and self.world.rank != 0:
             return None
         # sharded, every rank writes its shard (and the folder is rank 0's to return)

@@ -5,11 +5,15 @@ all scored the same teaches nothing, and a step where every group did has a zero
 penalty aside): the run spends its budget and ends exactly where it started, with metrics that
 look healthy. The usual cause is a grader that never matches (every reward 0): an untrained model
 on a free-form dataset rarely writes the answer in the expected format. `SilenceWatch` notices
-when the first `train.silent_steps` steps were all like that and says so once, with what to try.
+when the first `train.silent_steps` steps were all like that and says so once, with what to try;
+`run_warnings` gives the verdict on a finished run (a job that learned nothing still succeeds,
+with these warnings in its record).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -89,3 +93,49 @@ class SilenceWatch:
             self.streak = -1
             return
         self.streak, self.low, self.high = state["streak"], state["low"], state["high"]
+
+
+@dataclass(frozen=True)
+class RunWarning:
+    """Something a finished run should tell its user although it succeeded: a code to branch
+    on and a sentence to read."""
+
+    code: str  # no_reward_variance, rewards_all_zero, eval_unchanged
+    message: str
+
+
+def run_warnings(
+    metrics: Sequence[Mapping[str, float]], evals: Sequence[Mapping[str, float]]
+) -> list[RunWarning]:
+    """What a finished run learned nothing from, judged on its whole history (`metrics.jsonl`
+    and `eval.jsonl` rows, a resumed run's included), so that a run whose rewards never moved
+    does not pass for a success. The watch above warns early; this is the verdict at the end."""
+    out: list[RunWarning] = []
+    n = len(metrics)
+    if n and all(m.get("zero_adv_groups") == 1.0 for m in metrics):
+        out.append(
+            RunWarning(
+                "no_reward_variance",
+                f"in every one of the {n} steps, all completions of each prompt got the same "
+                "reward: every advantage was 0, so the rewards taught the model nothing",
+            )
+        )
+    if n and all(m.get("reward_mean") == 0.0 and m.get("reward_std") == 0.0 for m in metrics):
+        out.append(
+            RunWarning(
+                "rewards_all_zero",
+                f"every reward of all {n} steps was 0: the grader never matched a completion. "
+                "Compare the samples with the task's answers and grader, or start from a model "
+                "that already answers in the expected format",
+            )
+        )
+    scores = [e["eval_reward_mean"] for e in evals if "eval_reward_mean" in e]
+    if len(scores) >= 2 and len(set(scores)) == 1:
+        out.append(
+            RunWarning(
+                "eval_unchanged",
+                f"the held-out mean reward was {scores[0]:g} at each of the {len(scores)} "
+                "evaluations: the policy did not get better or worse on held-out prompts",
+            )
+        )
+    return out

@@ -26,7 +26,7 @@ import math
 import shutil
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.callbacks import TrainerCallback
@@ -39,6 +39,7 @@ from core.run import _adamw_kernel, _Run
 from core.run import build_optimizer as build_optimizer  # re-exported: callers import these here
 from core.run import resolve_device as resolve_device
 from core.sharding import full_state, gathered
+from core.silence import RunWarning, run_warnings
 from core.update import group_advantages as group_advantages
 
 
@@ -47,6 +48,8 @@ class TrainResult:
     step: int  # last completed step
     stopped: bool  # True when the callback asked to stop before `config.steps`
     final_model: Path | None  # out_dir/final, written only when the run completed
+    # what a completed run learned nothing from (`core.silence.run_warnings`); rank 0's alone
+    warnings: list[RunWarning] = field(default_factory=list)
 
 
 def train(
@@ -119,6 +122,7 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
                     run.checkpoint()
                 cb.on_log(f"stopped at step {run.step}")
                 return TrainResult(step=run.step, stopped=True, final_model=None)
+            run.phases.enter("training", run.step, run.cfg.steps)
             try:
                 metrics = run.run_step()
             except StopRequested as stop:
@@ -150,15 +154,20 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
                 run.checkpoint()
                 last_saved = run.step
     final = out_dir / "final"
+    run.phases.enter("saving")
     if run.sharded:  # gathered on rank 0, by every rank
         state = full_state(run.lm.module)
         if writer:
             run.lm.save_final_state(final, state)
     elif writer:
         run.lm.save_final(final)
+    warnings: list[RunWarning] = []
     if writer:
         cb.on_log(f"final model saved to {final}")
-    return TrainResult(step=run.step, stopped=False, final_model=final)
+        warnings = run_warnings(_jsonl_rows(metrics_path), _jsonl_rows(results.eval_path))
+        for w in warnings:
+            cb.on_warning(f"run finished with a warning ({w.code}): {w.message}")
+    return TrainResult(step=run.step, stopped=False, final_model=final, warnings=warnings)
 
 
 def _steer(run: _Run, results: RunResults) -> bool:
@@ -192,6 +201,8 @@ def _evaluate(run: _Run, results: RunResults, last_saved: int) -> TrainResult | 
     """The held-out evaluation due after `run.step`, if not done yet. A stop during it ends the
     run with the step checkpointed and its evaluation undone: the resumed run evaluates that
     step first, with the same generator seed, so the numbers are the ones it would have had."""
+    if results.owes(run.step):
+        run.phases.enter("evaluating")
     try:
         with _gathered_for_eval(run):
             results.evaluate_if_owed(run.step)
@@ -215,6 +226,14 @@ def _truncate_metrics(path: Path, step: int) -> None:
         if line.strip() and json.loads(line)["step"] <= step
     ]
     path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+def _jsonl_rows(path: Path) -> list[dict[str, float]]:
+    """The rows of a run's `{"step": ...}` JSONL file (metrics, evaluations)."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def _check_finite(metrics: dict[str, float]) -> None:

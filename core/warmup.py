@@ -50,7 +50,8 @@ def supervised_warmup(
     tok = lm.tokenizer
     t0 = time.perf_counter()
     loss = torch.tensor(0.0)
-    for _ in range(t.warmup_steps):
+    for done in range(t.warmup_steps):
+        cb.on_phase("warm-up", done, t.warmup_steps)
         if (should_stop or cb.should_stop)():
             cb.on_log("stopped during the warm-up")
             return False
@@ -83,6 +84,7 @@ def supervised_warmup(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    cb.on_phase("warm-up", t.warmup_steps, t.warmup_steps)
     cb.on_log(
         f"{t.warmup_target} warm-up: {t.warmup_steps} steps, "
         f"final loss {float(loss.detach()):.3f}, "

@@ -101,6 +101,8 @@ class Job(BaseModel):
     config_version: int = 0
     overrides: dict[str, Any] = Field(default_factory=dict)
     attempts: int = 0
+    phase: dict[str, Any] | None = None  # {name, done, total} while running
+    warnings: list[dict[str, str]] = Field(default_factory=list)  # [{code, message}] at the end
 
     @property
     def done(self) -> bool:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.synchronize import Event
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 from core.checkpoint import checkpoint_step, latest_checkpoint
 from core.evaluation import Sample
 from core.trainer import TrainerCallback
-from pdppo.store import JobRecord, JobStore, StoreRetry, StoreUnavailable
+from pdppo.store import JobRecord, JobStore, StoreRetry, StoreUnavailable, now_iso
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.retry import log_fields
 from pdppo.store.steering import Steering
@@ -32,6 +33,11 @@ from workers.config_watch import ConfigWatch
 from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
+
+PHASE_EVERY_SECONDS = 1.0
+"""Progress within a phase (warm-up step k of N) is published at most this often, and only
+after another 1% of it: a fast warm-up of thousands of steps must not flood the event stream.
+The first and last report of a phase always go out."""
 
 
 class EventPublisher:
@@ -111,6 +117,16 @@ class EventPublisher:
         self._put(
             f"publish config {version} of job {job.id}",
             lambda: self.steering.announce(job.id, step, version, changes, lease_token=self.token),
+        )
+
+    def phase(self, name: str, done: int | None, total: int | None) -> None:
+        """A `phase` event and the record's `phase`, stamped now."""
+        job, at = self.job, now_iso()
+        self._put(
+            f"publish phase {name} of job {job.id}",
+            lambda: self.store.publish_phase(
+                job.id, name, done, total, at=at, lease_token=self.token
+            ),
         )
 
     def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
@@ -224,6 +240,8 @@ class JobCallback(TrainerCallback):
         self.fence = fence
         self.config = config
         self._told = False
+        self._phase: tuple[str, int | None] | None = None  # the last published, and when
+        self._phase_at = 0.0
 
     def config_update(self) -> tuple[int, dict[str, Any]] | None:
         return self.config.latest() if self.config is not None else None
@@ -246,6 +264,12 @@ class JobCallback(TrainerCallback):
     def on_samples(self, step: int, samples: list[Sample]) -> None:
         self._ensure_held()
         self.publisher.samples(step, samples)
+
+    def on_phase(self, name: str, done: int | None = None, total: int | None = None) -> None:
+        now = time.monotonic()
+        if phase_due(self._phase, now - self._phase_at, name, done, total):
+            self._phase, self._phase_at = (name, done), now
+            self.publisher.phase(name, done, total)
 
     def on_log(self, message: str) -> None:
         self.publisher.log(message)
@@ -283,6 +307,21 @@ class JobCallback(TrainerCallback):
         self._raise_if_fenced()
         if self.fence is not None:
             self.fence.ensure_held()
+
+
+def phase_due(
+    last: tuple[str, int | None] | None,
+    elapsed: float,
+    name: str,
+    done: int | None,
+    total: int | None,
+) -> bool:
+    """Whether a phase report goes out, given the last published (name, done) and the seconds
+    since: a new phase, the first or last report of one, and progress in between only after
+    `PHASE_EVERY_SECONDS` and another 1% of it."""
+    if last is None or last[0] != name or last[1] is None or done is None or done == total:
+        return True
+    return elapsed >= PHASE_EVERY_SECONDS and (done - last[1]) * 100 >= (total or 0)
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, float]:

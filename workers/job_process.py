@@ -293,7 +293,8 @@ def _train(
     if result.stopped:
         return {"outcome": "stopped", "step": result.step}
     final = str(result.final_model) if result.final_model else None
-    return {"outcome": "succeeded", "step": result.step, "final_model": final}
+    warnings = [{"code": w.code, "message": w.message} for w in result.warnings]
+    return {"outcome": "succeeded", "step": result.step, "final_model": final, "warnings": warnings}
 
 
 def _threads(asked: int | None, size: int, cuda: bool) -> int | None:

@@ -21,6 +21,7 @@ again, the job is handed back with that reason, not counted as a lost worker.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -369,6 +370,8 @@ def _conclude(
 
     if outcome == "succeeded":
         extra = {"final_model": result["final_model"]} if result.get("final_model") else {}
+        if result.get("warnings"):  # it learned nothing, say (`core.silence.run_warnings`)
+            extra["warnings"] = json.dumps(result["warnings"])
         call("finish", lambda: store.finish(job, "succeeded", extra))
         return _Outcome(f"succeeded at step {result['step']}")
     if outcome == "failed":

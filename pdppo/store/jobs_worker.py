@@ -77,11 +77,13 @@ def _checked(job_id: str, what: str, result: object) -> bool:
 
 # KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data. Queued (or running
 # whose worker died, lease since taken over by the caller) becomes running and leaves the outbox
-# (its task has reached a worker); anything else: 0.
+# (its task has reached a worker); anything else: 0. The last run's phase goes: this run has not
+# told its own yet.
 _CLAIM = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[2], 'worker', ARGV[3])
+redis.call('HDEL', KEYS[1], 'phase')
 if not redis.call('HGET', KEYS[1], 'started_at') then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[2])
 end
@@ -138,6 +140,17 @@ redis.call('XADD', KEYS[2], '*', 'type', 'checkpoint', 'data', ARGV[3])
 return 1
 """
 _PUBLISH_CHECKPOINT = _fenced(_PUBLISH_CHECKPOINT, lease=3, token=4)
+
+# KEYS: job, events, lease; ARGV: phase json, event data, now, lease token. What a running job
+# is doing (`core.callbacks.PHASES`): the record's `phase` and a `phase` event. Not once-only: a
+# phase may come again (training after each evaluation), and a retried one repeats harmlessly.
+_PUBLISH_PHASE = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'phase', ARGV[1], 'updated_at', ARGV[3])
+redis.call('XADD', KEYS[2], '*', 'type', 'phase', 'data', ARGV[2])
+return 1
+"""
+_PUBLISH_PHASE = _fenced(_PUBLISH_PHASE, lease=3, token=4)
 
 # KEYS: events, lease; ARGV: type, data, entries looked through, lease token. A job process's log
 # line, exactly once through a stall (`pdppo.store.retry.add_event_once`), and only while fenced.
@@ -223,6 +236,7 @@ class JobStore:
         self._publish_step = client.register_script(_PUBLISH_STEP)
         self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)
         self._publish_result = client.register_script(_PUBLISH_RESULT)
+        self._publish_phase = client.register_script(_PUBLISH_PHASE)
         self._add_log_once = client.register_script(_ADD_LOG_ONCE)
         self._finish = client.register_script(_FINISH)
         self._requeue = client.register_script(_REQUEUE)
@@ -307,6 +321,24 @@ class JobStore:
             lease_token,
         ]
         return _checked(job_id, f"samples {step}", self._publish_result(keys=keys, args=args))
+
+    def publish_phase(
+        self,
+        job_id: str,
+        name: str,
+        done: int | None,
+        total: int | None,
+        *,
+        at: str,
+        lease_token: str = "",
+    ) -> bool:
+        """The phase the job entered (or its progress in it), stamped `at` when the trainer
+        said it; False when the job is no longer running."""
+        phase = {"name": name, "done": done, "total": total}
+        event = json.dumps({**phase, "at": at})
+        keys = [job_key(job_id), events_key(job_id), lease_key(job_id)]
+        args = [json.dumps(phase), event, at, lease_token]
+        return _checked(job_id, f"phase {name}", self._publish_phase(keys=keys, args=args))
 
     def add_log_once(self, job_id: str, fields: dict[str, str], *, lease_token: str) -> bool:
         """A job process's `log` entry (`pdppo.store.retry.log_fields`), added once however often

@@ -43,6 +43,10 @@ class JobRecord:
     overrides: dict[str, Any]  # the cumulative change, a merge patch of the spec
     attempts: int
     final_model: str | None
+    # what the job is doing ({name, done, total}, `core.callbacks.PHASES`), as its run last said
+    phase: dict[str, Any] | None = None
+    # what a finished run learned nothing from ([{code, message}], `core.silence.run_warnings`)
+    warnings: tuple[dict[str, str], ...] = ()
 
     @classmethod
     def from_hash(cls, raw: dict[str, str]) -> JobRecord:
@@ -71,6 +75,8 @@ class JobRecord:
             overrides=json.loads(raw.get("overrides") or "{}"),
             attempts=int(raw.get("attempts", 0)),
             final_model=raw.get("final_model"),
+            phase=json.loads(raw["phase"]) if raw.get("phase") else None,
+            warnings=tuple(json.loads(raw.get("warnings") or "[]")),
         )
 
     @property

@@ -20,10 +20,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 import click
 
+from pdppo.commands.errors import UserError
 from pdppo.devstack.stack import Stack, free_port, port_is_free
 from pdppo.devstack.supervisor import RestartPolicy
 
@@ -45,7 +46,7 @@ def _lock(data_dir: Path) -> IO[str]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise click.ClickException(
+        raise UserError(
             f"another pdppo dev is running on {data_dir}; stop it or pass --data-dir"
         ) from None
     handle.write(f"{os.getpid()}\n")
@@ -133,7 +134,12 @@ def dev(
     policy = RestartPolicy.from_env()
     demo_spec = spec or (find_demo_spec() if demo else None)
     if demo and demo_spec is None:
-        raise click.ClickException("no demo spec found (examples/demo.yaml); pass --spec")
+        raise UserError("no demo spec found (examples/demo.yaml); pass --spec")
+    demo_job = None
+    if demo_spec is not None:
+        from pdppo.client_specs import spec_to_dict
+
+        demo_job = spec_to_dict(demo_spec)  # a bad file is refused before anything starts
     data_dir.mkdir(parents=True, exist_ok=True)
     lock = _lock(data_dir)
     if port == 0 or not port_is_free(host, port):
@@ -148,8 +154,8 @@ def dev(
             t0 = time.monotonic()
             stack.start()
             _print_banner(stack, time.monotonic() - t0)
-            if demo_spec is not None:
-                exit_code = _run_demo(stack, demo_spec)
+            if demo_spec is not None and demo_job is not None:
+                exit_code = _run_demo(stack, demo_spec, demo_job)
                 if not once:
                     click.echo("demo done; the stack is still up. Ctrl-C stops it.", err=True)
             while not once:
@@ -184,13 +190,13 @@ def _print_banner(stack: Stack, seconds: float) -> None:
     )
 
 
-def _run_demo(stack: Stack, spec: Path) -> int:
-    from pdppo.client import ApiError, Client, FollowError, spec_to_dict
+def _run_demo(stack: Stack, spec: Path, job_spec: dict[str, Any]) -> int:
+    from pdppo.client import ApiError, Client, FollowError
     from pdppo.commands.jobs import follow_job
 
     with Client(stack.url, stack.api_key) as client:
         try:
-            job = client.submit(spec_to_dict(spec))
+            job = client.submit(job_spec)
             click.echo(f"demo job {job.id} submitted from {spec}", err=True)
             status = follow_job(client, job.id)
         except (ApiError, FollowError) as exc:

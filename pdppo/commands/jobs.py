@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,9 +30,6 @@ PREFERRED_METRICS = {
 }
 MAX_SHOWN_METRICS = 4
 SHOWN_SAMPLES = 3  # triples of a `samples` event a follow prints (`/samples` has all)
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _url_option = click.option(
     "--url",
@@ -57,26 +54,6 @@ def _client(url: str, api_key: str | None) -> Client:
             "no API key: pass --api-key or set PDPPO_API_KEY (for pdppo dev: source .pdppo/dev.env)"
         )
     return Client(url, api_key)
-
-
-def _handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turns client errors into one-line CLI errors instead of tracebacks."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        import httpx
-
-        from pdppo.client import ApiError, FollowError
-
-        try:
-            return fn(*args, **kwargs)
-        except (ApiError, FollowError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        except httpx.TransportError as exc:
-            raise click.ClickException(f"cannot reach the server: {exc}") from exc
-
-    return wrapper
 
 
 def _job_line(job: Job) -> str:
@@ -233,7 +210,6 @@ def _exit_for(status: str) -> None:
 )
 @_url_option
 @_key_option
-@_handle_errors
 def submit(
     spec_path: Path,
     follow: bool,
@@ -247,10 +223,7 @@ def submit(
 
     if dry_run and follow:
         raise click.UsageError("--dry-run submits nothing to follow; drop --follow")
-    try:
-        spec = spec_to_dict(spec_path)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    spec = spec_to_dict(spec_path)
     with _client(url, api_key) as client:
         if dry_run:
             _exit_for_validation(client, spec)
@@ -289,7 +262,6 @@ def _exit_for_validation(client: Client, spec: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole job object as JSON.")
 @_url_option
 @_key_option
-@_handle_errors
 def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     """Show one job's status."""
     with _client(url, api_key) as client:
@@ -318,7 +290,6 @@ def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one job per line.")
 @_url_option
 @_key_option
-@_handle_errors
 def list_jobs(
     status_filter: str | None, limit: int, as_json: bool, url: str, api_key: str | None
 ) -> None:
@@ -342,7 +313,6 @@ def _take(jobs: Iterator[Job], n: int) -> list[Job]:
 @click.argument("job_id")
 @_url_option
 @_key_option
-@_handle_errors
 def cancel(job_id: str, url: str, api_key: str | None) -> None:
     """Cancel a job: a running one stops at its next step."""
     with _client(url, api_key) as client:
@@ -355,7 +325,6 @@ def cancel(job_id: str, url: str, api_key: str | None) -> None:
 @click.argument("settings", nargs=-1, required=True)
 @_url_option
 @_key_option
-@_handle_errors
 def set_settings(job_id: str, settings: tuple[str, ...], url: str, api_key: str | None) -> None:
     """Change a running job's settings: KEY=VALUE pairs, e.g. `optim.lr=1e-4
     algorithm.delta_high=0.2 steps=200` (paths inside `train`; values read as YAML). The job
@@ -387,7 +356,6 @@ def settings_patch(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.argument("job_id")
 @_url_option
 @_key_option
-@_handle_errors
 def pause(job_id: str, url: str, api_key: str | None) -> None:
     """Pause a job: a running one checkpoints and releases its worker."""
     with _client(url, api_key) as client:
@@ -399,7 +367,6 @@ def pause(job_id: str, url: str, api_key: str | None) -> None:
 @click.argument("job_id")
 @_url_option
 @_key_option
-@_handle_errors
 def resume(job_id: str, url: str, api_key: str | None) -> None:
     """Resume a paused job from its checkpoint."""
     with _client(url, api_key) as client:
@@ -413,7 +380,6 @@ def resume(job_id: str, url: str, api_key: str | None) -> None:
 @click.option("--since", default=None, help="Resume after this event id.")
 @_url_option
 @_key_option
-@_handle_errors
 def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
     """Stream a job's events from the start (or --since) until it ends."""
     with _client(url, api_key) as client:

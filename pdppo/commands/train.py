@@ -14,21 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pdppo.commands.errors import UserError
+
 if TYPE_CHECKING:
     from pdppo.spec import JobSpec
 
 
 def _dry_run(spec: JobSpec) -> int:
     """Print the estimate and the queue's limits; 0 if the job fits them, 1 if not."""
-    from pydantic import ValidationError
-
     from core.budget import check, estimate, render, render_limits
     from pdppo.settings import Settings
 
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        raise click.ClickException(f"invalid PDPPO_* settings: {exc}") from exc
+    settings = Settings()  # a bad PDPPO_* setting is reported by pdppo.commands.errors
     queue = spec.resources.device
     budget = estimate(spec.train, queue=queue, devices=spec.resources.gpus)
     limits = settings.budget_limits(queue)
@@ -87,7 +84,7 @@ def train(
     try:
         spec = load_spec(Path(spec_path))
     except SpecError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise UserError(str(exc)) from exc
     if dry_run:
         raise SystemExit(_dry_run(spec))
     out = Path(out_dir) if out_dir else Path("runs") / (spec.name or Path(spec_path).stem)

@@ -317,7 +317,18 @@ def cancel(job_id: str, url: str, api_key: str | None) -> None:
     """Cancel a job: a running one stops at its next step."""
     with _client(url, api_key) as client:
         job = client.cancel(job_id)
-    click.echo(f"{job.id} {job.status}")
+    click.echo(cancel_line(job))
+
+
+def cancel_line(job: Job) -> str:
+    """What a cancel did: a queued or paused job is cancelled at once; a running one only got
+    the request (its status still says running), so say when it stops rather than `running`."""
+    if job.done or not job.cancel_requested:
+        return f"{job.id} {job.status}"
+    return (
+        f"{job.id} cancel requested: the {job.status} job stops within seconds, keeping its "
+        f"checkpoints (pdppo status {job.id} says cancelled once it has)"
+    )
 
 
 @click.command(name="set")

@@ -25,7 +25,7 @@ from typing import IO, Any
 import click
 
 from pdppo.commands.errors import UserError
-from pdppo.devstack.stack import Stack, free_port, port_is_free
+from pdppo.devstack.stack import DEV_TENANT, Stack, free_port, port_is_free
 from pdppo.devstack.supervisor import RestartPolicy
 
 DEMO_SPEC_NAMES = ("demo.yaml", "smoke.yaml")
@@ -54,9 +54,9 @@ def _lock(data_dir: Path) -> IO[str]:
     return handle
 
 
-def _dev_key(data_dir: Path) -> str:
+def _dev_key(data_dir: Path, name: str = "dev-key") -> str:
     """A key kept across runs: jobs belong to the key's tenant, and the Redis data persists."""
-    path = data_dir / "dev-key"
+    path = data_dir / name
     if path.exists():
         key = path.read_text().strip()
         if key:
@@ -119,6 +119,17 @@ def _signals_stop() -> Iterator[None]:
     help="Redis data, artifacts, logs and the dev key.",
 )
 @click.option("--queues", default="gpu,cpu", show_default=True, help="Queues the worker takes.")
+@click.option(
+    "--tenant",
+    "tenants",
+    multiple=True,
+    metavar="NAME",
+    help=(
+        "Also a tenant NAME with its own API key (repeatable), to try tenancy locally: kept in "
+        "DATA_DIR/dev-key-NAME like the dev key, its PDPPO_URL and PDPPO_API_KEY in "
+        "DATA_DIR/dev-NAME.env."
+    ),
+)
 def dev(
     demo: bool,
     once: bool,
@@ -127,10 +138,12 @@ def dev(
     port: int,
     data_dir: Path,
     queues: str,
+    tenants: tuple[str, ...],
 ) -> None:
     """Run Redis, the API and a worker locally; restart one that dies; Ctrl-C stops them all."""
     if once and not demo:
         raise click.UsageError("--once only makes sense with --demo")
+    names = _tenant_names(tenants)
     policy = RestartPolicy.from_env()
     demo_spec = spec or (find_demo_spec() if demo else None)
     if demo and demo_spec is None:
@@ -147,6 +160,7 @@ def dev(
             click.echo(f"port {port} is busy; using a free one", err=True)
         port = free_port(host)
     stack = Stack(data_dir, host, port, free_port(), _dev_key(data_dir), queues, policy)
+    stack.tenant_keys = {name: _dev_key(data_dir, f"dev-key-{name}") for name in names}
     exit_code = 0
     with _signals_stop():
         try:
@@ -175,12 +189,32 @@ def dev(
         raise SystemExit(exit_code)
 
 
+def _tenant_names(tenants: tuple[str, ...]) -> list[str]:
+    """The --tenant names, each once, checked as PDPPO_API_KEYS checks a tenant name."""
+    from pdppo.settings import parse_api_keys
+
+    names = list(dict.fromkeys(tenants))
+    for name in names:
+        if name == DEV_TENANT:
+            raise click.BadParameter(f"{DEV_TENANT!r} is the default tenant", param_hint="--tenant")
+        try:
+            parse_api_keys(f"{name}:key")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
+    return names
+
+
 def _print_banner(stack: Stack, seconds: float) -> None:
     logs = stack.data_dir / "logs"
+    tenants = "".join(
+        f"  tenant   {name}: {key}  (source {stack.data_dir / f'dev-{name}.env'})\n"
+        for name, key in stack.tenant_keys.items()
+    )
     click.echo(
         f"pdppo dev is up ({seconds:.0f}s)\n"
         f"  API      {stack.url}  (OpenAPI docs at {stack.url}/docs)\n"
-        f"  API key  {stack.api_key}\n"
+        f"  API key  {stack.api_key}  (tenant {DEV_TENANT})\n"
+        f"{tenants}"
         f"  Redis    {stack.redis_url}  (data in {stack.data_dir / 'redis'})\n"
         f"  logs     {logs}/{{api,worker,redis}}.log\n"
         f"In another terminal:\n"

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pdppo.commands.phases import PhaseDisplay, job_phase, job_warnings
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -79,20 +81,37 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
 
     job = client.get(job_id)
     status = job.status
+    label = job.name or job_id[:12]
     bar: tqdm[Any] = tqdm(
         total=job.progress.total or None,
         unit="step",
-        desc=job.name or job_id[:12],
+        desc=label,
         dynamic_ncols=True,
     )
+    phases = PhaseDisplay(bar, label, tty=sys.stderr.isatty())
     try:
         for event in client.follow(job_id, last_event_id=last_event_id):
-            status = _show_event(event, bar, status)
+            status = _show_event(event, bar, status, phases)
             if event.event == "done":
+                for line in _final_warnings(client, job_id):
+                    bar.write(line)
                 break
     finally:
         bar.close()
     return status
+
+
+def _final_warnings(client: Client, job_id: str) -> list[str]:
+    """The warnings the job ended with (the record has them once it ends; the stream does
+    not): shown after the stream, but a record that cannot be read now costs only them."""
+    import httpx
+
+    from pdppo.client import ApiError
+
+    try:
+        return job_warnings(client.get(job_id))
+    except (ApiError, httpx.TransportError):
+        return []
 
 
 def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = None) -> str:
@@ -107,11 +126,22 @@ def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = N
         raise SystemExit(130) from None
 
 
-def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
-    """Draws one event: metrics move the bar, everything else prints a line above it."""
+def _show_event(
+    event: Event, bar: tqdm[Any], status: str, phases: PhaseDisplay | None = None
+) -> str:
+    """Draws one event: metrics move the bar, phases label it (`PhaseDisplay`), everything
+    else prints a line above it."""
     payload = _payload(event)
     data: Mapping[str, Any] = payload if isinstance(payload, Mapping) else {}
-    if event.event == "metrics":
+    if event.event == "phase":
+        name, done, total = data.get("name"), data.get("done"), data.get("total")
+        if phases is not None and isinstance(name, str):
+            phases.show(
+                name,
+                done if isinstance(done, int) else None,
+                total if isinstance(total, int) else None,
+            )
+    elif event.event == "metrics":
         total, step = data.get("total"), data.get("step")
         if isinstance(total, int) and total > 0 and bar.total != total:
             bar.total = total
@@ -269,13 +299,22 @@ def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     if as_json:
         click.echo(json.dumps(job.model_dump(mode="json"), indent=2))
     else:
-        click.echo(_job_line(job))
-        if job.metrics:
-            click.echo(
-                "  " + "  ".join(f"{k}={v}" for k, v in _format_metrics(job.metrics).items())
-            )
-        if job.error is not None:
-            click.echo(f"error ({job.error.code}): {job.error.message}")
+        for line in status_lines(job):
+            click.echo(line)
+
+
+def status_lines(job: Job) -> list[str]:
+    """`pdppo status`: the job line, its latest metrics, what it is doing (`phase: warm-up
+    12/65`) while it runs, its error, and the warnings it ended with."""
+    lines = [_job_line(job)]
+    if job.metrics:
+        lines.append("  " + "  ".join(f"{k}={v}" for k, v in _format_metrics(job.metrics).items()))
+    phase = job_phase(job)
+    if phase is not None:
+        lines.append(f"phase: {phase}")
+    if job.error is not None:
+        lines.append(f"error ({job.error.code}): {job.error.message}")
+    return lines + job_warnings(job)
 
 
 @click.command(name="list")

@@ -8,6 +8,7 @@ the environment as the service reads them), so a spec can be sized before it is 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,10 +182,24 @@ def _progress(total: int, quiet: bool) -> Any:
     from tqdm import tqdm
 
     from core.trainer import TrainerCallback
+    from pdppo.commands.phases import PhaseDisplay
 
     class Progress(TrainerCallback):
         def __init__(self) -> None:
             self.bar = tqdm(total=total, disable=quiet, unit="step", dynamic_ncols=True)
+            # quiet: no bar, so a phase gets the lines a log gets
+            self.phases = PhaseDisplay(self, "", tty=not quiet and sys.stderr.isatty())
+
+        def write(self, s: str) -> None:
+            self.on_log(s)
+
+        def set_description_str(self, desc: str | None = None, refresh: bool = True) -> None:
+            self.bar.set_description_str(desc, refresh=refresh)
+
+        def on_phase(self, name: str, done: int | None = None, total: int | None = None) -> None:
+            """Loading the model, warm-up 12/65, evaluating: the bar says what the run does
+            while no step is counted (`pdppo.commands.phases`)."""
+            self.phases.show(name, done, total)
 
         def on_step(self, step: int, metrics: dict[str, float]) -> None:
             self.bar.n = step

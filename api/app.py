@@ -64,10 +64,23 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts)
 
 
+def _message(msg: str) -> str:
+    """pydantic's message for a validator's ValueError/assert without the "Value error, " (or
+    "Assertion failed, ") it prepends: the validators' own messages are written for people."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            return msg.removeprefix(prefix)
+    return msg
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        {
+            "loc": list(e.get("loc", ())),
+            "msg": _message(e.get("msg", "")),
+            "type": e.get("type", ""),
+        }
         for e in exc.errors()
     ]
     detail = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in errors)

@@ -14,8 +14,11 @@ model, and the number of steps.
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
+
+from pydantic import BaseModel
 
 from core.config import TrainConfig
 
@@ -66,11 +69,33 @@ def leaves(patch: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _is_field(start: TrainConfig, path: str) -> bool:
+    """Whether `path` names a setting of the config (a typo does not): followed through the
+    nested models; below a plain mapping (free-form settings) any key counts as one."""
+    node: Any = start
+    for part in path.split("."):
+        if not isinstance(node, BaseModel):
+            return True
+        if part not in type(node).model_fields:
+            return False
+        node = getattr(node, part)
+    return True
+
+
 def check_change(patch: dict[str, Any], start: TrainConfig) -> None:
     """Raises `SteeringError` for a member of `patch` (train-level) that may not change while
     running: a path outside STEERABLE, a null (the value to remove is not a value to run
     with), or a KL coefficient for a run that started without a reference model."""
     for path, value in leaves(patch).items():
+        if path not in STEERABLE and not _is_field(start, path):
+            close = difflib.get_close_matches(path, STEERABLE, n=1)
+            guess = f"; did you mean {close[0]}?" if close else ""
+            raise SteeringError(
+                path,
+                f"unknown field {path}{guess} (these can change while a job runs: "
+                + ", ".join(STEERABLE)
+                + ")",
+            )
         if path not in STEERABLE:
             raise SteeringError(
                 path,

@@ -1,8 +1,12 @@
 """The `pdppo` command line: one entry point for training, serving, workers and clients.
 
 Each subcommand lives in `pdppo.commands.<name>` and imports its heavy dependencies (torch,
-FastAPI, Celery) only when run, so `pdppo --help` stays fast.
+FastAPI, Celery) only when run, so `pdppo --help` stays fast. Failures are reported once, here
+(`pdppo.commands.errors`): a message and exit status 2 for the user's mistakes, 1 for the
+server's, a traceback only with `--debug`.
 """
+
+from typing import Any
 
 import click
 
@@ -10,9 +14,31 @@ from pdppo import __version__
 from pdppo.commands import dev, files, jobs, serve, train, worker
 
 
-@click.group()
+class _Main(click.Group):
+    """The top group: whatever a subcommand lets through becomes one line on stderr."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            from pdppo.commands.errors import explain
+
+            raise explain(exc) from exc
+
+
+@click.group(cls=_Main)
 @click.version_option(__version__, prog_name="pdppo")
-def main() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="PDPPO_DEBUG",
+    help="Show the Python traceback of an error (env PDPPO_DEBUG=1).",
+)
+def main(debug: bool) -> None:
     """pdppo: RL fine-tuning of language models with predictive-divergence trust regions."""
 
 

@@ -15,6 +15,10 @@ from pydantic import BaseModel
 SpecLike = Mapping[str, Any] | BaseModel | Path
 
 
+class SpecFileError(ValueError):
+    """A spec file that is not a YAML/JSON mapping (the file is named in the message)."""
+
+
 # YAML 1.2 floats with an exponent that YAML 1.1 (PyYAML) reads as strings: 1e-5, 2E3, .5e-3
 _YAML12_EXPONENT_FLOAT = re.compile(
     r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
@@ -86,15 +90,31 @@ def resolve_spec_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     return {**data, "train": train}
 
 
+def _yaml_problem(exc: Exception) -> str:
+    """`line 2, column 8: expected ',' or ']'`, not PyYAML's five-line report."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(exc).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def spec_to_dict(spec: SpecLike) -> dict[str, Any]:
     """Turns a spec given as a mapping, a pydantic model or a YAML/JSON file into JSON data.
 
     A file's relative dataset and model paths are resolved against the file's folder
     (`resolve_spec_paths`), as `pdppo train` does (`pdppo.spec.load_spec`)."""
     if isinstance(spec, Path):
-        loaded = spec_yaml_load(spec.read_text())
+        import yaml
+
+        try:
+            loaded = spec_yaml_load(spec.read_text())
+        except yaml.YAMLError as exc:
+            raise SpecFileError(f"{spec}: not valid YAML/JSON: {_yaml_problem(exc)}") from exc
         if not isinstance(loaded, dict):
-            raise ValueError(f"{spec}: a job spec must be a mapping, got {type(loaded).__name__}")
+            raise SpecFileError(
+                f"{spec}: a job spec must be a mapping, got {type(loaded).__name__}"
+            )
         return resolve_spec_paths(loaded, spec.absolute().parent)
     if isinstance(spec, BaseModel):
         dumped: dict[str, Any] = spec.model_dump(mode="json")

@@ -74,9 +74,14 @@ def prompt_tokens(
     if read_files and cfg.task.path is not None:
         longest = _longest_jsonl_prompt(Path(cfg.task.path).expanduser(), data_roots)
     if longest is None:
+        # an uploaded file (task.file) is not opened by the estimate: say so, not "path"
+        source = (
+            f"task.file {cfg.task.file}: the uploaded file's prompts are not measured"
+            if cfg.task.path is None and cfg.task.file is not None
+            else "task.path is not readable here"
+        )
         note = (
-            f"task.path is not readable here: prompts are assumed as long as the model's "
-            f"sequence allows ({bound} tokens)"
+            f"{source}: prompts are assumed as long as the model's sequence allows ({bound} tokens)"
         )
         if shape.max_seq_len is None:
             note += f"; the model's sequence length is unknown, {UNKNOWN_SEQ_LEN} assumed"

@@ -20,11 +20,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 import click
 
-from pdppo.devstack.stack import Stack, free_port, port_is_free
+from pdppo.commands.errors import UserError
+from pdppo.devstack.stack import DEV_TENANT, Stack, free_port, port_is_free
 from pdppo.devstack.supervisor import RestartPolicy
 
 DEMO_SPEC_NAMES = ("demo.yaml", "smoke.yaml")
@@ -45,7 +46,7 @@ def _lock(data_dir: Path) -> IO[str]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise click.ClickException(
+        raise UserError(
             f"another pdppo dev is running on {data_dir}; stop it or pass --data-dir"
         ) from None
     handle.write(f"{os.getpid()}\n")
@@ -53,9 +54,9 @@ def _lock(data_dir: Path) -> IO[str]:
     return handle
 
 
-def _dev_key(data_dir: Path) -> str:
+def _dev_key(data_dir: Path, name: str = "dev-key") -> str:
     """A key kept across runs: jobs belong to the key's tenant, and the Redis data persists."""
-    path = data_dir / "dev-key"
+    path = data_dir / name
     if path.exists():
         key = path.read_text().strip()
         if key:
@@ -118,6 +119,17 @@ def _signals_stop() -> Iterator[None]:
     help="Redis data, artifacts, logs and the dev key.",
 )
 @click.option("--queues", default="gpu,cpu", show_default=True, help="Queues the worker takes.")
+@click.option(
+    "--tenant",
+    "tenants",
+    multiple=True,
+    metavar="NAME",
+    help=(
+        "Also a tenant NAME with its own API key (repeatable), to try tenancy locally: kept in "
+        "DATA_DIR/dev-key-NAME like the dev key, its PDPPO_URL and PDPPO_API_KEY in "
+        "DATA_DIR/dev-NAME.env."
+    ),
+)
 def dev(
     demo: bool,
     once: bool,
@@ -126,14 +138,21 @@ def dev(
     port: int,
     data_dir: Path,
     queues: str,
+    tenants: tuple[str, ...],
 ) -> None:
     """Run Redis, the API and a worker locally; restart one that dies; Ctrl-C stops them all."""
     if once and not demo:
         raise click.UsageError("--once only makes sense with --demo")
+    names = _tenant_names(tenants)
     policy = RestartPolicy.from_env()
     demo_spec = spec or (find_demo_spec() if demo else None)
     if demo and demo_spec is None:
-        raise click.ClickException("no demo spec found (examples/demo.yaml); pass --spec")
+        raise UserError("no demo spec found (examples/demo.yaml); pass --spec")
+    demo_job = None
+    if demo_spec is not None:
+        from pdppo.client_specs import spec_to_dict
+
+        demo_job = spec_to_dict(demo_spec)  # a bad file is refused before anything starts
     data_dir.mkdir(parents=True, exist_ok=True)
     lock = _lock(data_dir)
     if port == 0 or not port_is_free(host, port):
@@ -141,6 +160,7 @@ def dev(
             click.echo(f"port {port} is busy; using a free one", err=True)
         port = free_port(host)
     stack = Stack(data_dir, host, port, free_port(), _dev_key(data_dir), queues, policy)
+    stack.tenant_keys = {name: _dev_key(data_dir, f"dev-key-{name}") for name in names}
     exit_code = 0
     with _signals_stop():
         try:
@@ -148,8 +168,8 @@ def dev(
             t0 = time.monotonic()
             stack.start()
             _print_banner(stack, time.monotonic() - t0)
-            if demo_spec is not None:
-                exit_code = _run_demo(stack, demo_spec)
+            if demo_spec is not None and demo_job is not None:
+                exit_code = _run_demo(stack, demo_spec, demo_job)
                 if not once:
                     click.echo("demo done; the stack is still up. Ctrl-C stops it.", err=True)
             while not once:
@@ -169,12 +189,32 @@ def dev(
         raise SystemExit(exit_code)
 
 
+def _tenant_names(tenants: tuple[str, ...]) -> list[str]:
+    """The --tenant names, each once, checked as PDPPO_API_KEYS checks a tenant name."""
+    from pdppo.settings import parse_api_keys
+
+    names = list(dict.fromkeys(tenants))
+    for name in names:
+        if name == DEV_TENANT:
+            raise click.BadParameter(f"{DEV_TENANT!r} is the default tenant", param_hint="--tenant")
+        try:
+            parse_api_keys(f"{name}:key")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
+    return names
+
+
 def _print_banner(stack: Stack, seconds: float) -> None:
     logs = stack.data_dir / "logs"
+    tenants = "".join(
+        f"  tenant   {name}: {key}  (source {stack.data_dir / f'dev-{name}.env'})\n"
+        for name, key in stack.tenant_keys.items()
+    )
     click.echo(
         f"pdppo dev is up ({seconds:.0f}s)\n"
         f"  API      {stack.url}  (OpenAPI docs at {stack.url}/docs)\n"
-        f"  API key  {stack.api_key}\n"
+        f"  API key  {stack.api_key}  (tenant {DEV_TENANT})\n"
+        f"{tenants}"
         f"  Redis    {stack.redis_url}  (data in {stack.data_dir / 'redis'})\n"
         f"  logs     {logs}/{{api,worker,redis}}.log\n"
         f"In another terminal:\n"
@@ -184,13 +224,13 @@ def _print_banner(stack: Stack, seconds: float) -> None:
     )
 
 
-def _run_demo(stack: Stack, spec: Path) -> int:
-    from pdppo.client import ApiError, Client, FollowError, spec_to_dict
+def _run_demo(stack: Stack, spec: Path, job_spec: dict[str, Any]) -> int:
+    from pdppo.client import ApiError, Client, FollowError
     from pdppo.commands.jobs import follow_job
 
     with Client(stack.url, stack.api_key) as client:
         try:
-            job = client.submit(spec_to_dict(spec))
+            job = client.submit(job_spec)
             click.echo(f"demo job {job.id} submitted from {spec}", err=True)
             status = follow_job(client, job.id)
         except (ApiError, FollowError) as exc:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pdppo.commands.jobs import _client, _handle_errors, _key_option, _url_option
+from pdppo.commands.jobs import _client, _key_option, _url_option
 
 if TYPE_CHECKING:
     from pdppo.client_files import File
@@ -36,7 +36,6 @@ def files() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole file object as JSON.")
 @_url_option
 @_key_option
-@_handle_errors
 def upload(path: Path, purpose: str | None, as_json: bool, url: str, api_key: str | None) -> None:
     """Upload a JSONL dataset; print its id. The server refuses it whole, naming the bad lines,
     if one line is not a valid record."""
@@ -55,7 +54,6 @@ def upload(path: Path, purpose: str | None, as_json: bool, url: str, api_key: st
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one file per line.")
 @_url_option
 @_key_option
-@_handle_errors
 def list_files(limit: int, as_json: bool, url: str, api_key: str | None) -> None:
     """List your files, newest first: id, bytes, records, purpose, name, time."""
     with _client(url, api_key) as client:
@@ -67,7 +65,6 @@ def list_files(limit: int, as_json: bool, url: str, api_key: str | None) -> None
 @click.argument("file_id")
 @_url_option
 @_key_option
-@_handle_errors
 def show(file_id: str, url: str, api_key: str | None) -> None:
     """Show one file as JSON."""
     with _client(url, api_key) as client:
@@ -86,7 +83,6 @@ def show(file_id: str, url: str, api_key: str | None) -> None:
 )
 @_url_option
 @_key_option
-@_handle_errors
 def download(file_id: str, output: Path | None, url: str, api_key: str | None) -> None:
     """Get a file's content, as uploaded."""
     with _client(url, api_key) as client:
@@ -101,7 +97,6 @@ def download(file_id: str, output: Path | None, url: str, api_key: str | None) -
 @click.argument("file_id")
 @_url_option
 @_key_option
-@_handle_errors
 def delete(file_id: str, url: str, api_key: str | None) -> None:
     """Delete a file. Started jobs keep their copy; queued jobs that name it will fail."""
     with _client(url, api_key) as client:

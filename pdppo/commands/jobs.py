@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from pdppo.commands.phases import PhaseDisplay, job_phase, job_warnings
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -30,9 +32,6 @@ PREFERRED_METRICS = {
 }
 MAX_SHOWN_METRICS = 4
 SHOWN_SAMPLES = 3  # triples of a `samples` event a follow prints (`/samples` has all)
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _url_option = click.option(
     "--url",
@@ -59,26 +58,6 @@ def _client(url: str, api_key: str | None) -> Client:
     return Client(url, api_key)
 
 
-def _handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turns client errors into one-line CLI errors instead of tracebacks."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        import httpx
-
-        from pdppo.client import ApiError, FollowError
-
-        try:
-            return fn(*args, **kwargs)
-        except (ApiError, FollowError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        except httpx.TransportError as exc:
-            raise click.ClickException(f"cannot reach the server: {exc}") from exc
-
-    return wrapper
-
-
 def _job_line(job: Job) -> str:
     created = job.created_at.strftime("%Y-%m-%d %H:%M:%S") if job.created_at else ""
     progress = f"{job.progress.step}/{job.progress.total}"
@@ -102,20 +81,37 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
 
     job = client.get(job_id)
     status = job.status
+    label = job.name or job_id[:12]
     bar: tqdm[Any] = tqdm(
         total=job.progress.total or None,
         unit="step",
-        desc=job.name or job_id[:12],
+        desc=label,
         dynamic_ncols=True,
     )
+    phases = PhaseDisplay(bar, label, tty=sys.stderr.isatty())
     try:
         for event in client.follow(job_id, last_event_id=last_event_id):
-            status = _show_event(event, bar, status)
+            status = _show_event(event, bar, status, phases)
             if event.event == "done":
+                for line in _final_warnings(client, job_id):
+                    bar.write(line)
                 break
     finally:
         bar.close()
     return status
+
+
+def _final_warnings(client: Client, job_id: str) -> list[str]:
+    """The warnings the job ended with (the record has them once it ends; the stream does
+    not): shown after the stream, but a record that cannot be read now costs only them."""
+    import httpx
+
+    from pdppo.client import ApiError
+
+    try:
+        return job_warnings(client.get(job_id))
+    except (ApiError, httpx.TransportError):
+        return []
 
 
 def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = None) -> str:
@@ -130,11 +126,22 @@ def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = N
         raise SystemExit(130) from None
 
 
-def _show_event(event: Event, bar: tqdm[Any], status: str) -> str:
-    """Draws one event: metrics move the bar, everything else prints a line above it."""
+def _show_event(
+    event: Event, bar: tqdm[Any], status: str, phases: PhaseDisplay | None = None
+) -> str:
+    """Draws one event: metrics move the bar, phases label it (`PhaseDisplay`), everything
+    else prints a line above it."""
     payload = _payload(event)
     data: Mapping[str, Any] = payload if isinstance(payload, Mapping) else {}
-    if event.event == "metrics":
+    if event.event == "phase":
+        name, done, total = data.get("name"), data.get("done"), data.get("total")
+        if phases is not None and isinstance(name, str):
+            phases.show(
+                name,
+                done if isinstance(done, int) else None,
+                total if isinstance(total, int) else None,
+            )
+    elif event.event == "metrics":
         total, step = data.get("total"), data.get("step")
         if isinstance(total, int) and total > 0 and bar.total != total:
             bar.total = total
@@ -233,7 +240,6 @@ def _exit_for(status: str) -> None:
 )
 @_url_option
 @_key_option
-@_handle_errors
 def submit(
     spec_path: Path,
     follow: bool,
@@ -247,10 +253,7 @@ def submit(
 
     if dry_run and follow:
         raise click.UsageError("--dry-run submits nothing to follow; drop --follow")
-    try:
-        spec = spec_to_dict(spec_path)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    spec = spec_to_dict(spec_path)
     with _client(url, api_key) as client:
         if dry_run:
             _exit_for_validation(client, spec)
@@ -289,7 +292,6 @@ def _exit_for_validation(client: Client, spec: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole job object as JSON.")
 @_url_option
 @_key_option
-@_handle_errors
 def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     """Show one job's status."""
     with _client(url, api_key) as client:
@@ -297,13 +299,22 @@ def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     if as_json:
         click.echo(json.dumps(job.model_dump(mode="json"), indent=2))
     else:
-        click.echo(_job_line(job))
-        if job.metrics:
-            click.echo(
-                "  " + "  ".join(f"{k}={v}" for k, v in _format_metrics(job.metrics).items())
-            )
-        if job.error is not None:
-            click.echo(f"error ({job.error.code}): {job.error.message}")
+        for line in status_lines(job):
+            click.echo(line)
+
+
+def status_lines(job: Job) -> list[str]:
+    """`pdppo status`: the job line, its latest metrics, what it is doing (`phase: warm-up
+    12/65`) while it runs, its error, and the warnings it ended with."""
+    lines = [_job_line(job)]
+    if job.metrics:
+        lines.append("  " + "  ".join(f"{k}={v}" for k, v in _format_metrics(job.metrics).items()))
+    phase = job_phase(job)
+    if phase is not None:
+        lines.append(f"phase: {phase}")
+    if job.error is not None:
+        lines.append(f"error ({job.error.code}): {job.error.message}")
+    return lines + job_warnings(job)
 
 
 @click.command(name="list")
@@ -318,7 +329,6 @@ def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one job per line.")
 @_url_option
 @_key_option
-@_handle_errors
 def list_jobs(
     status_filter: str | None, limit: int, as_json: bool, url: str, api_key: str | None
 ) -> None:
@@ -342,12 +352,22 @@ def _take(jobs: Iterator[Job], n: int) -> list[Job]:
 @click.argument("job_id")
 @_url_option
 @_key_option
-@_handle_errors
 def cancel(job_id: str, url: str, api_key: str | None) -> None:
     """Cancel a job: a running one stops at its next step."""
     with _client(url, api_key) as client:
         job = client.cancel(job_id)
-    click.echo(f"{job.id} {job.status}")
+    click.echo(cancel_line(job))
+
+
+def cancel_line(job: Job) -> str:
+    """What a cancel did: a queued or paused job is cancelled at once; a running one only got
+    the request (its status still says running), so say when it stops rather than `running`."""
+    if job.done or not job.cancel_requested:
+        return f"{job.id} {job.status}"
+    return (
+        f"{job.id} cancel requested: the {job.status} job stops within seconds, keeping its "
+        f"checkpoints (pdppo status {job.id} says cancelled once it has)"
+    )
 
 
 @click.command(name="set")
@@ -355,7 +375,6 @@ def cancel(job_id: str, url: str, api_key: str | None) -> None:
 @click.argument("settings", nargs=-1, required=True)
 @_url_option
 @_key_option
-@_handle_errors
 def set_settings(job_id: str, settings: tuple[str, ...], url: str, api_key: str | None) -> None:
     """Change a running job's settings: KEY=VALUE pairs, e.g. `optim.lr=1e-4
     algorithm.delta_high=0.2 steps=200` (paths inside `train`; values read as YAML). The job
@@ -387,7 +406,6 @@ def settings_patch(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.argument("job_id")
 @_url_option
 @_key_option
-@_handle_errors
 def pause(job_id: str, url: str, api_key: str | None) -> None:
     """Pause a job: a running one checkpoints and releases its worker."""
     with _client(url, api_key) as client:
@@ -399,7 +417,6 @@ def pause(job_id: str, url: str, api_key: str | None) -> None:
 @click.argument("job_id")
 @_url_option
 @_key_option
-@_handle_errors
 def resume(job_id: str, url: str, api_key: str | None) -> None:
     """Resume a paused job from its checkpoint."""
     with _client(url, api_key) as client:
@@ -413,7 +430,6 @@ def resume(job_id: str, url: str, api_key: str | None) -> None:
 @click.option("--since", default=None, help="Resume after this event id.")
 @_url_option
 @_key_option
-@_handle_errors
 def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
     """Stream a job's events from the start (or --since) until it ends."""
     with _client(url, api_key) as client:

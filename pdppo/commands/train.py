@@ -8,11 +8,14 @@ the environment as the service reads them), so a spec can be sized before it is 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from pdppo.commands.errors import UserError
 
 if TYPE_CHECKING:
     from pdppo.spec import JobSpec
@@ -20,15 +23,10 @@ if TYPE_CHECKING:
 
 def _dry_run(spec: JobSpec) -> int:
     """Print the estimate and the queue's limits; 0 if the job fits them, 1 if not."""
-    from pydantic import ValidationError
-
     from core.budget import check, estimate, render, render_limits
     from pdppo.settings import Settings
 
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        raise click.ClickException(f"invalid PDPPO_* settings: {exc}") from exc
+    settings = Settings()  # a bad PDPPO_* setting is reported by pdppo.commands.errors
     queue = spec.resources.device
     budget = estimate(spec.train, queue=queue, devices=spec.resources.gpus)
     limits = settings.budget_limits(queue)
@@ -87,7 +85,7 @@ def train(
     try:
         spec = load_spec(Path(spec_path))
     except SpecError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise UserError(str(exc)) from exc
     if dry_run:
         raise SystemExit(_dry_run(spec))
     out = Path(out_dir) if out_dir else Path("runs") / (spec.name or Path(spec_path).stem)
@@ -184,10 +182,24 @@ def _progress(total: int, quiet: bool) -> Any:
     from tqdm import tqdm
 
     from core.trainer import TrainerCallback
+    from pdppo.commands.phases import PhaseDisplay
 
     class Progress(TrainerCallback):
         def __init__(self) -> None:
             self.bar = tqdm(total=total, disable=quiet, unit="step", dynamic_ncols=True)
+            # quiet: no bar, so a phase gets the lines a log gets
+            self.phases = PhaseDisplay(self, "", tty=not quiet and sys.stderr.isatty())
+
+        def write(self, s: str) -> None:
+            self.on_log(s)
+
+        def set_description_str(self, desc: str | None = None, refresh: bool = True) -> None:
+            self.bar.set_description_str(desc, refresh=refresh)
+
+        def on_phase(self, name: str, done: int | None = None, total: int | None = None) -> None:
+            """Loading the model, warm-up 12/65, evaluating: the bar says what the run does
+            while no step is counted (`pdppo.commands.phases`)."""
+            self.phases.show(name, done, total)
 
         def on_step(self, step: int, metrics: dict[str, float]) -> None:
             self.bar.n = step

@@ -101,6 +101,9 @@ def wait_until(check: Callable[[], bool], fatal: list[Child], timeout: float, wh
     raise click.ClickException(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+DEV_TENANT = "dev"  # the tenant of the dev key, the one `dev.env` holds
+
+
 @dataclass
 class Stack:
     """The three children, where to reach them, and the supervisor that keeps them up."""
@@ -112,6 +115,7 @@ class Stack:
     api_key: str
     queues: str
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    tenant_keys: dict[str, str] = field(default_factory=dict)  # beside DEV_TENANT's api_key
     children: list[Child] = field(default_factory=list)
     supervisor: Supervisor | None = None
 
@@ -134,7 +138,10 @@ class Stack:
             {
                 "PDPPO_ENVIRONMENT": "development",
                 "PDPPO_REDIS_URL": self.redis_url,
-                "PDPPO_API_KEYS": f"dev:{self.api_key}",
+                "PDPPO_API_KEYS": ",".join(
+                    f"{tenant}:{key}"
+                    for tenant, key in {DEV_TENANT: self.api_key, **self.tenant_keys}.items()
+                ),
                 "PDPPO_ARTIFACT_DIR": str((self.data_dir / "artifacts").resolve()),
                 "PYTHONUNBUFFERED": "1",
             }
@@ -189,9 +196,12 @@ class Stack:
         wait_until(lambda: api_ready(self.url), [redis, api], READY_TIMEOUT_S, "API")
         self.supervisor.watch(api)
         self.supervisor.watch(redis)
-        (self.data_dir / "dev.env").write_text(
-            f"export PDPPO_URL={self.url}\nexport PDPPO_API_KEY={self.api_key}\n"
-        )
+        env_files = {"dev.env": self.api_key}
+        env_files |= {f"dev-{name}.env": key for name, key in self.tenant_keys.items()}
+        for name, key in env_files.items():
+            path = self.data_dir / name
+            path.write_text(f"export PDPPO_URL={self.url}\nexport PDPPO_API_KEY={key}\n")
+            path.chmod(0o600)  # it holds a key, as dev-key does
 
     def stop(self) -> None:
         """No more restarts; then the worker (it records the final status), the API, Redis."""

@@ -1,4 +1,5 @@
-"""A TCP proxy in front of the real API that cuts connections in the middle of a response.
+"""A TCP proxy in front of the real API that cuts connections in the middle of a response, and
+a gateway whose API is down (`BadGateway`).
 
 This is how a test drops an SSE stream for real: the client sees the same abrupt end of a
 chunked body that a proxy timeout or a network blip produces, and must reconnect on its own.
@@ -9,6 +10,7 @@ fast the job runs or how much the client has buffered.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import socket
 import threading
 
@@ -82,3 +84,41 @@ class DroppingProxy:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+class BadGateway:
+    """An HTTP server that answers every request 502 with an HTML page, as a reverse proxy does
+    when the API behind it is down: a real 5xx over a real connection, for the CLI's tests."""
+
+    PAGE = b"<html><body><h1>502 Bad Gateway</h1>upstream connect error</body></html>"
+
+    def __init__(self) -> None:
+        page = self.PAGE
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)  # the whole body: a reset would hide the 502
+                self.send_response(502)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -77,14 +77,14 @@ def test_submit_cancel_and_logs_report_cancelled(tmp_path: Path, cli_env: dict[s
 def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path, cli_env: dict[str, str]) -> None:
     spec = write_spec(tmp_path / "bad.yaml", smoke_spec(steps=0))
     code, _, err = _run(["submit", str(spec)], cli_env)
-    assert code == 1 and "HTTP 422" in err and "train.steps" in err
+    assert code == 2 and "HTTP 422" in err and "train.steps" in err
 
     code, _, err = _run(["list"], {**cli_env, "PDPPO_API_KEY": ""})
     assert code == 2 and "no API key" in err
     code, _, err = _run(["list"], {**cli_env, "PDPPO_API_KEY": "wrong"})
-    assert code == 1 and "HTTP 401" in err
+    assert code == 2 and "HTTP 401" in err
     code, _, err = _run(["status", "x", "--url", "http://127.0.0.1:9"], cli_env)
-    assert code == 1 and "cannot reach the server" in err
+    assert code == 2 and "cannot reach http://127.0.0.1:9/v1/jobs/x" in err
 
 
 def test_the_installed_command_follows_a_job(

@@ -80,12 +80,12 @@ def test_files_commands(cli_env: dict[str, str], tmp_path: Path) -> None:
     code, out, _ = _run(["files", "delete", file_id], cli_env)
     assert code == 0 and out.strip() == f"{file_id} deleted"
     code, _, err = _run(["files", "show", file_id], cli_env)
-    assert code == 1 and "HTTP 404" in err and "not found" in err
+    assert code == 2 and "HTTP 404" in err and "not found" in err
 
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(BAD)
     code, _, err = _run(["files", "upload", str(bad)], cli_env)
-    assert code == 1 and "HTTP 422" in err and "line 2:" in err
+    assert code == 2 and "HTTP 422" in err and "line 2:" in err
     assert len(err.strip().splitlines()) == 1
 
 

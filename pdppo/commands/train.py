@@ -106,8 +106,9 @@ def train(
             result = _data_parallel(spec.train.model_dump_json(), out, resume, quiet, nproc)
         else:
             result = _train(spec.train.model_dump_json(), out, resume, quiet)
-    except (ValueError, RuntimeError, OSError) as exc:
-        # a rank's failure arrives as its traceback: its last line says what went wrong
+    except (ValueError, RuntimeError, OSError, ImportError) as exc:
+        # a rank's failure arrives as its traceback: its last line says what went wrong (an
+        # ImportError: a feature's extra is missing, core.extras.MissingExtra)
         raise click.ClickException(str(exc).strip().splitlines()[-1]) from exc
     click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
     if result.final_model is not None:

@@ -143,3 +143,16 @@ def test_a_job_feature_without_its_extra_fails_naming_it(
     )
     proc = _python(caught, hidden)
     assert (proc.returncode, proc.stdout) == (0, f"MissingExtra: {line}\n"), proc.stderr
+
+
+def test_pdppo_train_of_a_lora_spec_without_peft_says_so_in_one_line(tmp_path: Path) -> None:
+    spec = smoke_spec()
+    spec["train"]["model"] = {"name": "hf:/no/such/model", "lora": {"r": 4}}
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = _cli(["train", str(path), "--out", str(tmp_path / "out"), "--quiet"], ("peft",))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        "Error: model.lora (LoRA adapters) needs the lora extra: pip install 'pdppo[lora]' "
+        "(peft is missing)\n"
+    )

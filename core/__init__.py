@@ -1,13 +1,18 @@
 """The pdppo trainer as a plain torch library: trust-region masks, estimators, loss, training.
 
-Imports no web or queue code; `api/` and `workers/` build on it.
+Imports no web or queue code; `api/` and `workers/` build on it. Without torch (the client
+install, `pip install pdppo`), importing `core` still works and so do its torch-free modules
+(`core.config`, `core.budget`: `pdppo submit --dry-run` prints `core.budget`'s report); the names
+below then say which extra brings torch. (Not lazy when torch is there: `core.divergence` is
+both a module and a function, and an import of the module would shadow a lazy function.)
 """
 
-from core.behavior import BehaviorView
-from core.divergence import divergence, predicted_change
-from core.fused import fused_policy_loss
-from core.loss import PolicyLossOutput, policy_loss
-from core.masks import trust_region, trust_region_mask
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from core.extras import MissingExtra
 
 __all__ = [
     "BehaviorView",
@@ -19,3 +24,16 @@ __all__ = [
     "trust_region",
     "trust_region_mask",
 ]
+
+if importlib.util.find_spec("torch") is not None:
+    from core.behavior import BehaviorView
+    from core.divergence import divergence, predicted_change
+    from core.fused import fused_policy_loss
+    from core.loss import PolicyLossOutput, policy_loss
+    from core.masks import trust_region, trust_region_mask
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in __all__:
+            raise MissingExtra(f"core.{name}", "worker", "torch")
+        raise AttributeError(f"module 'core' has no attribute {name!r}")

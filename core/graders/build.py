@@ -34,7 +34,7 @@ def build_grader(
     if isinstance(cfg, NumericGrader):
         return Numeric(cfg, where)
     if isinstance(cfg, MathGrader):
-        return Math(cfg)
+        return Math(cfg, where)
     if isinstance(cfg, JsonSchemaGrader):
         return JsonSchema(cfg, where)
     if isinstance(cfg, LengthPenaltyGrader):

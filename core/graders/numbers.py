@@ -11,6 +11,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from core.extras import require
 from core.graders.base import Grader, Record, field_value, text_field
 from core.graders.config import MathGrader, NumericGrader
 
@@ -104,7 +105,8 @@ class Math(Grader):
     time limits (signal.alarm) are turned off: the server's deadline kills a stuck comparison,
     and alarms do not work outside the main thread."""
 
-    def __init__(self, cfg: MathGrader) -> None:
+    def __init__(self, cfg: MathGrader, where: str) -> None:
+        require(f"{where} (math)", "math", ("math_verify",))
         self.field = cfg.field
         self._parse: Callable[..., list[Any]] | None = None
         self._verify: Callable[..., bool] | None = None

@@ -6,6 +6,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
+from core.extras import require
 from core.graders.base import Grader, Record, field_value
 from core.graders.config import JsonSchemaGrader
 
@@ -23,6 +24,7 @@ class JsonSchema(Grader):
     this grader runs in the grading server. jsonschema is imported on first use."""
 
     def __init__(self, cfg: JsonSchemaGrader, where: str) -> None:
+        require(f"{where} (json_schema)", "jsonschema", ("jsonschema",))
         self.field = cfg.field
         self.fixed = cfg.json_schema
         self._validators: OrderedDict[str, Any] = OrderedDict()

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from core.config import ModelConfig
+from core.extras import require
 from core.models.base import CausalLM
 from core.models.local_hf import make_chat_hf, make_tiny_hf
 from core.safe_files import UnsafeFileError, check_model_dir, is_hub_id
@@ -134,6 +135,8 @@ class HFLM(CausalLM):
         `resolve_hf_source`. `folder`: load from this local folder instead of `cfg.name` (the
         final model of an earlier job, `job:<id>`, which lies in the artifact store, not under
         the data roots); it is still checked for FIFOs and devices."""
+        if cfg.lora is not None:  # before the model loads, which can take minutes
+            require("model.lora (LoRA adapters)", "lora", ("peft",))
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if folder is None:

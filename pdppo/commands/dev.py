@@ -27,6 +27,7 @@ import click
 from pdppo.commands.errors import UserError
 from pdppo.devstack.stack import DEV_TENANT, Stack, free_port, port_is_free
 from pdppo.devstack.supervisor import RestartPolicy
+from pdppo.extras import local_modules, need_extra
 
 DEMO_SPEC_NAMES = ("demo.yaml", "smoke.yaml")
 
@@ -141,6 +142,7 @@ def dev(
     tenants: tuple[str, ...],
 ) -> None:
     """Run Redis, the API and a worker locally; restart one that dies; Ctrl-C stops them all."""
+    need_extra("pdppo dev", "local", local_modules())
     if once and not demo:
         raise click.UsageError("--once only makes sense with --demo")
     names = _tenant_names(tenants)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from pdppo.extras import SERVER_MODULES, need_extra
+
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
@@ -12,6 +14,7 @@ import click
 @click.option("--log-level", default=None, help="uvicorn log level (default: PDPPO_LOG_LEVEL).")
 def serve(host: str, port: int, workers: int, log_level: str | None) -> None:
     """Run the API (settings from PDPPO_* environment variables)."""
+    need_extra("pdppo serve", "server", SERVER_MODULES)
     import uvicorn
 
     from pdppo.settings import get_settings

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pdppo.commands.errors import UserError
+from pdppo.extras import WORKER_MODULES, need_extra
 
 if TYPE_CHECKING:
     from pdppo.spec import JobSpec
@@ -80,6 +81,8 @@ def train(
     dry_run: bool,
 ) -> None:
     """Train locally from a job spec; writes metrics.jsonl, checkpoints/ and final/ into --out."""
+    # --dry-run reads the settings (pydantic-settings) but loads no model
+    need_extra("pdppo train", "worker", ("pydantic_settings",) if dry_run else WORKER_MODULES)
     from pdppo.spec import SpecError, load_spec
 
     try:
@@ -100,8 +103,9 @@ def train(
             result = _data_parallel(spec.train.model_dump_json(), out, resume, quiet, nproc)
         else:
             result = _train(spec.train.model_dump_json(), out, resume, quiet)
-    except (ValueError, RuntimeError, OSError) as exc:
-        # a rank's failure arrives as its traceback: its last line says what went wrong
+    except (ValueError, RuntimeError, OSError, ImportError) as exc:
+        # a rank's failure arrives as its traceback: its last line says what went wrong (an
+        # ImportError: a feature's extra is missing, core.extras.MissingExtra)
         raise click.ClickException(str(exc).strip().splitlines()[-1]) from exc
     click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
     if result.final_model is not None:

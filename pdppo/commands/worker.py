@@ -7,6 +7,8 @@ import socket
 
 import click
 
+from pdppo.extras import WORKER_MODULES, need_extra
+
 
 @click.command()
 @click.option(
@@ -41,6 +43,7 @@ def worker(
     """Run jobs from the queues. One job at a time, in this process (`-P solo`): CUDA is never
     forked. A job owns every device of its worker: start one worker per GPU for one-GPU jobs, or
     one worker with --gpus 0,1,2,3 for jobs of up to 4 (resources.gpus)."""
+    need_extra("pdppo worker", "worker", WORKER_MODULES)
     from pdppo.queues import DEVICES, worker_queues
 
     chosen = [q.strip() for q in queues.split(",") if q.strip()]
@@ -93,6 +96,7 @@ def healthcheck(max_age: float | None) -> None:
     """Exit 0 when every worker process on this machine (this container) reached Redis
     recently, 1 otherwise: the worker containers' healthcheck. Reads the files the workers'
     reaper threads write (PDPPO_WORKER_HEARTBEAT_DIR); talks to nothing itself."""
+    need_extra("pdppo healthcheck", "worker", ("pydantic_settings",))
     from pdppo.settings import get_settings
     from workers.heartbeat import read_beats, verdict
 

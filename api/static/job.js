@@ -105,6 +105,8 @@ function jobPage(main, jobId) {
       if (job) {
         job.progress = { step: data.step, total: data.total };
         job.metrics = data.metrics;
+        // training's progress is the step: its phase event comes once, at its start
+        if (job.phase && job.phase.name === "training") job.phase.done = data.step;
       }
     } else if (event.event === "phase") {
       probe.phases.push(phaseText(data));

@@ -20,27 +20,42 @@ from tests.integration.conftest import service as service
 from tests.integration.conftest import wait_for
 from tests.integration.stack import KEYS, Service
 
-# Which charts of a full-page screenshot (decoded in the page itself: no image library here)
-# show fewer than 500 pixels that are not the white of their box: nothing was drawn there.
-BLANK_CHARTS = """async (png) => {
+# Where each chart's canvas lies on the page, and which of them show fewer than 500 pixels
+# that are not the white of their box in a full-page screenshot (decoded in the page itself: no
+# image library here): nothing was drawn there.
+CANVASES = """() => [...document.querySelectorAll(".chart")].map((box) => {
+  const r = box.querySelector("canvas").getBoundingClientRect();
+  return [box.dataset.title, Math.round(r.left + scrollX), Math.round(r.top + scrollY),
+    Math.round(r.width), Math.round(r.height)];
+})"""
+BLANK_CHARTS = """async ([png, canvases]) => {
   const bytes = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
   const image = await createImageBitmap(new Blob([bytes], { type: "image/png" }));
   const canvas = new OffscreenCanvas(image.width, image.height);
   const context = canvas.getContext("2d");
   context.drawImage(image, 0, 0);
   const blank = [];
-  for (const box of document.querySelectorAll(".chart")) {
-    const r = box.querySelector("canvas").getBoundingClientRect();
-    const x = Math.round(r.left + scrollX), y = Math.round(r.top + scrollY);
-    const { data } = context.getImageData(x, y, Math.round(r.width), Math.round(r.height));
+  for (const [title, x, y, width, height] of canvases) {
+    const { data } = context.getImageData(x, y, width, height);
     let inked = 0;
     for (let i = 0; i < data.length; i += 4) {
       if (data[i] < 240 || data[i + 1] < 240 || data[i + 2] < 240) inked += 1;
     }
-    if (inked < 500) blank.push(box.dataset.title);
+    if (inked < 500) blank.push(title);
   }
   return blank;
 }"""
+
+
+def blank_charts(page: Any) -> list[str] | None:
+    """The charts blank in a full-page screenshot; None if the layout moved while it was taken
+    (the header grows once the job is read again), which would misplace them."""
+    canvases = page.evaluate(CANVASES)
+    png = base64.b64encode(page.screenshot(full_page=True)).decode()
+    if page.evaluate(CANVASES) != canvases:
+        return None
+    return list(page.evaluate(BLANK_CHARTS, [png, canvases]))
+
 
 RANGES = """() => Object.fromEntries(window.pdppoCharts.map(
   (c) => [c.title, [c.plot.scales.y.min, c.plot.scales.y.max]]))"""
@@ -76,12 +91,10 @@ def test_charts_read_their_domain_show_latest_values_and_all_draw_without_scroll
     wait_probe(page, f"p.drawn >= {steps}")
 
     # every chart is drawn in a full-page screenshot, none of them scrolled to
-    blank: list[str] = ["not looked yet"]
+    blank: list[str] | None = None
     for _ in range(20):
-        blank = page.evaluate(
-            BLANK_CHARTS, base64.b64encode(page.screenshot(full_page=True)).decode()
-        )
-        if not blank:
+        blank = blank_charts(page)
+        if blank == []:
             break
         page.wait_for_timeout(250)
     assert page.evaluate("() => scrollY") == 0

@@ -40,6 +40,7 @@ from starlette.routing import BaseRoute, Match
 
 from api.dashboard import mount_dashboard
 from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
+from api.docs import mount_docs
 from api.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.limits import BodySizeLimit
 from api.observability import PrometheusMiddleware
@@ -318,6 +319,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="RL fine-tuning jobs: submit, watch over SSE, download checkpoints.",
         lifespan=lifespan,
+        docs_url=None,  # served by `api.docs`, from this server rather than a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -333,4 +336,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (jobs, steering, events, artifacts, results, files, health):
         app.include_router(module.router)
     mount_dashboard(app)
+    mount_docs(app)
     return app

@@ -1,4 +1,5 @@
-// pdppo dashboard: the jobs of one API key, live. Plain JS over the same /v1 API as the CLI.
+// pdppo dashboard: the jobs of one API key, live. Plain JS over the same /v1 API as the CLI:
+// this file (the API, the event stream, the log-in and jobs pages), `charts.js` and `job.js`.
 //
 // The key lives in sessionStorage (gone with the tab) and travels only in the Authorization
 // header: the event stream is read with fetch and a reader, not EventSource, which cannot set
@@ -19,55 +20,13 @@ train:
   checkpoint_every: 2
   device: cpu
 `;
-// Chart panels: title, then the metric series drawn (a name of a step's metrics, or a
-// function of them). Missing metrics leave gaps.
-const PANELS = [
-  ["Reward (mean ± std)", [
-    ["mean", (m) => m.reward_mean],
-    ["mean + std", (m) => sum(m.reward_mean, m.reward_std)],
-    ["mean − std", (m) => sum(m.reward_mean, neg(m.reward_std))],
-  ]],
-  ["Masked fraction and acceptance", [
-    ["masked", (m) => m.masked_fraction],
-    ["masked A>0", (m) => m.masked_fraction_pos],
-    ["masked A<0", (m) => m.masked_fraction_neg],
-    ["acceptance", (m) => sum(1, neg(m.masked_fraction))],
-  ]],
-  ["Divergence (δ thresholds dashed)", [
-    ["mean", (m) => m.divergence_mean],
-    ["max", (m) => m.divergence_max],
-    ["δ low", (m) => m.delta_low, true],
-    ["δ high", (m) => m.delta_high, true],
-  ]],
-  ["Direction disagreement", [
-    ["all tokens", (m) => m.direction_disagreement],
-    ["far tokens", (m) => m.direction_disagreement_far],
-  ]],
-  ["Off-policy |log ratio|", [["mean", (m) => m.offpolicy_logratio_abs]]],
-  ["Loss", [["loss", (m) => m.loss]]],
-  ["Grad norm", [["grad norm", (m) => m.grad_norm]]],
-  ["Entropy", [["entropy", (m) => m.entropy]]],
-  ["Learning rate", [["lr", (m) => m.lr]]],
-  ["Tokens / s", [["tokens/s", (m) => m.tokens_per_s]]],
-  ["Step time (s)", [["step", (m) => m.step_time]]],
-];
-const COLORS = ["#2f6fdb", "#d9822b", "#2e9d5b", "#9b59b6", "#c0392b"];
-const STEERABLE = [
-  ["optim.lr", "learning rate"], ["algorithm.delta_low", "δ low"],
-  ["algorithm.delta_high", "δ high"], ["algorithm.is_cap", "IS cap"],
-  ["rollout.temperature", "temperature"], ["steps", "steps"],
-];
-const MASKS = ["predictive", "dppo", "ppo_clip", "none"];
-
 // What the browser tests read: counts of what arrived over the stream and what was drawn.
 const probe = { loadedAt: Date.now(), events: 0, metrics: 0, reconnects: 0, lastEventId: null,
-  drawn: 0, drawMs: 0, configs: [] };
+  drawn: 0, drawMs: 0, chartsBehind: 0, steps: [], phases: [], configs: [] };
 window.pdppoDashboard = probe;
 
 let view = null; // the current page's teardown
 
-function sum(a, b) { return a == null || b == null ? null : a + b; }
-function neg(a) { return a == null ? null : -a; }
 function sleep(ms) { return new Promise((done) => setTimeout(done, ms)); }
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -78,13 +37,6 @@ function el(tag, attrs = {}, ...children) {
   node.append(...children.filter((c) => c !== null && c !== undefined));
   return node;
 }
-function fmt(v) {
-  if (v == null) return "";
-  if (typeof v !== "number") return String(v);
-  const big = Math.abs(v) >= 1e5;
-  return big || (v !== 0 && Math.abs(v) < 1e-2) ? v.toExponential(1) : String(+v.toPrecision(3));
-}
-
 // -- API ---------------------------------------------------------------------------------------
 
 class ApiError extends Error {
@@ -267,222 +219,17 @@ function jobsPage(main) {
 }
 
 function jobRow(job) {
-  const active = ["queued", "running", "paused"].includes(job.status);
+  const active = ACTIVE.includes(job.status);
   return el("tr", { "data-job": job.id },
     el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || job.id)),
-    el("td", {}, el("span", { class: `status ${job.status}` }, job.status)),
+    el("td", {}, el("span", { class: `status ${job.status}` }, job.status), " ",
+      el("span", { class: "phase" }, ACTIVE.includes(job.status) ? phaseText(job.phase) : ""), " ",
+      warningsBadge(job.warnings)),
     el("td", {}, `${job.progress.step} / ${job.progress.total}`),
     el("td", {}, fmt(job.metrics && job.metrics.reward_mean)),
     el("td", {}, new Date(job.created_at).toLocaleString()),
     el("td", {}, active ? el("button", { onclick: () => api("POST", `/v1/jobs/${job.id}/cancel`) },
       "Cancel") : null));
-}
-
-function jobPage(main, jobId) {
-  const abort = new AbortController();
-  const head = el("section", { id: "job-head" });
-  const steer = el("section", { class: "steer" });
-  const grid = el("div", { class: "grid" });
-  const configs = el("tbody", { id: "configs" });
-  const evals = el("div", { id: "evals" });
-  const samples = el("div", { id: "samples" });
-  const checkpoints = el("ul", { id: "checkpoints" });
-  const log = el("div", { id: "log" });
-  main.append(head, steer, el("section", {}, el("h2", {}, "Charts"), grid),
-    el("section", {}, el("h2", {}, "Config changes"), el("table", {}, el("thead", {},
-      el("tr", {}, el("th", {}, "After step"), el("th", {}, "Version"), el("th", {}, "Changes"))),
-      configs)),
-    el("section", {}, el("h2", {}, "Evaluations"), evals),
-    el("section", {}, el("h2", {}, "Samples"), samples),
-    el("section", {}, el("h2", {}, "Checkpoints"), checkpoints),
-    el("section", {}, el("h2", {}, "Log"), log));
-
-  const charts = PANELS.map(([title, series]) => makeChart(grid, title, series));
-  const steps = [];
-  // Steps arrive faster than a long history redraws (11 charts of 10,000 points: about 0.3 s
-  // in a software-rendered Chromium), so redraws are spaced to leave the page at least half of
-  // its time for input: the next one waits twice as long as the last one took.
-  let pending = false;
-  let drawnAt = 0;
-  function scheduleDraw() {
-    if (pending) return;
-    pending = true;
-    const wait = Math.max(0, drawnAt + 2 * probe.drawMs - performance.now());
-    setTimeout(() => requestAnimationFrame(draw), wait);
-  }
-  function draw() {
-    pending = false;
-    const started = performance.now();
-    // only the charts on screen: one scrolled into view is drawn then (`makeChart`)
-    if (job) renderHead(head, job);
-    for (const chart of charts) if (chart.visible) chart.plot.setData(chart.data);
-    const drawn = steps.length;
-    // uPlot paints in a microtask after setData: a timer runs once it has
-    setTimeout(() => {
-      drawnAt = performance.now();
-      probe.drawMs = drawnAt - started;
-      probe.drawn = drawn;
-    }, 0);
-  }
-  let job = null;
-  async function refreshJob() {
-    try {
-      job = await (await api("GET", `/v1/jobs/${jobId}`)).json();
-    } catch (err) {
-      head.replaceChildren(el("p", { class: "error" }, err.message));
-      return;
-    }
-    renderHead(head, job);
-    if (!steer.dataset.ready) renderSteer(steer, job, refreshJob);
-    const list = await (await api("GET", `/v1/jobs/${jobId}/checkpoints`)).json();
-    checkpoints.replaceChildren(...list.items.map((c) => el("li", {}, el("a", {
-      href: "#", onclick: (e) => { e.preventDefault(); download(c.download_url, `${c.name}.tar`); },
-    }, c.name), ` (step ${c.step}, ${(c.size_bytes / 2 ** 20).toFixed(1)} MiB)`)));
-  }
-
-  function onEvent(event) {
-    probe.events += 1;
-    const data = event.data ? JSON.parse(event.data) : {};
-    if (event.event === "metrics") {
-      probe.metrics += 1;
-      steps.push(data.step);
-      probe.steps = steps;
-      for (const chart of charts) {
-        chart.data[0].push(data.step);
-        chart.series.forEach(([, pick], i) => chart.data[i + 1].push(pick(data.metrics) ?? null));
-      }
-      if (job) {
-        job.progress = { step: data.step, total: data.total };
-        job.metrics = data.metrics;
-      }
-      scheduleDraw(); // the header too: one layout per redraw, not one per event
-    } else if (event.event === "config") {
-      probe.configs.push(data);
-      configs.append(el("tr", {}, el("td", {}, data.step), el("td", {}, data.version),
-        el("td", {}, Object.entries(data.changes).map(([k, v]) => `${k} = ${v}`).join(", "))));
-    } else if (event.event === "log") {
-      log.append(el("div", { class: data.level || "" }, `${data.at || ""} ${data.message}`));
-      log.scrollTop = log.scrollHeight;
-    } else if (event.event === "eval") {
-      evals.prepend(el("div", {}, `step ${data.step}: ` + Object.entries(data.metrics)
-        .map(([k, v]) => `${k} ${fmt(v)}`).join(", ")));
-    } else if (event.event === "samples") {
-      samples.replaceChildren(el("p", { class: "muted" }, `step ${data.step}`),
-        ...data.samples.map((s) => el("div", {}, el("code", {}, s.prompt), " → ",
-          el("code", {}, s.completion), ` reward ${fmt(s.reward)}`)));
-    } else if (event.event === "status" || event.event === "checkpoint" || event.event === "done") {
-      refreshJob();
-    }
-  }
-
-  head.addEventListener("changed", refreshJob);
-  refreshJob();
-  follow(jobId, onEvent, abort.signal).catch((err) => log.append(el("div", { class: "error" },
-    `event stream: ${err.message}`)));
-  return () => abort.abort();
-}
-
-function makeChart(grid, title, series) {
-  const box = el("div", { class: "chart", "data-title": title }, el("h3", {}, title));
-  grid.append(box);
-  const data = [[], ...series.map(() => [])];
-  const plot = new uPlot({
-    width: Math.max(300, box.clientWidth - 16), height: 200,
-    scales: { x: { time: false } },
-    axes: [{ label: "step" }, { size: 70, values: (u, ticks) => ticks.map(fmt) }],
-    series: [{ label: "step" }, ...series.map(([label, , dashed], i) => ({
-      label, stroke: COLORS[i % COLORS.length], width: 1.5, dash: dashed ? [6, 4] : undefined,
-      spanGaps: false,
-    }))],
-  }, data, box);
-  const chart = { plot, data, series, visible: true };
-  new IntersectionObserver(([entry]) => {
-    chart.visible = entry.isIntersecting;
-    if (chart.visible) plot.setData(data);
-  }).observe(box);
-  return chart;
-}
-
-// The job's header, built once per page and then updated in place: rebuilding it at every
-// step would swap the buttons under the user's pointer (a click could land on a removed node).
-function renderHead(head, job) {
-  if (!head.parts) {
-    const post = (path) => async () => {
-      await api("POST", `/v1/jobs/${job.id}/${path}`);
-      head.dispatchEvent(new Event("changed")); // the page reads the job again
-    };
-    const parts = {
-      title: el("span"), status: el("span", { id: "job-status" }),
-      bar: el("progress"), progress: el("span", { id: "job-progress" }),
-      pause: el("button", { id: "job-pause", onclick: post("pause") }, "Pause"),
-      resume: el("button", { id: "job-resume", onclick: post("resume") }, "Resume"),
-      cancel: el("button", { id: "job-cancel", onclick: post("cancel") }, "Cancel"),
-      error: el("p", { class: "error" }), about: el("p", { class: "muted" }),
-    };
-    const csv = el("button", { id: "csv", onclick: () => download(
-      `/v1/jobs/${job.id}/metrics?format=csv`, `${job.id}-metrics.csv`) }, "Download metrics CSV");
-    head.replaceChildren(el("h2", {}, parts.title, " ", parts.status),
-      el("div", { class: "row" }, parts.bar, parts.progress, parts.pause, parts.resume,
-        parts.cancel, csv), parts.error, parts.about);
-    head.parts = parts;
-  }
-  const parts = head.parts;
-  const p = job.progress;
-  parts.title.textContent = job.name || job.id;
-  parts.status.textContent = job.pause_requested ? "pausing" : job.status;
-  parts.status.className = `status ${job.status}`;
-  parts.bar.max = p.total || 1;
-  parts.bar.value = p.step;
-  parts.progress.textContent = `step ${p.step} / ${p.total}`;
-  parts.pause.disabled = !["running", "queued"].includes(job.status) || job.pause_requested;
-  parts.resume.disabled = !(job.status === "paused" || job.pause_requested);
-  parts.cancel.disabled = !["queued", "running", "paused"].includes(job.status);
-  parts.error.textContent = job.error ? `${job.error.code}: ${job.error.message}` : "";
-  parts.about.textContent = `id ${job.id} · queue ${job.queue} · created `
-    + `${new Date(job.created_at).toLocaleString()} · attempts ${job.attempts}`;
-}
-
-function renderSteer(steer, job, refresh) {
-  steer.dataset.ready = "1";
-  const train = job.spec.train;
-  const value = (path) => path.split(".").reduce((node, part) => node && node[part], train);
-  const inputs = STEERABLE.map(([path, label]) => [path, el("input", {
-    id: `steer-${path}`, type: "number", step: "any", placeholder: String(value(path)) })]);
-  const mask = el("select", { id: "steer-algorithm.mask" }, el("option", { value: "" },
-    `mask (${train.algorithm.mask})`), ...MASKS.map((m) => el("option", { value: m }, m)));
-  const message = el("span", { id: "steer-message" });
-  const form = el("form", { onsubmit: async (e) => {
-    e.preventDefault();
-    const patch = {};
-    const put = (path, v) => {
-      const parts = path.split(".");
-      let node = patch;
-      for (const part of parts.slice(0, -1)) node = node[part] = node[part] || {};
-      node[parts.at(-1)] = v;
-    };
-    for (const [path, input] of inputs) {
-      if (input.value !== "") put(path, path === "steps" ? parseInt(input.value, 10) : Number(input.value));
-    }
-    if (mask.value) put("algorithm.mask", mask.value);
-    if (!Object.keys(patch).length) return;
-    message.className = "";
-    try {
-      const updated = await (await api("PATCH", `/v1/jobs/${job.id}`, { train: patch },
-        "application/merge-patch+json")).json();
-      message.textContent = `change ${updated.config_version} sent; it applies at the next step`;
-      for (const [path, input] of inputs) {
-        input.value = "";
-        input.placeholder = String(path.split(".").reduce((n, k) => n && n[k], updated.spec.train));
-      }
-      refresh();
-    } catch (err) {
-      message.className = "error";
-      message.textContent = err.message;
-    }
-  } }, el("div", { class: "row" }, ...inputs.map(([path, input]) => el("label", {},
-    STEERABLE.find(([p]) => p === path)[1], input)), mask,
-  el("button", { class: "primary", id: "steer-apply" }, "Apply")), message);
-  steer.replaceChildren(el("h2", {}, "Steer (applies at the next step)"), form);
 }
 
 document.getElementById("logout").addEventListener("click", () => logout());

@@ -1,7 +1,7 @@
-"""The dashboard's files: served by the API under /ui/ with a same-origin content policy, shipped
-in the package, loading nothing from elsewhere, and the vendored libraries exactly the ones
-`api/static/vendor/README.md` names. (The page itself is tested in a real Chromium:
-tests/browser.)"""
+"""The dashboard's files and the API's docs pages (`/docs`, `/redoc`): served by the API with a
+same-origin content policy, shipped in the package, loading nothing from elsewhere, and the
+vendored libraries exactly the ones `api/static/vendor/README.md` names. (The pages themselves
+are tested in a real Chromium: tests/browser.)"""
 
 from __future__ import annotations
 
@@ -54,9 +54,12 @@ def test_the_page_loads_nothing_from_another_origin() -> None:
     html = (STATIC / "index.html").read_text()
     targets = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert targets and all(not re.match(r"^[a-z]+://|^//", t) for t in targets), targets
-    code = (STATIC / "app.js").read_text()
-    assert "EventSource" not in code.replace("not EventSource", "")  # keys never go in a URL
-    assert not re.search(r"https?://", code)
+    scripts = [t for t in targets if t.endswith(".js") and not t.startswith("vendor/")]
+    assert scripts == ["charts.js", "job.js", "app.js"]
+    for script in scripts:
+        code = (STATIC / script).read_text()
+        assert "EventSource" not in code.replace("not EventSource", "")  # keys never in a URL
+        assert not re.search(r"https?://", code), script
 
 
 def test_every_static_file_ships_in_the_package() -> None:
@@ -70,13 +73,52 @@ def test_every_static_file_ships_in_the_package() -> None:
 
 def test_the_vendored_files_are_the_ones_the_vendor_readme_names() -> None:
     table = (STATIC / "vendor" / "README.md").read_text()
-    rows = re.findall(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|", table, flags=re.M)
-    assert {name for name, _ in rows} == {
-        "uPlot.iife.min.js",
-        "uPlot.min.css",
-        "js-yaml.umd.min.js",
+    rows = re.findall(
+        r"^\| `([^`]+)` \| \[([a-z-]+)\]\S* [^|]*\| ([0-9.]+) \| `([0-9a-f]{64})` \| ([^|]+) \|$",
+        table,
+        flags=re.M,
+    )
+    assert {name: (package, version) for name, package, version, _, _ in rows} == {
+        "uPlot.iife.min.js": ("uplot", "1.6.32"),
+        "uPlot.min.css": ("uplot", "1.6.32"),
+        "js-yaml.umd.min.js": ("js-yaml", "5.5.0"),
+        "swagger-ui-bundle.js": ("swagger-ui-dist", "5.35.0"),
+        "swagger-ui.css": ("swagger-ui-dist", "5.35.0"),
+        "favicon-32x32.png": ("swagger-ui-dist", "5.35.0"),
+        "redoc.standalone.js": ("redoc", "2.5.4"),
     }
-    for name, digest in rows:
+    for name, package, version, digest, licence in rows:
         assert hashlib.sha256((STATIC / "vendor" / name).read_bytes()).hexdigest() == digest, name
-    for licence in ("uPlot.LICENSE", "js-yaml.LICENSE"):
-        assert "MIT License" in (STATIC / "vendor" / licence).read_text()
+        # the tarball it came from, with its own digest, and the licence files that came with it
+        assert re.search(rf"{package}-{version}\.tgz `[0-9a-f]{{64}}`", table), package
+        for named in re.findall(r"`([^`]+)`", licence):
+            assert (STATIC / "vendor" / named).stat().st_size > 0, named
+    licences = {
+        "uPlot.LICENSE": "MIT License",
+        "js-yaml.LICENSE": "MIT License",
+        "redoc.LICENSE": "The MIT License",
+        "swagger-ui.LICENSE": "Apache License",
+        "swagger-ui.NOTICE": "SmartBear",
+    }
+    for licence, text in licences.items():
+        assert text in (STATIC / "vendor" / licence).read_text(), licence
+    listed = {name for name, *_ in rows} | set(licences)
+    listed |= {"README.md", "swagger-ui-bundle.js.LICENSE.txt", "redoc.standalone.js.LICENSE.txt"}
+    assert {p.name for p in (STATIC / "vendor").iterdir()} == listed  # nothing unaccounted for
+
+
+def test_the_docs_pages_load_everything_from_this_server_without_a_key() -> None:
+    swagger, redoc, schema = get(["/docs", "/redoc", "/openapi.json"])
+    assert swagger.status_code == redoc.status_code == schema.status_code == 200
+    for page in (swagger, redoc):
+        assert page.headers["content-type"].startswith("text/html")
+        targets = re.findall(r'(?:src|href|spec-url)="([^"]+)"', page.text)
+        assert targets and all(t.startswith("/") for t in targets), targets
+        assert not re.search(r"https?://", page.text), page.text
+        policy = page.headers["content-security-policy"]
+        assert policy.startswith("default-src 'self';") and "http" not in policy
+    assert '<script src="/ui/vendor/swagger-ui-bundle.js"></script>' in swagger.text
+    assert '"validatorUrl": null' in swagger.text  # no badge from validator.swagger.io
+    assert '<script src="/ui/vendor/redoc.standalone.js"> </script>' in redoc.text
+    assert '<redoc spec-url="/openapi.json"></redoc>' in redoc.text
+    assert not {"/docs", "/redoc", "/docs/oauth2-redirect"} & set(schema.json()["paths"])

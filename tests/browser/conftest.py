@@ -2,12 +2,18 @@
 for Python through `executable_path`: no browser download. The main test run does not install
 Playwright: these tests run in a CI step of their own (`.ci/browser`). Without Playwright or a
 Chromium they are not collected at all, so `pytest tests/browser` then fails with "no tests ran"
-instead of passing."""
+instead of passing.
+
+Every page runs offline: a request to anywhere but this machine is aborted and recorded, and a
+test fails if there was any (the service must work on a network that reaches nothing else). A
+load that the page's content security policy refused never became a request; those are recorded
+too, and only the one known below is let through."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,15 +47,47 @@ def browser() -> Iterator[Any]:
             chromium.close()
 
 
+# Any URL but one of this machine's (the service, the tests' proxies): http(s), ws(s), ftp...
+NOT_LOCAL = re.compile(r"^(?![a-z]+://(127\.0\.0\.1|localhost|\[::1\])[:/])[a-z]+://")
+# ReDoc 2 always renders its "API docs by Redocly" logo from its CDN (an <img>, hidden when it
+# fails to load): /redoc's policy refuses it, in the browser, before any request is made.
+KNOWN_REFUSED = {"https://cdn.redoc.ly/redoc/logo-mini.svg"}
+
+
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
+def external() -> list[str]:
+    """The URLs elsewhere that the page requested (each aborted)."""
+    return []
+
+
+@pytest.fixture
+def refused() -> list[str]:
+    """The URLs elsewhere that the page's content security policy refused to load."""
+    return []
+
+
+@pytest.fixture
+def page(browser: Any, external: list[str], refused: list[str]) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+
+    def abort(route: Any) -> None:
+        external.append(route.request.url)
+        route.abort("internetdisconnected")
+
+    def console(message: Any) -> None:
+        if "Content Security Policy" in message.text:
+            refused.extend(re.findall(r"'([a-z]+://[^']+)'", message.text) or [message.text])
+
+    context.route(NOT_LOCAL, abort)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", console)
     try:
         yield page
         assert errors == [], errors  # no uncaught exception in the page's code
+        assert external == [], external  # nothing requested from outside this machine
+        assert set(refused) <= KNOWN_REFUSED, refused
     finally:
         context.close()
 

@@ -44,6 +44,9 @@ from pdppo.store.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.records import JobRecord, _record_or_none
 from pdppo.store.retry import _ADD_ONCE, LOG_RECOVERY_WINDOW
 
+STARTING_PHASE = json.dumps({"name": "loading model", "done": None, "total": None})
+"""A claimed job's phase until its trainer tells its own (`core.callbacks.PHASES`)."""
+
 STALE = -1
 """What a fenced script returns for a write whose lease token no longer holds the job's lease."""
 
@@ -75,15 +78,16 @@ def _checked(job_id: str, what: str, result: object) -> bool:
     return bool(result)
 
 
-# KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data. Queued (or running
+# KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data, phase. Queued (or running
 # whose worker died, lease since taken over by the caller) becomes running and leaves the outbox
-# (its task has reached a worker); anything else: 0. The last run's phase goes: this run has not
-# told its own yet.
+# (its task has reached a worker); anything else: 0. The phase starts at `loading model`: a job
+# process spends its first seconds starting and importing torch before its trainer says so, and
+# the last run's phase is not this one's.
 _CLAIM = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[2], 'worker', ARGV[3])
-redis.call('HDEL', KEYS[1], 'phase')
+redis.call('HSET', KEYS[1], 'phase', ARGV[5])
 if not redis.call('HGET', KEYS[1], 'started_at') then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[2])
 end
@@ -246,7 +250,7 @@ class JobStore:
 
     def claim(self, job_id: str, worker: str) -> bool:
         keys = [job_key(job_id), events_key(job_id), RUNNING_SET, OUTBOX]
-        args = [job_id, now_iso(), worker, _status_data("running")]
+        args = [job_id, now_iso(), worker, _status_data("running"), STARTING_PHASE]
         return bool(self._claim(keys=keys, args=args))
 
     def stop_flags(self, job_id: str) -> tuple[bool, bool]:

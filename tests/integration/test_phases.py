@@ -71,12 +71,19 @@ def test_a_phase_is_published_only_for_a_running_job_by_its_lease_holder(
         assert before is None and record.phase is None and phase_events(store_redis) == []
 
 
-def test_a_claim_forgets_the_last_runs_phase(store_redis: redis.Redis) -> None:
-    phase = json.dumps({"name": "training", "done": None, "total": None})
-    store = seed(store_redis, "queued", phase=phase)
-    assert store.claim("j1", "w2")
+@pytest.mark.parametrize("status", STATUSES)
+def test_a_claim_starts_the_phase_at_loading_the_model(
+    store_redis: redis.Redis, status: str
+) -> None:
+    """Not the last run's phase; a job process takes seconds to start before it says its own."""
+    phase = {"name": "training", "done": None, "total": None}
+    store = seed(store_redis, status, phase=json.dumps(phase))
+    claimed = store.claim("j1", "w2")
+    assert claimed == (status in ("queued", "running"))
     record = store.get("j1")
-    assert record is not None and record.phase is None
+    assert record is not None
+    loading = {"name": "loading model", "done": None, "total": None}
+    assert record.phase == (loading if claimed else phase)
 
 
 @pytest.mark.parametrize("status", STATUSES)

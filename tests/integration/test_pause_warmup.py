@@ -1,11 +1,13 @@
-"""A pause during a job's supervised warm-up, through the service (real Redis, Celery worker and
-API): the warm-up steps done are checkpointed, the resumed job continues the warm-up from there
-(no warm-up step twice) and ends with the weights of a job that was never paused."""
+"""A pause, or a worker shutdown, during a job's supervised warm-up, through the service (real
+Redis, Celery worker and API): the warm-up steps done are checkpointed, the resumed job continues
+the warm-up from there (no warm-up step twice) and ends with the weights of a job that was never
+paused."""
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,6 +29,27 @@ def warmup_spec() -> dict[str, Any]:
 
 def logs(events: list[dict[str, Any]]) -> list[str]:
     return [e["data"]["message"] for e in events if e["event"] == "log"]
+
+
+def warmed_up_once(said: list[str]) -> None:
+    """The job's log says it stopped once during the warm-up, after k of its steps, resumed at
+    warm-up step k and finished the warm-up once in all: k steps before, the rest after."""
+    stops = [m for m in said if m.startswith("stopped during the warm-up")]
+    assert len(stops) == 1, said
+    found = re.fullmatch(
+        rf"stopped during the warm-up after step (\d+)/{WARMUP}; checkpointed: a resumed run "
+        rf"continues the warm-up at step (\d+)/{WARMUP}",
+        stops[0],
+    )
+    assert found is not None and 0 < int(found[1]) < WARMUP, stops
+    k = int(found[1])
+    assert int(found[2]) == k + 1
+    resumed = [m for m in said if m.startswith("resumed from")]
+    assert len(resumed) == 1 and resumed[0].endswith(f"at warm-up step {k}/{WARMUP}"), said
+    finished = [m for m in said if m.startswith("format warm-up: ")]
+    assert len(finished) == 1 and finished[0].startswith(
+        f"format warm-up: {WARMUP} steps ({k} of them before the resume)"
+    ), said
 
 
 def test_a_job_paused_during_its_warm_up_resumes_it_where_it_stopped(
@@ -57,26 +80,35 @@ def test_a_job_paused_during_its_warm_up_resumes_it_where_it_stopped(
         "pause requested; the job stops at the next step boundary (or warm-up step), "
         "checkpoints there and releases its worker; resume continues from there"
     ) in said
-    stops = [m for m in said if m.startswith("stopped during the warm-up")]
-    assert len(stops) == 1, said
-    found = re.fullmatch(
-        rf"stopped during the warm-up after step (\d+)/{WARMUP}; checkpointed: a resumed run "
-        rf"continues the warm-up at step (\d+)/{WARMUP}",
-        stops[0],
-    )
-    assert found is not None and 0 < int(found[1]) < WARMUP, stops
-    k = int(found[1])
-    assert any(
-        m.startswith("resumed from") and m.endswith(f"at warm-up step {k}/{WARMUP}") for m in said
-    ), said
-    # the warm-up ran once in all: k steps before the pause, the rest after it
-    finished = [m for m in said if m.startswith("format warm-up: ")]
-    assert len(finished) == 1 and finished[0].startswith(
-        f"format warm-up: {WARMUP} steps ({k} of them before the resume)"
-    ), said
+    warmed_up_once(said)
     statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
     assert statuses == ["queued", "running", "paused", "queued", "running", "succeeded"]
 
     a = load_file(str(service.artifact_dir / whole["id"] / "final" / "model.safetensors"))
     b = load_file(str(service.artifact_dir / job["id"] / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_worker_shut_down_during_the_warm_up_hands_back_its_progress(
+    make_service: Callable[..., Service],
+) -> None:
+    svc = make_service()
+    svc.start_api()
+    first = svc.start_worker()
+    with svc.client("alice") as alice:
+        job = alice.post("/v1/jobs", json=warmup_spec()).json()
+        wait_status(alice, job["id"], "running")
+        time.sleep(1.5)  # into the warm-up, far from its end
+        first.terminate()  # SIGTERM, as `docker stop` sends
+        assert first.wait(20) == 0, svc.worker_log(0)[-2000:]
+        handed = alice.get(f"/v1/jobs/{job['id']}").json()
+        assert handed["status"] == "queued" and handed["progress"]["step"] == 0, handed
+        points = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
+        assert [c["step"] for c in points] == [0]
+
+        svc.start_worker()
+        done = wait_status(alice, job["id"], TERMINAL, timeout=120)
+        assert done["status"] == "succeeded" and done["attempts"] == 2, done
+        events = read_events(alice, job["id"])
+        assert metric_steps(events) == [1, 2, 3, 4]
+        warmed_up_once(logs(events))

@@ -97,6 +97,8 @@ class Warmup:
             ]
             loss = _step(cfg, lm, prompts, texts, self.optimizer, device)
             self.done += 1
+        # its moments (twice the trainable weights) are not needed again: RL has its own
+        self.optimizer.state.clear()
         resumed = f" ({start} of them before the resume)" if start else ""
         cb.on_log(
             f"{t.warmup_target} warm-up: {self.total} steps{resumed}, "

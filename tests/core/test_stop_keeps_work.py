@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 import core.warmup
 from core.checkpoint import latest_checkpoint
 from core.rollout import RolloutBatch
-from core.trainer import train
+from core.run import _Run
+from core.trainer import TrainerCallback, train
 from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_timing
 
 
@@ -210,3 +211,11 @@ def test_a_checkpoint_without_warm_up_state_still_resumes_without_a_warm_up(
     assert train(cfg, part, resume=True).step == 4
     assert warmup_steps == []
     assert_same_run(part, tmp_path / "full")
+
+
+def test_the_warm_ups_optimizer_state_is_freed_once_it_is_done(tmp_path: Path) -> None:
+    """Its moments are twice the trainable weights: RL must not carry them along (as it did
+    not when the warm-up's optimizer was a local of the warm-up)."""
+    run = _Run(small_config(task={"warmup_steps": 2}), tmp_path, TrainerCallback())
+    assert run.warmup() and run.warm.done == 2
+    assert dict(run.warm.optimizer.state) == {}

@@ -107,8 +107,9 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
         if writer:
             _truncate_metrics(metrics_path, run.step)
             results.resume(run.step)
-        where = f"warm-up step {run.warm.done}/{run.warm.total}" if warming else f"step {run.step}"
-        cb.on_log(f"resumed from {ckpt} at {where}")
+        w = run.warm
+        where = f"after warm-up step {w.done}/{w.total}" if warming else f"at step {run.step}"
+        cb.on_log(f"resumed from {ckpt} {where}")
     elif writer:
         # a fresh run owns its output dir: stale checkpoints would poison a later resume
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)

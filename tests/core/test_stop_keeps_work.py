@@ -108,7 +108,7 @@ def test_a_stop_during_the_warm_up_checkpoints_it_and_the_resume_continues_it(
 
     again = StopAt(3, "warmup")  # stopped a second time, two warm-up steps later
     assert train(cfg, part, callback=again, resume=True).stopped
-    assert len(warmup_steps) == 6 and again.logs[0].endswith("at warm-up step 4/10")
+    assert len(warmup_steps) == 6 and again.logs[0].endswith("after warm-up step 4/10")
     resumed = Recorder()
     assert train(cfg, part, callback=resumed, resume=True).step == 3
     assert len(warmup_steps) == 10  # no warm-up step twice

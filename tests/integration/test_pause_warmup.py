@@ -45,7 +45,7 @@ def warmed_up_once(said: list[str]) -> None:
     k = int(found[1])
     assert int(found[2]) == k + 1
     resumed = [m for m in said if m.startswith("resumed from")]
-    assert len(resumed) == 1 and resumed[0].endswith(f"at warm-up step {k}/{WARMUP}"), said
+    assert len(resumed) == 1 and resumed[0].endswith(f"after warm-up step {k}/{WARMUP}"), said
     finished = [m for m in said if m.startswith("format warm-up: ")]
     assert len(finished) == 1 and finished[0].startswith(
         f"format warm-up: {WARMUP} steps ({k} of them before the resume)"

@@ -72,7 +72,8 @@ def train(
     `world`: this process's rank when the run is data-parallel (`core.distributed`): every rank
     calls `train` with the same config and out_dir; each trains on its share of every step's
     groups, and rank 0 alone writes (metrics, checkpoints, results, the final model) and reports
-    through its callback. A stop is agreed at step boundaries: all ranks stop together.
+    through its callback. A stop is agreed at step boundaries (and between warm-up steps): all
+    ranks stop together, and the checkpoint keeps what they trained (see the module docstring).
     `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
     (a service passes its operator's roots; None, for a local run, allows any path).
     `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's).

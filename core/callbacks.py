@@ -38,11 +38,20 @@ class TrainerCallback:
         """A few prompt/completion/reward triples of step `step`'s rollout, after `on_step`."""
 
     def should_stop(self) -> bool:
-        """True ends the run cleanly. Asked between steps, before every generated token and
-        before every minibatch update, so it must be cheap (no network round trip). A stop
-        between steps or during a rollout checkpoints the last completed step; a stop in the
-        middle of a step's updates discards that step and keeps the latest checkpoint."""
+        """True ends the run cleanly. Asked between steps, between warm-up steps, before every
+        generated token and before every minibatch update, so it must be cheap (no network
+        round trip). A stop between steps or during a rollout checkpoints the last completed
+        step, one during the warm-up checkpoints the warm-up steps done (a resumed run goes on
+        from there), and one in the middle of a step's updates lets the step finish and
+        checkpoints it, unless `stop_keeps_work` says False."""
         return False
+
+    def stop_keeps_work(self) -> bool:
+        """Asked when `should_stop` said True between two minibatch updates of a step: True
+        (the default: a pause, a shutdown) finishes the step's remaining minibatches so that
+        the stop checkpoints the step and nothing is trained twice; False (a cancel, which
+        keeps nothing) stops at once and discards the step's partial update."""
+        return True
 
     def config_update(self) -> tuple[int, dict[str, Any]] | None:
         """The newest change of the run's steerable settings (`core.steering`): its version and

@@ -5,8 +5,13 @@
         optimizer.pt        AdamW state
         (dcp/               in their place, from a sharded run: weights and AdamW state,
                             one file per rank, `torch.distributed.checkpoint`)
-        state.pt            RNG states and the stale-policy snapshots (so a resume is exact)
-        meta.json           step, time, config: readable without torch
+        state.pt            RNG states, the stale-policy snapshots (so a resume is exact)
+                            and the warm-up's progress
+        meta.json           step, time, config, `warmup` {done, total}: readable without torch
+
+A run stopped during its supervised warm-up is checkpointed as step 0 with the warm-up's
+optimizer in optimizer.pt (or dcp/) and meta.json's `warmup.done` below `warmup.total`; a
+resumed run loads it into the warm-up's optimizer (`warmup_unfinished`) and goes on with it.
 
 A folder is written under a temporary name and renamed when complete, so a crash mid-write never
 leaves a checkpoint that looks valid.
@@ -53,7 +58,18 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 
 
 def checkpoint_step(path: Path) -> int:
-    return int(json.loads((Path(path) / "meta.json").read_text())["step"])
+    return int(_meta(path)["step"])
+
+
+def warmup_unfinished(path: Path) -> bool:
+    """A checkpoint of a run stopped during its supervised warm-up (`core.warmup`): its
+    optimizer is the warm-up's. Older checkpoints, which say nothing of it, never are."""
+    warmup = _meta(path).get("warmup") or {"done": 0, "total": 0}
+    return int(warmup["done"]) < int(warmup["total"])
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    return dict(json.loads((Path(path) / "meta.json").read_text()))
 
 
 def save_checkpoint(

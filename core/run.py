@@ -35,7 +35,7 @@ from core.silence import SilenceWatch, zero_adv_groups
 from core.steering import changed, steered
 from core.tasks import Example, Task, make_task
 from core.update import group_advantages, update_policy
-from core.warmup import supervised_warmup
+from core.warmup import Warmup
 
 if TYPE_CHECKING:
     from core.vllm_engine import VLLMEngine
@@ -142,6 +142,7 @@ class _Run:
             shard(self.lm)
         params = [p for _, p in self.lm.trainable()]
         self.optimizer = build_optimizer(params, cfg.optim, self.device)
+        self.warm = Warmup(cfg, self.lm)  # the supervised warm-up's progress (`core.warmup`)
         self.prompt_rng = random.Random(cfg.seed)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
@@ -158,6 +159,7 @@ class _Run:
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.rollout.staleness + 1)
         self.step = 0
         self.dirty = False  # the weights hold part of an unfinished step's update
+        self.stop_heard = False  # a stop came between minibatches; the step finished first
 
     def _heard(self) -> bool:
         """Inside a step of a data-parallel run: the callback is still asked, so that it hears
@@ -177,6 +179,7 @@ class _Run:
             "snapshots": [{k: v.cpu() for k, v in s.items()} for s in self.snapshots],
             "silence": self.silence.state(),
             "steering": {"version": self.config_version, "overrides": self.overrides},
+            "warmup": self.warm.state(),
         }
 
     def _mark(self) -> tuple[Any, ...]:
@@ -208,6 +211,7 @@ class _Run:
         for s in state["snapshots"]:
             self.snapshots.append({k: v.to(self.device) for k, v in s.items()})
         self.silence.restore(state.get("silence"))
+        self.warm.restore(state.get("warmup"))
         steering = state.get("steering")
         if steering and steering["version"] > 0:
             self.steer(steering["version"], steering["overrides"])
@@ -223,12 +227,16 @@ class _Run:
 
     def checkpoint(self) -> Path | None:
         """The run's checkpoint: rank 0's alone (the other ranks hold the same replica), or,
-        sharded, every rank's shard; the folder on rank 0, None on the others."""
-        meta = {
+        sharded, every rank's shard; the folder on rank 0, None on the others. Stopped during
+        the warm-up, it is step 0's with the warm-up's optimizer in the RL optimizer's place
+        (`core.checkpoint.warmup_unfinished`), and meta.json's `warmup` says how far it got."""
+        meta: dict[str, Any] = {
             "config": self.cfg.model_dump(mode="json"),
             "model": self.cfg.model.name,
             "config_version": self.config_version,
         }
+        if self.warm.total:
+            meta["warmup"] = {"done": self.warm.done, "total": self.warm.total}
         self.phases.enter("saving")
         if not self.sharded and self.world.rank != 0:
             return None
@@ -238,7 +246,7 @@ class _Run:
             self.out_dir,
             self.step,
             self.lm,
-            self.optimizer,
+            self.warm.optimizer if not self.warm.finished else self.optimizer,
             self.state(),
             meta,
             keep=self.cfg.keep_checkpoints,
@@ -250,16 +258,22 @@ class _Run:
     # -- warm-up ------------------------------------------------------------------------
 
     def warmup(self) -> bool:
-        """The supervised warm-up the task asks for (`core.warmup`); False if stopped midway
-        (with several ranks, all of them, at the same warm-up step: they agree on a stop)."""
-        return supervised_warmup(
+        """The rest of the supervised warm-up the task asks for (`core.warmup`); False if
+        stopped midway (with several ranks, all of them, at the same warm-up step: they agree
+        on a stop), checkpointed then, so that a resumed run goes on from that step."""
+        if self.warm.finished:
+            return True
+        if self.warm.run(
             self.cfg,
             self.lm,
             self.task,
             self.cb,
             self.device,
             should_stop=lambda: self.world.agree(self.cb.should_stop()),
-        )
+        ):
+            return True
+        self.checkpoint()
+        return False
 
     # -- one RL step --------------------------------------------------------------------
 
@@ -354,10 +368,21 @@ class _Run:
         return list({**dict(lm.inference_weights()), **stale}.items())
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """The step's optimizer updates (`core.update`); `dirty` from the first one on."""
+        """The step's optimizer updates (`core.update`); `dirty` from the first one on. A stop
+        heard between minibatches that keeps the work (`TrainerCallback.stop_keeps_work`)
+        lets the step finish, and the loop checkpoints it at the step boundary, where the stop
+        is asked again; one that does not raises `StopRequested` at once."""
 
         def dirty() -> None:
             self.dirty = True
+
+        def stop_now() -> bool:
+            if not self.inner_stop():
+                return False
+            if self.cb.stop_keeps_work():
+                self.stop_heard = True  # the loop says so when it stops at the step's end
+                return False
+            return True
 
         return update_policy(
             self.lm,
@@ -367,7 +392,7 @@ class _Run:
             self.cfg,
             shuffle_gen=self.shuffle_gen,
             reference=self.reference,
-            should_stop=self.inner_stop,
+            should_stop=stop_now,
             before_step=dirty,
             world=self.world,
         )

@@ -13,6 +13,13 @@ How this departs from the textbook GRPO loop, on purpose:
   gradients add up to the unsplit one (token sums over the whole minibatch's token count);
 - an optional format warm-up (supervised, random content) runs once before RL when the task asks.
 
+A stop (`TrainerCallback.should_stop`) keeps the work done: between steps or during a rollout
+(rewound to the step boundary before it) the last completed step is checkpointed; during the
+warm-up, the warm-up steps done are (step 0's checkpoint, `core.warmup`); between two minibatch
+updates the step is finished first and checkpointed, unless the callback's `stop_keeps_work`
+says False (a cancel: the partial update is discarded, the latest checkpoint kept). A resumed run
+goes on from exactly there and equals an uninterrupted one bit for bit (tests/core).
+
 One step = one rollout batch (prompts_per_step x group_size completions) followed by
 epochs x minibatches optimizer updates. Metrics are flat floats, one JSON line per step. A run's
 state and its step live in `core.run`; this module is the loop around them (stops, evaluations,
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.callbacks import TrainerCallback
-from core.checkpoint import latest_checkpoint, load_checkpoint
+from core.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
 from core.config import TrainConfig
 from core.distributed import World
 from core.evaluation import RunResults
@@ -68,7 +75,8 @@ def train(
     `world`: this process's rank when the run is data-parallel (`core.distributed`): every rank
     calls `train` with the same config and out_dir; each trains on its share of every step's
     groups, and rank 0 alone writes (metrics, checkpoints, results, the final model) and reports
-    through its callback. A stop is agreed at step boundaries: all ranks stop together.
+    through its callback. A stop is agreed at step boundaries (and between warm-up steps): all
+    ranks stop together, and the checkpoint keeps what they trained (see the module docstring).
     `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
     (a service passes its operator's roots; None, for a local run, allows any path).
     `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's).
@@ -91,7 +99,11 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     metrics_path = out_dir / "metrics.jsonl"
     ckpt = latest_checkpoint(out_dir) if resume else None
     if ckpt is not None:
-        run.step, state = load_checkpoint(ckpt, run.lm, run.optimizer)
+        # stopped during the warm-up: the checkpoint holds the warm-up's optimizer
+        warming = warmup_unfinished(ckpt)
+        run.step, state = load_checkpoint(
+            ckpt, run.lm, run.warm.optimizer if warming else run.optimizer
+        )
         for group in run.optimizer.param_groups:
             group.update(_adamw_kernel(run.device))
         run.restore(state)
@@ -99,7 +111,9 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
         if writer:
             _truncate_metrics(metrics_path, run.step)
             results.resume(run.step)
-        cb.on_log(f"resumed from {ckpt} at step {run.step}")
+        w = run.warm
+        where = f"after warm-up step {w.done}/{w.total}" if warming else f"at step {run.step}"
+        cb.on_log(f"resumed from {ckpt} {where}")
     elif writer:
         # a fresh run owns its output dir: stale checkpoints would poison a later resume
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
@@ -108,19 +122,33 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
         results.reset()
     if ckpt is None:
         _steer(run, results)  # a change made while the job was queued applies from the start
-        if not run.warmup():
-            return TrainResult(step=0, stopped=True, final_model=None)
-    last_saved = run.step if ckpt is not None else -1
+    # a checkpoint stopped during the warm-up is no step's: step 0 is saved again after it
+    last_saved = run.step if ckpt is not None and run.warm.finished else -1
+    if not run.warmup():  # a fresh run's, or the rest of a stopped one's (checkpointed)
+        done, total = run.warm.done, run.warm.total
+        cb.on_log(
+            f"stopped during the warm-up after step {done}/{total}; checkpointed: a resumed run "
+            f"continues the warm-up at step {done + 1}/{total}"
+        )
+        return TrainResult(step=0, stopped=True, final_model=None)
     # a run stopped during an evaluation was checkpointed without it: it is owed now
     stopped = _evaluate(run, results, last_saved)
     if stopped is not None:
         return stopped
     with metrics_path.open("a", encoding="utf-8") if writer else nullcontext() as mf:
         while _steer(run, results) and run.step < run.cfg.steps:
-            if run.world.agree(cb.should_stop()):
+            # a stop heard between the last step's minibatches let the step finish: it holds
+            if run.world.agree(cb.should_stop() or run.stop_heard):
                 if last_saved != run.step:
                     run.checkpoint()
-                cb.on_log(f"stopped at step {run.step}")
+                if run.stop_heard:
+                    cb.on_log(
+                        f"stopped between minibatch updates of step {run.step}; finished the "
+                        f"step first and checkpointed it: a resumed run goes on at step "
+                        f"{run.step + 1}"
+                    )
+                else:
+                    cb.on_log(f"stopped at step {run.step}")
                 return TrainResult(step=run.step, stopped=True, final_model=None)
             run.phases.enter("training", run.step, run.cfg.steps)
             try:

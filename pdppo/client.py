@@ -303,7 +303,9 @@ class Client(FilesMixin):
         return Job.model_validate(response.json())
 
     def pause(self, job_id: str) -> Job:
-        """A running job checkpoints and releases its worker (status `paused`)."""
+        """A running job stops at the next step boundary (or warm-up step), checkpoints there
+        and releases its worker (status `paused`); `resume` continues from that checkpoint. A
+        queued job is paused at once."""
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/pause").json())
 
     def resume(self, job_id: str) -> Job:

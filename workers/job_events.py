@@ -233,9 +233,11 @@ class JobCallback(TrainerCallback):
         conn: Sender,
         fence: LeaseFence | None = None,
         config: ConfigWatch | None = None,
+        cancelled: Event | None = None,
     ) -> None:
         self.publisher = publisher
         self.stop = stop
+        self.cancelled = cancelled
         self.conn = conn
         self.fence = fence
         self.config = config
@@ -296,6 +298,11 @@ class JobCallback(TrainerCallback):
             with contextlib.suppress(OSError):
                 self.conn.send({"kind": "stopping"})
         return True
+
+    def stop_keeps_work(self) -> bool:
+        """A pause, a timeout, a worker shutdown or a Redis outage finishes the step it stops
+        in and checkpoints it; a cancel (`cancelled`, set by the worker) keeps nothing."""
+        return self.cancelled is None or not self.cancelled.is_set()
 
     def _raise_if_fenced(self) -> None:
         if self.fence is not None:

@@ -7,11 +7,12 @@ torch and the trainer (a fresh job starts in milliseconds, and CUDA is never ini
 process that forks), watches it, and is the only one to write the job's final status.
 
 The job process publishes its own steps, evaluations, samples, checkpoints and log lines to
-Redis, checks a stop event that the worker sets (cancel, timeout, worker shutdown) before every
-generated token and every minibatch, and sends one result message back over a pipe, after its
-last event is in Redis (so the worker's `finish` comes after the last step). It ignores SIGINT
-and SIGTERM (its worker decides when it stops) and exits as soon as that pipe says the worker is
-gone, so a worker killed with -9 never leaves a job writing behind it.
+Redis, checks a stop event that the worker sets (cancel, pause, timeout, worker shutdown) before
+every generated token, warm-up step and minibatch (a cancel stops at once, keeping nothing; any
+other stop finishes the step it is in and checkpoints it), and sends one result message back over
+a pipe, after its last event is in Redis (so the worker's `finish` comes after the last step).
+It ignores SIGINT and SIGTERM (its worker decides when it stops) and exits as soon as that pipe
+says the worker is gone, so a worker killed with -9 never leaves a job writing behind it.
 
 Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
 trainer's callback only appends to an ordered outgoing queue (`workers.job_events`), which one
@@ -128,8 +129,9 @@ def job_context() -> ForkServerContext:
     return ctx
 
 
-def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
-    """Entry point of the job process: train, then send one `result` message."""
+def job_main(options: JobOptions, conn: Connection, stop: Event, cancelled: Event) -> None:
+    """Entry point of the job process: train, then send one `result` message. `stop`: the
+    worker asks it to stop (`cancelled` too for a cancel, which keeps nothing)."""
     with contextlib.suppress(OSError):
         os.setsid()  # signals to the worker's process group are the worker's, not ours
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -140,7 +142,7 @@ def job_main(options: JobOptions, conn: Connection, stop: Event) -> None:
         format=f"%(asctime)s %(levelname)s job {options.job_id} [pid %(process)d] %(message)s",
     )
     pipe = WorkerPipe(conn)
-    result = _run(options, pipe, stop)
+    result = _run(options, pipe, stop, cancelled)
     pipe.send({"kind": "result", **result})
     conn.close()
 
@@ -158,7 +160,7 @@ class WorkerPipe:
             self.conn.send(message)
 
 
-def _run(options: JobOptions, conn: WorkerPipe, stop: Event) -> dict[str, Any]:
+def _run(options: JobOptions, conn: WorkerPipe, stop: Event, cancelled: Event) -> dict[str, Any]:
     store = JobStore(store_client(options.redis_url, options.store))
     retry = StoreRetry.from_config(options.store)
     try:
@@ -177,7 +179,7 @@ def _run(options: JobOptions, conn: WorkerPipe, stop: Event) -> dict[str, Any]:
     publisher = EventPublisher(store, job, retry, fence)
     publisher.start()
     try:
-        result = _train(options, conn, stop, spec, job, publisher, fence)
+        result = _train(options, conn, stop, cancelled, spec, job, publisher, fence)
     except LeaseLost as lost:
         publisher.abandon()
         log.warning("%s; stopped without a checkpoint, leaving the job to its next holder", lost)
@@ -200,6 +202,7 @@ def _train(
     options: JobOptions,
     conn: WorkerPipe,
     stop: Event,
+    cancelled: Event,
     spec: JobSpec,
     job: JobRecord,
     publisher: EventPublisher,
@@ -253,7 +256,7 @@ def _train(
             train,
             spec.train,
             Path(options.out_dir),
-            callback=JobCallback(publisher, stop, conn, fence, config),
+            callback=JobCallback(publisher, stop, conn, fence, config, cancelled),
             resume=options.resume,
             data_roots=list(options.data_roots),
             file_paths=file_paths,

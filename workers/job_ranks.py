@@ -5,8 +5,9 @@ A job of N devices trains as N data-parallel processes (`core.distributed`). The
 hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
 fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a silent
 callback: they train their share of every step and write nothing. A stop (cancel, pause, timeout,
-shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary
-(`World.agree`), so all of them stop together and rank 0 writes the checkpoint.
+shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary, or the
+next warm-up step (`World.agree`), so all of them stop together and rank 0 writes the checkpoint
+(sharded: every rank its shard), of the warm-up's progress too (`core.warmup`).
 
 No rank may outlive the job, and no rank's death may leave the others waiting: a collective
 whose peer is gone waits for the process group's timeout (30 minutes under gloo). So:

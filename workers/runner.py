@@ -231,7 +231,12 @@ def _supervise(
     ctx = job_context()
     ours, theirs = ctx.Pipe()
     stop = ctx.Event()
-    proc = ctx.Process(target=job_main, args=(options, theirs, stop), name=f"pdppo-job-{job.id}")
+    # set for a cancel (before `stop`, or after it, when a cancel follows a pause): the job stops
+    # at once and keeps nothing; any other stop lets it finish the step it is in and checkpoint
+    cancelled = ctx.Event()
+    proc = ctx.Process(
+        target=job_main, args=(options, theirs, stop, cancelled), name=f"pdppo-job-{job.id}"
+    )
     ooms = oom_kills()
     deadline = time.monotonic() + timeout_seconds(job, settings)
     cancel = _CancelWatch(store, job.id)
@@ -246,6 +251,8 @@ def _supervise(
             _read(ours, watch)
             lease.check()
             now = time.monotonic()
+            if cancel.requested.is_set():
+                cancelled.set()
             if watch.reason is None:
                 if SHUTTING_DOWN.is_set():
                     watch.reason = "shutdown"

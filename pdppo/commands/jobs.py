@@ -410,7 +410,12 @@ def pause(job_id: str, url: str, api_key: str | None) -> None:
     """Pause a job: a running one checkpoints and releases its worker."""
     with _client(url, api_key) as client:
         job = client.pause(job_id)
-    click.echo(f"{job.id} {'pausing' if job.pause_requested else job.status}")
+    click.echo(
+        f"{job.id} pausing: it stops at the next step boundary (or warm-up step), checkpoints "
+        f"there and frees its worker; `pdppo resume {job.id}` continues from there"
+        if job.pause_requested
+        else f"{job.id} {job.status}"
+    )
 
 
 @click.command()

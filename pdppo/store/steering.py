@@ -4,8 +4,10 @@ The job hash holds the cumulative change as `overrides` (a JSON merge patch of t
 `config_version`; the job process applies the newest version at its next step boundary and says
 so with one `config` event (`Steering.announce`, fenced and once per version like every write of a
 job process). Pausing follows cancelling: a queued job is paused on the spot and leaves the
-outbox; a running one gets `pause_requested`, its worker stops it with a checkpoint and hands it
-back, and the requeue script (`jobs_worker._REQUEUE`) parks it as `paused` instead of queueing it.
+outbox; a running one gets `pause_requested`, its worker stops it with a checkpoint where it
+stops, losing no work (`core.trainer`: a step in its updates is finished first, the warm-up is
+checkpointed too), and hands it back; the requeue script (`jobs_worker._REQUEUE`) parks it as
+`paused` instead of queueing it.
 A paused job holds no worker and no lease but keeps its place in the tenant's active jobs.
 Resuming puts it back in the queue and the outbox, so it always gets a task.
 """
@@ -130,7 +132,10 @@ class AsyncSteering:
             args=[
                 now_iso(),
                 _status_data("paused"),
-                _log_data("pause requested; the job checkpoints and releases its worker"),
+                _log_data(
+                    "pause requested; the job stops at the next step boundary (or warm-up step), "
+                    "checkpoints there and releases its worker; resume continues from there"
+                ),
             ],
         )
         return str(result)

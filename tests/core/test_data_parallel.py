@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
 from core.callbacks import TrainerCallback
@@ -30,7 +31,7 @@ from core.run import _Run
 from core.sharding import shard
 from core.trainer import build_optimizer, train
 from core.update import group_advantages, update_policy
-from tests.core.trainer_runs import SpreadReward, read_metrics, small_config
+from tests.core.trainer_runs import SpreadReward, read_metrics, small_config, strip_timing
 from tests.integration.stack import children, pdppo_command, running, still_running
 
 GROUPS, GROUP_SIZE = 4, 4
@@ -351,13 +352,22 @@ class StopOnSecondAsk(TrainerCallback):
         return self.asked >= 2
 
 
-def _warmup_stop_rank(rank: int, size: int, init: str, cfg_json: str, out: str) -> None:
+def _warmup_stop_rank(
+    rank: int,
+    size: int,
+    init: str,
+    cfg_json: str,
+    out: str,
+    run: str = "run",
+    stop: bool = True,
+    resume: bool = False,
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
     try:
-        cb = StopOnSecondAsk() if rank == 0 else TrainerCallback()
+        cb = StopOnSecondAsk() if rank == 0 and stop else TrainerCallback()
         cfg = TrainConfig.model_validate_json(cfg_json)
-        result = train(cfg, Path(out) / "run", callback=cb, world=World(rank, size))
+        result = train(cfg, Path(out) / run, callback=cb, resume=resume, world=World(rank, size))
         torch.save((result.step, result.stopped), os.path.join(out, f"stop{rank}.pt"))
         dist.barrier()
     finally:
@@ -375,3 +385,34 @@ def test_a_stop_during_the_warm_up_stops_every_rank_at_the_same_step(
     init = f"file://{tmp_path / 'rendezvous'}"
     mp.spawn(_warmup_stop_rank, args=(2, init, cfg.model_dump_json(), str(tmp_path)), nprocs=2)
     assert [torch.load(tmp_path / f"stop{r}.pt") for r in range(2)] == [(0, True), (0, True)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_a_warm_up_stopped_on_two_ranks_resumes_where_it_stopped(
+    tmp_path: Path, sharding: str
+) -> None:
+    """The stop agreed during the warm-up is checkpointed (sharded: each rank its shard of the
+    warm-up's optimizer), and the two ranks resumed from it end where two uninterrupted ranks
+    do, bit for bit."""
+    cfg = small_config(steps=2, checkpoint_every=50, task={"warmup_steps": 3}, sharding=sharding)
+    data = cfg.model_dump_json()
+    for i, (run, stop, resume) in enumerate(
+        [("part", True, False), ("part", False, True), ("full", False, False)]
+    ):
+        init = f"file://{tmp_path / f'rendezvous{i}'}"
+        mp.spawn(
+            _warmup_stop_rank, args=(2, init, data, str(tmp_path), run, stop, resume), nprocs=2
+        )
+        if i == 0:  # stopped at the second question: one warm-up step done, and checkpointed
+            [ckpt] = list_checkpoints(tmp_path / "part")
+            meta = yaml.safe_load((ckpt / "meta.json").read_text())
+            assert (ckpt.name, meta["warmup"]) == ("step-000000", {"done": 1, "total": 3})
+            assert (ckpt / "dcp").is_dir() == (sharding == "fsdp")
+    assert [torch.load(tmp_path / f"stop{r}.pt") for r in range(2)] == [(2, False), (2, False)]
+    rows = strip_timing(read_metrics(tmp_path / "part"))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows == strip_timing(read_metrics(tmp_path / "full"))
+    a = load_file(str(tmp_path / "full" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

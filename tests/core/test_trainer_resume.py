@@ -1,6 +1,7 @@
-"""Stopping and resuming the training loop: a stop (between steps, in the warm-up, inside a
-rollout, between minibatches) keeps only a whole step's checkpoint, and a resumed run
-reproduces an uninterrupted one exactly (CPU, fixed seed)."""
+"""Stopping and resuming the training loop: a stop (between steps, inside a rollout, a cancel
+between minibatches) keeps only a whole step's checkpoint, and a resumed run reproduces an
+uninterrupted one exactly (CPU, fixed seed). Stops during the warm-up and pauses between
+minibatches: tests/core/test_stop_keeps_work.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from safetensors.torch import load_file
 
 from core.checkpoint import latest_checkpoint, list_checkpoints
 from core.schedule import lr_at
-from core.trainer import TrainerCallback, train
+from core.trainer import train
 from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_timing
 
 
@@ -42,35 +43,6 @@ def test_stop_and_resume_reproduces_uninterrupted_run(
     a = load_file(str(full / "final" / "model.safetensors"))
     b = load_file(str(part / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_stop_during_warmup_leaves_no_checkpoint_and_resume_starts_over(tmp_path: Path) -> None:
-    """A cancel or worker shutdown mid warm-up must not save a half-warmed model as step 0."""
-
-    class StopInWarmup(TrainerCallback):
-        def __init__(self) -> None:
-            self.asked = 0
-            self.logs: list[str] = []
-
-        def should_stop(self) -> bool:
-            self.asked += 1
-            return self.asked > 3  # three warm-up steps, then stop
-
-        def on_log(self, message: str) -> None:
-            self.logs.append(message)
-
-    cfg = small_config(steps=3, checkpoint_every=1, task={"warmup_steps": 10})
-    cb = StopInWarmup()
-    stopped = train(cfg, tmp_path / "part", callback=cb)
-    assert stopped.stopped and stopped.step == 0 and stopped.final_model is None
-    assert cb.asked == 4 and "stopped during the warm-up" in cb.logs
-    assert latest_checkpoint(tmp_path / "part") is None
-    resumed = train(cfg, tmp_path / "part", resume=True)
-    train(cfg, tmp_path / "full")
-    assert resumed.step == 3
-    assert strip_timing(read_metrics(tmp_path / "part")) == strip_timing(
-        read_metrics(tmp_path / "full")
-    )
 
 
 def test_resume_without_checkpoint_starts_fresh_and_keeps_last_n(tmp_path: Path) -> None:
@@ -121,7 +93,7 @@ class StopInside(Recorder):
     def should_stop(self) -> bool:
         import inspect
 
-        callers = [frame.function for frame in inspect.stack()[1:4]]
+        callers = [frame.function for frame in inspect.stack()[1:5]]
         return len(self.steps) == self.step - 1 and self.where in callers
 
     def on_log(self, message: str) -> None:
@@ -148,9 +120,11 @@ def test_stop_during_a_rollout_checkpoints_the_last_step_and_resumes_exactly(
     )
 
 
-def test_stop_between_minibatches_discards_the_partial_update(tmp_path: Path) -> None:
-    """Once a step's first minibatch has updated the weights, its state is no step's: nothing is
-    saved, and a resume redoes the step from the latest checkpoint."""
+def test_a_cancel_between_minibatches_discards_the_partial_update(tmp_path: Path) -> None:
+    """A stop that keeps nothing (`stop_keeps_work` False: a cancel) does not wait for the
+    step's other minibatches; once the first has updated the weights their state is no step's:
+    nothing is saved, and a resume redoes the step from the latest checkpoint. (A pause
+    finishes the step: tests/core/test_stop_keeps_work.py.)"""
     cfg = small_config(steps=4, checkpoint_every=1, algorithm={"minibatches": 4})
     train(cfg, tmp_path / "full")
 
@@ -161,6 +135,9 @@ def test_stop_between_minibatches_discards_the_partial_update(tmp_path: Path) ->
             if super().should_stop():
                 self.calls += 1
             return self.calls >= 2  # the first minibatch has run, the second is next
+
+        def stop_keeps_work(self) -> bool:
+            return False
 
     cb = SecondMinibatch(step=3, where="update")
     stopped = train(cfg, tmp_path / "part", callback=cb)

@@ -94,6 +94,7 @@ def test_a_stopped_redis_makes_should_stop_true_after_the_outage(
     while not callback.should_stop() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert callback.should_stop()
+    assert callback.stop_keeps_work()  # finishes its step and checkpoints it: resumed later
     assert publisher.unavailable is not None and publisher.error is None
     callback.on_step(2, {"step": 2.0, "loss": 0.4})  # dropped, never raises
     assert publisher.close() is False

@@ -92,3 +92,28 @@ def test_the_worker_has_one_redis_client() -> None:
         assert runner.redis_client() is runner.redis_client()
     finally:
         runner.redis_client.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("flag", "told"),
+    [("pause_requested", "kept"), ("cancel_requested", "cancelled"), (None, "kept")],
+    ids=["pause", "cancel", "shutdown"],
+)
+def test_the_job_hears_whether_its_stop_keeps_the_work(
+    held: Held,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    flag: str | None,
+    told: str,
+) -> None:
+    """A pause or a worker shutdown lets the job finish the step it is in and checkpoint it
+    (`TrainerCallback.stop_keeps_work`); a cancel, which keeps nothing, tells it so."""
+    monkeypatch.setattr(runner, "job_main", job_stand_ins.report_the_stop)
+    monkeypatch.setattr(runner, "job_dir", lambda job_id: tmp_path / job_id)
+    if flag is None:
+        monkeypatch.setattr(runner, "SHUTTING_DOWN", threading.Event())
+        runner.SHUTTING_DOWN.set()
+    else:
+        held.client.hset(job_key(held.job.id), flag, "1")
+    runner._supervise(held.store, RETRY, held.job, held.lease, SETTINGS)
+    assert (tmp_path / held.job.id / "stop.txt").read_text() == told

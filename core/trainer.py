@@ -193,8 +193,8 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     if writer:
         cb.on_log(f"final model saved to {final}")
         warnings = run_warnings(_jsonl_rows(metrics_path), _jsonl_rows(results.eval_path))
-        for w in warnings:
-            cb.on_warning(f"run finished with a warning ({w.code}): {w.message}")
+        for warning in warnings:
+            cb.on_warning(f"run finished with a warning ({warning.code}): {warning.message}")
     return TrainResult(step=run.step, stopped=False, final_model=final, warnings=warnings)
 
 

@@ -78,11 +78,11 @@ def _checked(job_id: str, what: str, result: object) -> bool:
     return bool(result)
 
 
-# KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data, phase. Queued (or running
-# whose worker died, lease since taken over by the caller) becomes running and leaves the outbox
-# (its task has reached a worker); anything else: 0. The phase starts at `loading model`: a job
-# process spends its first seconds starting and importing torch before its trainer says so, and
-# the last run's phase is not this one's.
+# KEYS: job, events, running set, outbox; ARGV: id, now, worker, status data, phase. Queued (or
+# running whose worker died, lease since taken over by the caller) becomes running and leaves the
+# outbox (its task has reached a worker); anything else: 0. The phase starts at `loading model`: a
+# job process spends its first seconds starting and importing torch before its trainer says so,
+# and the last run's phase is not this one's.
 _CLAIM = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return 0 end

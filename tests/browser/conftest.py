@@ -33,8 +33,11 @@ collect_ignore_glob = (
 ARTIFACTS = Path(os.environ.get("PDPPO_BROWSER_ARTIFACTS", Path(__file__).parent / "artifacts"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium, for one test file. Not the session's: Playwright's sync API keeps an asyncio
+    loop running in its thread while it is open, and README's suite (`-n auto`) runs these
+    files among the others in the same workers, whose `asyncio.run` then fails."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

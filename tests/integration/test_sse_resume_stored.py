@@ -25,8 +25,11 @@ def test_resume_mid_run_gets_the_stored_events_then_the_live_ones(alice: httpx.C
     spec["train"]["rollout"].update(prompts_per_step=8, group_size=8)  # slower steps
     job_id = alice.post("/v1/jobs", json=spec).json()["id"]
 
-    first = read_events(alice, job_id, limit=4)  # queued, running, steps 1 and 2: then away
-    assert [e["event"] for e in first] == ["status", "status", "metrics", "metrics"]
+    # queued, running, the phases loading model and training, steps 1 and 2: then away
+    first = read_events(alice, job_id, limit=6)
+    assert [e["event"] for e in first] == [
+        "status", "status", "phase", "phase", "metrics", "metrics"
+    ]  # fmt: skip
     away = wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 2 + AWAY_STEPS)
     assert away["status"] == "running" and away["progress"]["step"] < STEPS - 10, away
     rest = read_events(alice, job_id, last_event_id=first[-1]["id"])

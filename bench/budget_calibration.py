@@ -2,7 +2,7 @@
 
 For tiny-model specs of increasing size, each run starts a fresh child process that imports the
 trainer, records its RSS, runs one training step (rollout, update, checkpoint, final model) and
-reports its peak RSS (`resource.getrusage(...).ru_maxrss`); the job's measured memory is that
+reports its peak RSS (VmHWM, `_peak_rss_bytes`); the job's measured memory is that
 peak minus the RSS after the imports. The estimate must be an upper bound, and not a wild one:
 
     python bench/budget_calibration.py            # the table (a few minutes on 2 cores)
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -109,6 +108,18 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _peak_rss_bytes() -> int:
+    """This process's own peak RSS (VmHWM, of its memory since its exec). Not getrusage's
+    ru_maxrss: Linux carries into it the peak of the memory that exec replaced, which for a
+    child started with vfork (Python's subprocess) is its parent's: a child of a test worker
+    that had grown to 700 MiB reported 480 MiB for a step that takes 120."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def child(config_json: str) -> None:
     """In a fresh process: import, note the RSS, run one step, report the peak above it."""
     import torch
@@ -122,7 +133,7 @@ def child(config_json: str) -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         train(cfg, Path(out))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = _peak_rss_bytes()
     print(json.dumps({"base": base, "peak": peak, "seconds": time.perf_counter() - t0}))
 
 

@@ -153,7 +153,10 @@ def test_the_reaper_passes_every_interval_whatever_the_dispatchers_tick(
     time.sleep(2.5)
     stop.set()
     assert len(passes) == 2, passes
-    assert passes[0] >= 1.0 and passes[1] - passes[0] >= 1.0, passes
+    # a pass is timed inside it, after the loop scheduled it (a Redis round trip and the thread's
+    # wake-up later, 0.09 s on a loaded CI machine): apart by the interval less that, and never
+    # by the dispatcher's tick, which is what this guards
+    assert passes[0] >= 1.0 and passes[1] - passes[0] >= 1.0 - 0.1, passes
     assert len(adoptions) == 1 and adoptions[0] < timing.interval, adoptions
 
 

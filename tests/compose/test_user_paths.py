@@ -104,10 +104,18 @@ def test_the_dashboard_and_every_file_it_loads_come_from_the_container(
     assert page.url.path == "/ui/", page.url
     assert "<html" in page.text.lower()
     assets = re.findall(r'(?:src|href)="([^"#:]+\.(?:js|css))"', page.text)
-    assert len(assets) == 5, assets  # uPlot's css and js, js-yaml, app.css, app.js
+    # uPlot's css and js, js-yaml, app.css, and the page's charts.js, job.js and app.js
+    assert len(assets) == 7, assets
     for asset in assets:
         response = alice.get(f"/ui/{asset}")
         assert response.status_code == 200, asset
         assert len(response.content) > 1000, asset
     external = re.findall(r'(?:src|href)="(https?://[^"]+)"', page.text)
     assert external == [], external
+    # the API docs' Swagger UI and ReDoc are vendored in the image too (api/docs.py)
+    for docs, count in (("/docs", 3), ("/redoc", 2)):  # css, js, favicon; js, favicon
+        html = alice.get(docs).text
+        files = re.findall(r'(?:src|href)="(/ui/vendor/[^"]+)"', html)
+        assert len(files) == count, (docs, files)
+        assert all(alice.get(f).status_code == 200 for f in files), files
+        assert re.findall(r'(?:src|href)="(https?://[^"]+)"', html) == [], docs

@@ -13,7 +13,7 @@ import shutil
 
 import click
 
-from core.extras import missing
+from core.extras import MissingExtra, require
 
 SERVER_MODULES = (
     "fastapi",
@@ -49,12 +49,10 @@ MISSING_EXTRA_EXIT = 2
 
 
 def need_extra(command: str, extra: str, modules: tuple[str, ...]) -> None:
-    """Exits with MISSING_EXTRA_EXIT and one line on stderr when one of `modules` is missing."""
-    absent = missing(modules)
-    if absent is not None:
-        click.echo(
-            f"{command} needs the {extra} extra: pip install 'pdppo[{extra}]' "
-            f"({absent} is missing)",
-            err=True,
-        )
-        raise SystemExit(MISSING_EXTRA_EXIT)
+    """Exits with MISSING_EXTRA_EXIT and one line on stderr when one of `modules` is missing:
+    the line a job feature's `MissingExtra` says, with the command in the feature's place."""
+    try:
+        require(command, extra, modules)
+    except MissingExtra as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(MISSING_EXTRA_EXIT) from None

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.monitoring import used_names
 from tests.integration.conftest import wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.integration.stack import RedisServer, Service, smoke_spec
+from tests.store.conftest import stall
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -126,3 +128,40 @@ def test_metrics_after_a_real_job_and_the_names_deploy_uses(
         assert missing == [], f"the dashboard or alerts query metrics /metrics lacks: {missing}"
         merged = sorted(PENDING & families)
         assert merged == [], f"{merged} are exported now: take them out of PENDING"
+
+
+def test_metrics_answer_promptly_through_a_redis_stall_and_say_the_read_failed(
+    tmp_path: Path,
+) -> None:
+    """A real API on a Redis of its own, put to sleep longer than a scrape may wait."""
+    server = RedisServer(tmp_path / "redis")
+    svc = Service(server, tmp_path / "service")
+    try:
+        svc.start_api()
+        with svc.client(None) as anonymous:
+            assert value(scrape(anonymous), "pdppo_service_state_up") == 1
+            sleeper = stall(server, 5)
+            started = time.monotonic()
+            during = scrape(anonymous)
+            took = time.monotonic() - started
+            assert took < 2.5, took
+            assert value(during, "pdppo_service_state_up") == 0
+            assert value(during, "pdppo_workers_alive") is None  # no value, not a stale one
+            # the API's own metrics are still served (the first scrape counted once it ended)
+            assert (
+                value(
+                    during,
+                    "pdppo_http_requests_total",
+                    method="GET",
+                    route="/metrics",
+                    status="200",
+                )
+                == 1
+            )
+            sleeper.join()
+            after = scrape(anonymous)
+            assert value(after, "pdppo_service_state_up") == 1
+            assert value(after, "pdppo_workers_alive") == 0
+    finally:
+        svc.stop()
+        server.stop()

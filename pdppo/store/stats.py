@@ -33,10 +33,10 @@ from typing import cast
 
 import redis
 
-from pdppo.store.keys import PREFIX
+from pdppo.store.keys import STATS, WORKERS
 
-STATS = f"{PREFIX}:stats"
-WORKERS = f"{PREFIX}:workers"
+__all__ = ["COUNT_END", "STATS", "TALLY", "WORKERS", "Tally", "beat", "field", "read_counters"]
+
 SEP = "|"
 WORKER_FORGET_SECONDS = 3600.0
 """A worker silent this long leaves `WORKERS` (pruned by the beats of the others): a dead

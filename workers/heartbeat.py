@@ -14,11 +14,18 @@ so `pdppo healthcheck` answers for the workers that run now.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
+
+from pdppo.store import stats
+
+log = logging.getLogger(__name__)
 
 # Seconds between two writes of one worker's file: the reaper reaches Redis every second or so,
 # and a healthcheck that polls every 15 s needs no finer grain.
@@ -30,11 +37,23 @@ def _file_name(node: str) -> str:
 
 
 class Heartbeat:
-    """Writes `<folder>/<node>` at most every `every` seconds; `beat()` is cheap to call often."""
+    """Writes `<folder>/<node>` at most every `every` seconds; `beat()` is cheap to call often.
 
-    def __init__(self, folder: Path, node: str, every: float = WRITE_EVERY_SECONDS) -> None:
+    With `client`, each beat also stamps the worker in Redis and flushes its counters
+    (`pdppo.store.stats.beat`): the API's `/metrics` counts workers alive from there, since it
+    cannot read files on the workers' disks."""
+
+    def __init__(
+        self,
+        folder: Path,
+        node: str,
+        every: float = WRITE_EVERY_SECONDS,
+        client: redis.Redis | None = None,
+    ) -> None:
         self.path = folder / _file_name(node)
+        self.node = node
         self.every = every
+        self.client = client
         self._last = float("-inf")
 
     def beat(self) -> None:
@@ -46,6 +65,11 @@ class Heartbeat:
         tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
         os.replace(tmp, self.path)  # a reader never sees half a file
         self._last = now
+        if self.client is not None:
+            try:
+                stats.beat(self.client, self.node)
+            except redis.RedisError as exc:  # the next beat tries again
+                log.warning("could not record this worker's beat in Redis: %s", exc)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,12 @@ from typing import Any, Protocol
 
 from core.checkpoint import checkpoint_step, latest_checkpoint
 from core.evaluation import Sample
+from core.graders.batch import GRADING_COUNTS
 from core.trainer import TrainerCallback
 from pdppo.store import JobRecord, JobStore, StoreRetry, StoreUnavailable, now_iso
 from pdppo.store.jobs_worker import FencedOut
 from pdppo.store.retry import log_fields
+from pdppo.store.stats import TALLY
 from pdppo.store.steering import Steering
 from workers.config_watch import ConfigWatch
 from workers.lease import LeaseFence, LeaseLost
@@ -94,6 +96,14 @@ class EventPublisher:
             f"publish step {step} of job {job.id}",
             lambda: self.store.publish_step(job.id, step, total, metrics, lease_token=self.token),
         )
+        self._put("count grading", self._flush_counts)
+
+    def _flush_counts(self) -> None:
+        """This process's grading counts into the service's counters (`pdppo.store.stats`),
+        with each step: the step's grading has happened by the time its metrics go out."""
+        for name, n in GRADING_COUNTS.take().items():
+            TALLY.add("grading", name, n=n)
+        TALLY.flush(self.store.redis)
 
     def checkpoint(self, step: int, name: str) -> None:
         job = self.job
@@ -149,6 +159,7 @@ class EventPublisher:
 
     def close(self) -> bool:
         """Wait until every queued event is published; False if the publisher gave up first."""
+        self._put("count grading", self._flush_counts)  # the final evaluation's
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -32,6 +32,7 @@ import time
 import redis
 
 from pdppo.store import StoreRetry, lease_key
+from pdppo.store.stats import TALLY
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Lease:
         ok = bool(self._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
         if ok:
             self._renewed_at = started
+            TALLY.add("lease_renewals")
         return ok
 
     def stop_heartbeat(self) -> None:
@@ -155,6 +157,7 @@ class Lease:
         self.lost_reason = reason
         self.unreachable = unreachable
         self.lost.set()
+        TALLY.add("lease_losses", "unreachable" if unreachable else "taken")
         log.warning("lease %s lost: %s", self.key, reason)
 
     def _beat(self) -> None:

@@ -29,12 +29,16 @@ import redis
 from pdppo.settings import Settings
 from pdppo.store import RUNNING_SET, JobStore, job_key
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
+from pdppo.store.stats import TALLY
 from workers.celery_app import broker_view, enqueue, restore_taken
 from workers.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 # How long a task seen nowhere in the broker is looked for once more before it is sent again.
 CONFIRM_SECONDS = 0.5
+# What a reaper pass did to an orphaned job, counted (`pdppo_reconciler_actions_total`); with
+# the dispatcher's `task_sent` and `task_restored`. 'leased' and 'not-running' did nothing.
+RECONCILER_ACTIONS = ("requeued", "failed", "cancelled", "paused")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ def reap_once(
         outcome = store.requeue_if_orphaned(
             job, max_worker_losses=max_worker_losses, dispatch_grace=dispatch_grace
         )
+        if outcome in RECONCILER_ACTIONS:
+            TALLY.add("reconciler", outcome)
         if outcome == "failed":
             log.error("job %s lost its worker too often; marked failed", job.id)
         if outcome == "requeued":
@@ -108,6 +114,7 @@ def dispatch_once(store: JobStore, timing: DispatchTiming, now: float | None = N
             store.outbox.check_at(job_id, latest.at + timing.claim_grace)
         else:
             restore_taken(latest.tag)
+            TALLY.add("reconciler", "task_restored")
             store.outbox.check_at(job_id, now + timing.grace)
             acted.append(job_id)
             log.warning(
@@ -142,6 +149,7 @@ def _send_missing(
             store.outbox.check_at(job_id, latest.at + timing.claim_grace)
             continue
         enqueue(job_id, queue)
+        TALLY.add("reconciler", "task_sent")
         store.outbox.check_at(job_id, time.time() + timing.grace)
         sent.append(job_id)
         log.warning("job %s was queued with no task (its sender died); sent to %s", job_id, queue)

@@ -33,13 +33,14 @@ def train_job(job_id: str) -> str:
 def _on_worker_ready(**_: Any) -> None:
     settings = get_settings()
     job_context()  # the fork server imports torch and the trainer now, not at the first job
+    store = JobStore(redis_client())
     start_reaper(
-        JobStore(redis_client()),
+        store,
         interval=max(1.0, settings.lease_seconds / 2),
         max_worker_losses=settings.max_worker_losses,
         timing=DispatchTiming.from_settings(settings),
         outage_hold=settings.lease_seconds,
-        heartbeat=Heartbeat(settings.worker_heartbeat_dir, worker_name()),
+        heartbeat=Heartbeat(settings.worker_heartbeat_dir, worker_name(), client=store.redis),
     )
 
 

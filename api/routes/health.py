@@ -10,7 +10,8 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.deps import StoreDep, require_metrics_token
+from api import service_metrics
+from api.deps import SettingsDep, StoreDep, require_metrics_token
 from api.schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -32,5 +33,6 @@ async def readyz(store: StoreDep) -> Health | JSONResponse:
 
 
 @router.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_token)])
-async def prometheus() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def prometheus(store: StoreDep, settings: SettingsDep) -> Response:
+    body = generate_latest() + await service_metrics.render(store, settings)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -14,6 +14,7 @@ out of time scores 0 and counts in `grader_timeouts`.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,33 @@ log = logging.getLogger(__name__)
 
 MAX_LOGGED_ERRORS = 20
 """Distinct grader error messages logged per run; a grader failing every step logs once."""
+
+
+class GradingCounts:
+    """Completions graded in this process, and how many of them failed, since the last `take`.
+
+    For the service's counters (`pdppo_grading_errors_total`): the step metrics give each
+    step's failing fraction, an operator wants counts over every job. Kept here, free of any
+    store, so that the trainer stays a library; the job process moves them to the store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = {"completions": 0, "errors": 0, "timeouts": 0}
+
+    def add(self, completions: int, errors: int, timeouts: int) -> None:
+        with self._lock:
+            self._counts["completions"] += completions
+            self._counts["errors"] += errors
+            self._counts["timeouts"] += timeouts
+
+    def take(self) -> dict[str, int]:
+        with self._lock:
+            taken = dict(self._counts)
+            self._counts = dict.fromkeys(taken, 0)
+        return taken
+
+
+GRADING_COUNTS = GradingCounts()
 
 
 @dataclass
@@ -87,10 +115,10 @@ class BatchGrader:
 
     def _summarize(self, outcomes: list[Outcome]) -> BatchGrades:
         n = len(outcomes)
-        metrics = {
-            "grader_errors": sum(o.failure == "error" for o in outcomes) / n,
-            "grader_timeouts": sum(o.failure == "timeout" for o in outcomes) / n,
-        }
+        errors = sum(o.failure == "error" for o in outcomes)
+        timeouts = sum(o.failure == "timeout" for o in outcomes)
+        GRADING_COUNTS.add(n, errors, timeouts)
+        metrics = {"grader_errors": errors / n, "grader_timeouts": timeouts / n}
         for name in self.parts:
             metrics[f"grader/{name}"] = sum(o.parts.get(name, 0.0) for o in outcomes) / n
         for o in outcomes:

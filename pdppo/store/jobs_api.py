@@ -34,6 +34,7 @@ from pdppo.store.keys import (
 )
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.records import CreateResult, JobRecord, _record_or_none
+from pdppo.store.stats import COUNT_END, STATS
 from pdppo.store.steering import AsyncSteering
 
 # KEYS: job, events, tenant jobs, tenant active, idempotency, outbox; ARGV: id, limit, idem ttl
@@ -57,9 +58,9 @@ redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4])
 return {'created', ARGV[1]}
 """
 
-# KEYS: job, events, tenant active, running, outbox; ARGV: id, now, status data, done data, log
-# data. A queued or paused job is cancelled on the spot and leaves the outbox (a task already
-# sent skips it when it arrives); a running one gets a flag its trainer checks every step.
+# KEYS: job, events, tenant active, running, outbox, stats; ARGV: id, now, status data, done
+# data, log data. A queued or paused job is cancelled on the spot and leaves the outbox (a task
+# already sent skips it when it arrives); a running one gets a flag its trainer checks every step.
 _CANCEL = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
@@ -71,6 +72,7 @@ if st == 'queued' or st == 'paused' then
   redis.call('ZREM', KEYS[5], ARGV[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
+  count_end(KEYS[6], KEYS[1], 'cancelled')
   return 'cancelled-while-' .. st
 end
 if st == 'running' then
@@ -82,6 +84,7 @@ if st == 'running' then
 end
 return 'already-' .. st
 """
+_CANCEL = COUNT_END + _CANCEL
 
 
 class AsyncJobStore:
@@ -217,6 +220,7 @@ class AsyncJobStore:
                 tenant_active_key(record.tenant),
                 RUNNING_SET,
                 OUTBOX,
+                STATS,
             ],
             args=[
                 job_id,
@@ -237,6 +241,7 @@ class AsyncJobStore:
             tenant_active_key(job.tenant),
             RUNNING_SET,
             OUTBOX,
+            STATS,
         ]
         args = [
             job.id,

@@ -43,6 +43,7 @@ from pdppo.store.keys import (
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.records import JobRecord, _record_or_none
 from pdppo.store.retry import _ADD_ONCE, LOG_RECOVERY_WINDOW
+from pdppo.store.stats import COUNT_END, STATS
 
 STARTING_PHASE = json.dumps({"name": "loading model", "done": None, "total": None})
 """A claimed job's phase until its trainer tells its own (`core.callbacks.PHASES`)."""
@@ -160,8 +161,8 @@ _PUBLISH_PHASE = _fenced(_PUBLISH_PHASE, lease=3, token=4)
 # line, exactly once through a stall (`pdppo.store.retry.add_event_once`), and only while fenced.
 _ADD_LOG_ONCE = _fenced(_ADD_ONCE, lease=2, token=4)
 
-# KEYS: job, events, tenant active, running, outbox; ARGV: id, status, now, status data, done
-# data, then field/value pairs (error, final model). A finished job never changes again.
+# KEYS: job, events, tenant active, running, outbox, stats; ARGV: id, status, now, status data,
+# done data, then field/value pairs (error, final model). A finished job never changes again.
 _FINISH = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or st == 'succeeded' or st == 'failed' or st == 'cancelled' then return 0 end
@@ -172,12 +173,15 @@ redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[5])
+count_end(KEYS[6], KEYS[1], ARGV[2])
 return 1
 """
+_FINISH = COUNT_END + _FINISH
 
-# KEYS: job, events, lease, running, tenant active, outbox; ARGV: id, now, queued data, log data,
-# cancelled data, done data, lease token of the caller ('' for none), most worker losses, failed
-# data, failed done data, failure message, outbox check time, paused data, paused log data. A
+# KEYS: job, events, lease, running, tenant active, outbox, stats; ARGV: id, now, queued data,
+# log data, cancelled data, done data, lease token of the caller ('' for none), most worker
+# losses, failed data, failed done data, failure message, outbox check time, paused data, paused
+# log data. A
 # running job whose lease expired lost its worker (or the holder hands it back): back to queued
 # and into the outbox (the caller re-sends the task; a dispatcher does if the caller dies first),
 # straight to cancelled if a cancel was pending, paused if a pause was (`pdppo.store.steering`),
@@ -196,6 +200,7 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[5])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[6])
+  count_end(KEYS[7], KEYS[1], 'cancelled')
   return 'cancelled'
 end
 if redis.call('HGET', KEYS[1], 'pause_requested') == '1' then
@@ -214,6 +219,7 @@ if ARGV[7] == '' then
     redis.call('ZREM', KEYS[6], ARGV[1])
     redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[9])
     redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[10])
+    count_end(KEYS[7], KEYS[1], 'failed')
     return 'failed'
   end
 end
@@ -224,6 +230,7 @@ redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[3])
 return 'requeued'
 """
+_REQUEUE = COUNT_END + _REQUEUE
 
 
 class JobStore:
@@ -363,6 +370,7 @@ class JobStore:
             tenant_active_key(job.tenant),
             RUNNING_SET,
             OUTBOX,
+            STATS,
         ]
         args = [job.id, status, now_iso(), _status_data(status), json.dumps({"status": status})]
         return bool(self._finish(keys=keys, args=[*args, *pairs]))
@@ -392,6 +400,7 @@ class JobStore:
             RUNNING_SET,
             tenant_active_key(job.tenant),
             OUTBOX,
+            STATS,
         ]
         args: list[str | int | float] = [
             job.id,

@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 PREFIX = "pdppo"
 RUNNING_SET = f"{PREFIX}:running"
 OUTBOX = f"{PREFIX}:outbox"
+STATS = f"{PREFIX}:stats"  # the service's counters, `pdppo.store.stats`
+WORKERS = f"{PREFIX}:workers"  # worker name -> when it last reached Redis, `pdppo.store.stats`
 
 
 def job_key(job_id: str) -> str:

@@ -227,6 +227,7 @@ def _supervise(
         artifact_dir=str(settings.artifact_dir),
         lease_token=lease.token,  # the claim's fencing token: every write of the job passes it
         lease_seconds=lease.seconds,
+        storage=settings.storage_reserve(),
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()

@@ -59,15 +59,22 @@ def refuse_for_storage(
     """Sets this process's reserve, clears the job's stale temporary folders, and says why the
     job cannot start for lack of space (None: it can)."""
     set_reserve(reserve)
-    for folder in (out_dir, out_dir / "checkpoints"):
-        for stale in remove_stale_temps(folder):
-            log.info("removed %s, left half-written by an earlier run", stale)
+    clear_temps(out_dir)
     needed = first_write_bytes(cfg, out_dir, data_roots, model_dir)
     try:
         require_free(out_dir, needed, "the job's next checkpoint (estimated)", reserve)
     except StorageFull as full:
         return full
     return None
+
+
+def clear_temps(out_dir: Path) -> None:
+    """Removes the job's half-written folders (`*.tmp`: checkpoints, the final model's) left by
+    a run that was killed mid-write. Only while no run of the job can be writing: before one
+    starts, or after its process ended under the same claim."""
+    for folder in (out_dir, out_dir / "checkpoints"):
+        for stale in remove_stale_temps(folder):
+            log.info("removed %s, left half-written by a run that did not finish", stale)
 
 
 def as_storage_error(exc: BaseException, folder: Path) -> StorageError | None:

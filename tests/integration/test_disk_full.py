@@ -14,15 +14,23 @@ the last, which grows it).
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import REDIS_DATABASES, RedisServer, Service, smoke_spec
+from tests.integration.conftest import read_events, wait_for, wait_status
+from tests.integration.stack import (
+    REDIS_DATABASES,
+    RedisServer,
+    Service,
+    job_pids,
+    smoke_spec,
+)
 from tests.small_disk import fill, names, small_disk
 
 MIB = 1 << 20
@@ -160,6 +168,24 @@ def test_a_job_with_no_room_for_its_first_checkpoint_is_refused_at_start(
     free, needed = map(int, re.findall(r"(\d+) bytes free, (\d+) needed", message)[0])
     assert free < 310 * 1024 and needed > free
     assert done["progress"]["step"] == 0  # refused before it trained
+    assert leftovers(disk_service) == []
+
+
+def test_a_job_killed_mid_write_leaves_no_temp_folder_behind(
+    disk_service: Service, alice: httpx.Client
+) -> None:
+    """Its worker removes what the killed process left half-written (planted here: a kill
+    during the few milliseconds of a real save cannot be timed)."""
+    job = alice.post("/v1/jobs", json=smoke_spec(steps=5000, checkpoint_every=0)).json()
+    wait_for(alice, job["id"], lambda j: j["status"] == "running" and j["progress"]["step"] >= 1)
+    folder = disk_service.artifact_dir / job["id"]
+    for partial in (folder / "checkpoints" / "step-000001.tmp", folder / "final.tmp"):
+        partial.mkdir(parents=True)
+        (partial / "model.safetensors").write_bytes(b"\1" * 100_000)
+    [pid] = job_pids(disk_service, job["id"])
+    os.kill(pid, signal.SIGKILL)
+    done = wait_status(alice, job["id"], TERMINAL)
+    assert (done["status"], done["error"]["code"]) == ("failed", "killed"), done
     assert leftovers(disk_service) == []
 
 

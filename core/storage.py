@@ -189,23 +189,33 @@ def storage_failure(exc: BaseException, folder: Path, needed: int = 0) -> Storag
     folder, None when the error is not the disk's."""
     if isinstance(exc, StorageError):
         return exc
+    where = _failed_folder(exc) or Path(folder)
     try:
-        free = free_bytes(folder)
+        free = free_bytes(where)
     except OSError:
         free = -1  # the disk cannot even be asked: full only if the error says so
     cause = f"{type(exc).__name__}: {exc}"
     if is_no_space(exc) or (
-        _is_torch_write_error(exc) and 0 <= free < max(needed, 1) + _reserve.bytes_for(folder)
+        _is_torch_write_error(exc) and 0 <= free < max(needed, 1) + _reserve.bytes_for(where)
     ):
         return StorageFull(
-            f"no space left in {folder} ({free} bytes free): {cause}; free some space, then "
+            f"no space left in {where} ({free} bytes free): {cause}; free some space, then "
             "resume the job",
-            Path(folder),
+            where,
             free,
             needed,
         )
     if _is_torch_write_error(exc) or (isinstance(exc, OSError) and _under(exc, folder)):
-        return StorageError(f"could not write to {folder}: {cause}", Path(folder))
+        return StorageError(f"could not write to {where}: {cause}", where)
+    return None
+
+
+def _failed_folder(exc: BaseException) -> Path | None:
+    """The folder of the path the error names, if it names one: a full disk elsewhere (the
+    machine's /tmp, a cache) is named as it is, not as the job's folder."""
+    for err in _chain(exc):
+        if isinstance(err, OSError) and err.filename:
+            return Path(os.fsdecode(err.filename)).absolute().parent
     return None
 
 

@@ -54,6 +54,13 @@ def test_the_storage_error_keeps_the_original_as_its_cause(tmp_path: Path) -> No
     )
 
 
+def test_a_full_disk_elsewhere_is_named_as_it_is(tmp_path: Path) -> None:
+    original = OSError(errno.ENOSPC, "No space left on device", "/var/cache/x/model.bin")
+    shown = as_storage_error(original, tmp_path)
+    assert isinstance(shown, StorageFull)
+    assert str(shown).startswith("no space left in /var/cache/x (")
+
+
 def test_a_fresh_job_needs_its_weights_and_two_adam_moments(tmp_path: Path) -> None:
     cfg = small_config()
     trainable = model_shape(cfg).trainable

@@ -66,8 +66,8 @@ class JobError(BaseModel):
 
     code: str = Field(
         description=(
-            "e.g. training_error, invalid_input, out_of_memory, timeout, worker_lost (README: "
-            "Limits and failures)"
+            "e.g. training_error, invalid_input, out_of_memory, storage_full, storage_error, "
+            "timeout, worker_lost (README: Limits and failures)"
         )
     )
     message: str = Field(description="what happened, e.g. the exception's type and message")

@@ -27,6 +27,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
+from core.storage import is_no_space
 from pdppo.files import FileStorage, FileTooLarge, UploadWriter
 
 if TYPE_CHECKING:
@@ -243,10 +244,16 @@ async def receive_upload(
     """The upload of `request` in a temporary file of `tenant`'s folder, finished and hashed.
 
     UploadRefused (400, 413, 422) when the body is not a valid upload form or the file is past
-    `max_file_bytes`; whatever was written is removed first, whatever went wrong (a refused
-    form, a dropped connection, the body limit of `api.limits`)."""
+    `max_file_bytes`, 507 when the disk fills up; whatever was written is removed first,
+    whatever went wrong (a refused form, a dropped connection, the body limit of
+    `api.limits`, a full disk)."""
     boundary = _boundary(request)
-    writer = await anyio.to_thread.run_sync(storage.new_upload, tenant, max_file_bytes)
+    try:
+        writer = await anyio.to_thread.run_sync(storage.new_upload, tenant, max_file_bytes)
+    except OSError as exc:
+        if is_no_space(exc):
+            raise no_room() from None
+        raise
     form = _Form(max_file_bytes)
     parser = MultipartParser(boundary, callbacks=form.callbacks())
 
@@ -278,8 +285,23 @@ async def receive_upload(
             raise UploadRefused(400, f"the multipart body is malformed: {exc}") from None
         if isinstance(exc, ClientDisconnect):  # nobody reads the answer; no error to log
             raise UploadRefused(400, "the client disconnected before the upload ended") from None
+        if isinstance(exc, OSError) and is_no_space(exc):
+            raise no_room() from None
         raise
     return Upload(writer, form.filename, purpose)
+
+
+def no_room(detail: str = "") -> UploadRefused:
+    """507: the server's disk has no room for the file (nothing of it is kept). The detail
+    names no server path: the folder is the operator's business, not the tenant's."""
+    return UploadRefused(
+        507,
+        detail
+        or (
+            "file: the server has no room left to store it (its disk filled up during the "
+            "upload; nothing was kept); try again later, or ask the operator to free space"
+        ),
+    )
 
 
 async def drain(request: Request, limit: int = DRAIN_BYTES) -> None:

@@ -14,7 +14,11 @@ optimizer in optimizer.pt (or dcp/) and meta.json's `warmup.done` below `warmup.
 resumed run loads it into the warm-up's optimizer (`warmup_unfinished`) and goes on with it.
 
 A folder is written under a temporary name and renamed when complete, so a crash mid-write never
-leaves a checkpoint that looks valid.
+leaves a checkpoint that looks valid. Before it starts, the disk must hold it (the previous
+checkpoint's size, or the weights and optimizer state) plus the operator's reserve, else
+`core.storage.StorageFull` and the earlier checkpoints stay as they are; a write that fails
+anyway removes its temporary folder (`core.storage.writing`), as does the next write after a
+crash, so a full disk never keeps a half checkpoint that fills it for the jobs after.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from core.models.base import CausalLM
 from core.sharding import DCP_DIR, is_sharded, load_sharded, save_sharded
+from core.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
 
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -83,12 +88,25 @@ def save_checkpoint(
 ) -> Path:
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     weights = {n: p.detach().contiguous().cpu() for n, p in lm.trainable()}
-    save_file(weights, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    return _complete(tmp, out_dir, step, state, meta, keep)
+    needed = _make_room(out_dir, step, list(weights.values()), optimizer)
+    with writing(tmp, needed):
+        tmp.mkdir(parents=True)
+        save_file(weights, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        return _complete(tmp, out_dir, step, state, meta, keep)
+
+
+def _make_room(
+    out_dir: Path, step: int, weights: list[torch.Tensor], optimizer: torch.optim.Optimizer
+) -> int:
+    """Removes what an earlier write left half-done and checks that step `step`'s checkpoint
+    fits (StorageFull if not); returns its estimated size."""
+    root = Path(out_dir) / "checkpoints"
+    remove_stale_temps(root)
+    needed = checkpoint_bytes(latest_checkpoint(out_dir), weights, optimizer)
+    require_free(root, needed, f"the checkpoint of step {step}")
+    return needed
 
 
 def _complete(
@@ -131,15 +149,19 @@ def save_sharded_checkpoint(
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     rank = dist.get_rank()
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    save_sharded(tmp, lm.module, optimizer)
-    dist.barrier()  # every shard written
     if rank != 0:
+        dist.barrier()
+        save_sharded(tmp, lm.module, optimizer)
+        dist.barrier()  # every shard written
         return None
-    return _complete(tmp, out_dir, step, state, meta, keep)
+    # rank 0 checks for the whole: a refusal fails the job like any rank's error
+    needed = _make_room(out_dir, step, [p for _, p in lm.trainable()], optimizer)
+    with writing(tmp, needed):
+        tmp.mkdir(parents=True)
+        dist.barrier()
+        save_sharded(tmp, lm.module, optimizer)
+        dist.barrier()  # every shard written
+        return _complete(tmp, out_dir, step, state, meta, keep)
 
 
 def load_checkpoint(

@@ -309,7 +309,8 @@ class Client(FilesMixin):
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/pause").json())
 
     def resume(self, job_id: str) -> Job:
-        """A paused job is queued again and continues from its checkpoint."""
+        """A paused job, or one that failed for its disk (storage_full, storage_error), is
+        queued again and continues from its checkpoint."""
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/resume").json())
 
     def metrics(self, job_id: str) -> builtins.list[MetricsRow]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -38,6 +39,7 @@ from core.config import TaskConfig
 from core.safe_files import DEFAULT_MAX_LINE_BYTES
 from core.tasks.records import MAX_REPORTED_PROBLEMS, LineProblem, find_problems
 
+log = logging.getLogger(__name__)
 FILES_DIR = "files"
 TEMP_PREFIX = ".upload-"
 TEMP_SUFFIX = ".part"
@@ -109,12 +111,21 @@ class UploadWriter:
         self._done = True
 
     def discard(self) -> None:
-        """Closes and removes the temporary file, unless it was moved; safe to call twice."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Closes and removes the temporary file, unless it was moved; safe to call twice.
+
+        Never raises: it runs while the upload's own error is on its way up, and on a full disk
+        the close itself fails (flushing what is buffered), yet the file must still go."""
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()  # closes the descriptor even when the flush before it fails
+            except OSError as exc:
+                log.warning("closing %s failed (%s); removing it anyway", self.path, exc)
         if not self._done:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove %s: %s", self.path, exc)
             self._done = True
 
 

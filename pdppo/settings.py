@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from core.budget import Limits
+    from core.storage import Reserve
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MIN_PRODUCTION_KEY_LENGTH = 16
@@ -317,6 +318,24 @@ class Settings(BaseSettings):
         ),
     )
 
+    # Disk space (core.storage): what the artifact folder's disk keeps free. A worker refuses to
+    # start a job, or to write a checkpoint, that would leave less (failure code storage_full);
+    # an upload that would is answered 507; /readyz and `pdppo_disk_free_bytes` report it.
+    min_free_bytes: int = Field(
+        default=256 * 2**20,
+        ge=0,
+        description=(
+            "bytes the artifact folder's disk keeps free: jobs, checkpoints and uploads that "
+            "would leave less are refused (storage_full, 507)"
+        ),
+    )
+    min_free_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="the same as a share of the disk's size; the larger of the two applies",
+    )
+
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:
@@ -369,6 +388,12 @@ class Settings(BaseSettings):
             max_tokens_per_step=self.max_tokens_per_step or None,
             max_total_tokens=self.max_total_tokens or None,
         )
+
+    def storage_reserve(self) -> Reserve:
+        """The space kept free on the artifact folder's disk (`core.storage.Reserve`)."""
+        from core.storage import Reserve
+
+        return Reserve(min_bytes=self.min_free_bytes, ratio=self.min_free_ratio)
 
     @property
     def heartbeat_seconds(self) -> float:

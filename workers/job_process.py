@@ -45,7 +45,7 @@ import resource
 import signal
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
@@ -55,6 +55,7 @@ from typing import Any
 
 from core.budget import Limits
 from core.distributed import free_port
+from core.storage import Reserve, StorageError
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model
 from pdppo.spec import JobSpec
@@ -74,6 +75,7 @@ from workers.job_events import EventPublisher as EventPublisher
 from workers.job_events import JobCallback
 from workers.job_events import backfill as backfill
 from workers.job_ranks import Failure, RankJob, data_parallel
+from workers.job_storage import as_storage_error, refuse_for_storage, storage_code
 from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ class JobOptions:
     artifact_dir: str  # uploaded files (task.file) are under <artifact_dir>/files (pdppo.files)
     lease_token: str  # the claim's fencing token: its worker's lease token (workers.lease)
     lease_seconds: float
+    storage: Reserve = field(default_factory=Reserve)  # kept free (PDPPO_MIN_FREE_BYTES)
 
 
 @lru_cache(maxsize=1)
@@ -218,6 +221,8 @@ def _train(
     except StoreUnavailable as exc:
         log.error("%s", exc)
         return {"outcome": "stopped", "why": "store_unreachable", "step": 0}
+    except OSError as exc:  # its own copy of a file could not be written
+        return _failure_of(exc, options)
     try:
         model_dir = resolve_job_model(
             spec.train.model.name,
@@ -236,6 +241,10 @@ def _train(
         problems = _over_budget(spec, job, options, model_dir)
         if problems:
             return {"outcome": "failed", "code": "over_budget", "message": problems}
+        out_dir, roots = Path(options.out_dir), list(options.data_roots)
+        full = refuse_for_storage(spec.train, out_dir, options.storage, roots, model_dir)
+        if full is not None:
+            return {"outcome": "failed", "code": "storage_full", "message": str(full)}
         size = spec.resources.gpus
         cuda = resolve_device(spec.train.device).type == "cuda"
         threads = _threads(options.torch_threads, size, cuda)
@@ -290,9 +299,7 @@ def _train(
     except LeaseLost:
         raise
     except Exception as exc:
-        code = error_code(exc)
-        log.exception("failed (%s)", code)
-        return _failure(code, exc)
+        return _failure_of(exc, options)
     if result.stopped:
         return {"outcome": "stopped", "step": result.step}
     final = str(result.final_model) if result.final_model else None
@@ -379,13 +386,24 @@ def _over_budget(
     return "; ".join(str(p) for p in problems) or None
 
 
+def _failure_of(exc: Exception, options: JobOptions) -> dict[str, Any]:
+    """The failed result of `exc`; a write the disk refused is told as the disk's error."""
+    shown = as_storage_error(exc, Path(options.out_dir)) or exc
+    code = error_code(shown)
+    log.exception("failed (%s)", code)
+    return _failure(code, shown)
+
+
 def error_code(exc: BaseException) -> str:
     """`invalid_input` for data or a model the job may not or cannot read (the user's to fix),
-    `out_of_memory`, else `training_error`."""
+    `storage_full` or `storage_error` for a write the disk refused (`as_storage_error` tells
+    them from other errors), `out_of_memory`, else `training_error`."""
     from core.safe_files import UnsafeFileError
 
     if isinstance(exc, UnsafeFileError):
         return "invalid_input"
+    if isinstance(exc, StorageError):
+        return storage_code(exc)
     return "out_of_memory" if is_out_of_memory(exc) else "training_error"
 
 

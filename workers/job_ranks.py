@@ -218,11 +218,15 @@ def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
     try:
         _train_rank(job, rank)
     except BaseException as exc:
-        from workers.job_process import error_code
+        from pathlib import Path
 
-        text = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+        from workers.job_process import error_code
+        from workers.job_storage import as_storage_error
+
+        shown = as_storage_error(exc, Path(job.out_dir)) or exc
+        text = "".join(traceback.format_exception(shown))[-TRACEBACK_CHARS:]
         with contextlib.suppress(OSError):
-            conn.send((error_code(exc), f"{type(exc).__name__}: {exc}"[:2000], text))
+            conn.send((error_code(shown), f"{type(shown).__name__}: {shown}"[:2000], text))
         os._exit(1)
 
 

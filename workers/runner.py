@@ -44,6 +44,7 @@ from pdppo.store.retry import publish_log_once
 from workers.celery_app import enqueue
 from workers.exits import describe_exit, oom_kills
 from workers.job_process import JobOptions, job_context, job_main
+from workers.job_storage import clear_temps
 from workers.lease import Lease, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,7 @@ def _supervise(
         artifact_dir=str(settings.artifact_dir),
         lease_token=lease.token,  # the claim's fencing token: every write of the job passes it
         lease_seconds=lease.seconds,
+        storage=settings.storage_reserve(),
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()
@@ -273,6 +275,8 @@ def _supervise(
                     proc.kill()
                     watch.killed = True
         _read(ours, watch)
+        if proc.exitcode != 0:  # killed or crashed, maybe mid-write; still this claim's job
+            clear_temps(out_dir)
         return _conclude(
             store, retry, job, lease, watch, proc.exitcode, oom_kills() > ooms, settings
         )

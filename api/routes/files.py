@@ -26,6 +26,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.deps import FileDep, FileStoreDep, SettingsDep, TenantDep
+from api.disk import refuse_without_room
 from api.schemas import ErrorBody, FileList, FileObject
 from api.uploads import UPLOAD_SCHEMA, Upload, UploadRefused, drain, receive_upload
 from pdppo.files import FileStorage, Inspection, describe_problems, file_id_of, inspect_jsonl
@@ -80,6 +81,14 @@ _UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     429: {"model": ErrorBody, "description": "the tenant has PDPPO_MAX_FILES_PER_TENANT files"},
     503: {"model": ErrorBody, "description": "the store (Redis) is unreachable, or the file busy"},
+    507: {
+        "model": ErrorBody,
+        "description": (
+            "the server's disk has no room for the file (its Content-Length would leave less "
+            "than PDPPO_MIN_FREE_BYTES free, or the disk filled up while it was written); "
+            "nothing of it is kept"
+        ),
+    },
 }
 
 
@@ -154,6 +163,7 @@ async def upload_file(
     file, or 200 with the one this tenant already has with the same content. Its `id` goes in
     a job spec's `train.task.file` or `train.task.validation_file`."""
     await _check_quota(request, files, tenant, settings)
+    await refuse_without_room(request, settings, FORM_FRAMING_BYTES)
     storage = FileStorage(settings.artifact_dir)
     try:
         upload = await receive_upload(request, storage, tenant, settings.max_file_bytes)

@@ -1,4 +1,5 @@
-"""Liveness, readiness (Redis reachable) and Prometheus metrics; no API key needed.
+"""Liveness, readiness (Redis reachable; a low disk is reported, not unready: `api.disk`) and
+Prometheus metrics; no API key needed.
 
 `/metrics` takes the operators' `PDPPO_METRICS_TOKEN` when one is set; it stays out of the
 OpenAPI schema, which documents what tenants call.
@@ -6,12 +7,14 @@ OpenAPI schema, which documents what tenants call.
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api import service_metrics
 from api.deps import SettingsDep, StoreDep, require_metrics_token
+from api.disk import disk_detail, disk_metrics
 from api.schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -23,16 +26,17 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
-async def readyz(store: StoreDep) -> Health | JSONResponse:
+async def readyz(store: StoreDep, settings: SettingsDep) -> Health | JSONResponse:
     try:
         await store.redis.ping()
     except Exception as exc:
         body = Health(status="unavailable", detail=f"redis: {type(exc).__name__}")
         return JSONResponse(body.model_dump(), status_code=503)
-    return Health(status="ok")
+    return Health(status="ok", detail=await anyio.to_thread.run_sync(disk_detail, settings))
 
 
 @router.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_token)])
 async def prometheus(store: StoreDep, settings: SettingsDep) -> Response:
-    body = generate_latest() + await service_metrics.render(store, settings)
+    disk = await anyio.to_thread.run_sync(disk_metrics, settings)
+    body = generate_latest() + await service_metrics.render(store, settings) + disk
     return Response(body, media_type=CONTENT_TYPE_LATEST)

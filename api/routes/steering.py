@@ -22,6 +22,7 @@ from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.schemas import ErrorBody, Job
 from core.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
+from pdppo.settings import Settings
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord
 
@@ -174,17 +175,36 @@ async def pause_job(job: JobDep, store: StoreDep) -> Job:
     response_model=Job,
     responses={
         **_GONE,
-        409: {"model": ErrorBody, "description": "the job is neither paused nor pausing"},
+        409: {
+            "model": ErrorBody,
+            "description": (
+                "the job is neither paused nor pausing, nor failed for its disk (storage_full, "
+                "storage_error)"
+            ),
+        },
+        429: {
+            "model": ErrorBody,
+            "description": (
+                "a job failed for its disk, and the tenant has PDPPO_MAX_ACTIVE_JOBS_PER_TENANT "
+                "queued, running or paused jobs"
+            ),
+        },
     },
 )
 async def resume_job(
     job: JobDep, store: StoreDep, settings: SettingsDep, publisher: PublisherDep
 ) -> Job:
     """202: a paused job is queued again and continues from its checkpoint, at the step after
-    it, with no step lost or repeated; a pause not carried out yet is called off."""
-    outcome = await store.steering.resume(job.id, settings.outbox_grace_seconds)
+    it, with no step lost or repeated; a pause not carried out yet is called off. A job that
+    failed for its disk (`storage_full`, `storage_error`) is queued again the same way, from its
+    latest checkpoint, once space is back."""
+    outcome = await store.steering.resume(
+        job.id, settings.outbox_grace_seconds, job.tenant, settings.max_active_jobs_per_tenant
+    )
     if outcome == "missing":
         raise HTTPException(404, detail=f"job {job.id!r} not found")
+    if outcome == "limit":
+        raise HTTPException(429, detail=_resume_limit(job.tenant, settings))
     if outcome.startswith("already-"):
         status = outcome.removeprefix("already-")
         raise HTTPException(409, detail=f"job {job.id!r} is {status}, not paused")
@@ -192,3 +212,10 @@ async def resume_job(
         publisher.submit(job.id, job.queue)  # and the outbox, should this process die first
     record = await store.get(job.id)
     return to_job(record or job)
+
+
+def _resume_limit(tenant: str, settings: Settings) -> str:
+    return (
+        f"tenant {tenant!r} has {settings.max_active_jobs_per_tenant} queued, running or paused "
+        "jobs (PDPPO_MAX_ACTIVE_JOBS_PER_TENANT): resume this one once one of them ends"
+    )

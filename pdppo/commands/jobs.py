@@ -423,7 +423,7 @@ def pause(job_id: str, url: str, api_key: str | None) -> None:
 @_url_option
 @_key_option
 def resume(job_id: str, url: str, api_key: str | None) -> None:
-    """Resume a paused job from its checkpoint."""
+    """Resume a paused job (or one failed for its disk) from its checkpoint."""
     with _client(url, api_key) as client:
         job = client.resume(job_id)
     click.echo(f"{job.id} {job.status}")

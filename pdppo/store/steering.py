@@ -10,6 +10,12 @@ checkpointed too), and hands it back; the requeue script (`jobs_worker._REQUEUE`
 `paused` instead of queueing it.
 A paused job holds no worker and no lease but keeps its place in the tenant's active jobs.
 Resuming puts it back in the queue and the outbox, so it always gets a task.
+
+A job that failed for its disk (`storage_full`, `storage_error`: `core.storage`) kept its
+checkpoints and did nothing wrong of its own, so it may be resumed too, once space is back: the
+one way a finished job changes again. It takes a place in the tenant's active jobs again (so it
+is refused, `limit`, when they are full), loses its error and `finished_at`, and its stream says
+`queued` after its `done`.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import redis.asyncio as aredis
 
 from pdppo.store.events import _log_data, _status_data
 from pdppo.store.jobs_worker import _checked, _fenced
-from pdppo.store.keys import OUTBOX, events_key, job_key, lease_key, now_iso
+from pdppo.store.keys import OUTBOX, events_key, job_key, lease_key, now_iso, tenant_active_key
 from pdppo.store.outbox import DEFAULT_GRACE_SECONDS
 
 # KEYS: job, events; ARGV: the version the change was computed from, overrides json, now, new
@@ -62,10 +68,23 @@ end
 return 'already-' .. st
 """
 
-# KEYS: job, events, outbox; ARGV: now, queued data, outbox check time, log data.
+# KEYS: job, events, outbox, tenant active; ARGV: now, queued data, outbox check time, log data,
+# most active jobs of the tenant, log data of a failed job resumed.
 _RESUME = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
+local code = redis.call('HGET', KEYS[1], 'error_code')
+if st == 'failed' and (code == 'storage_full' or code == 'storage_error') then
+  if redis.call('SCARD', KEYS[4]) >= tonumber(ARGV[5]) then return 'limit' end
+  local id = redis.call('HGET', KEYS[1], 'id')
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+  redis.call('HDEL', KEYS[1], 'finished_at', 'error_code', 'error_message', 'error_traceback')
+  redis.call('SADD', KEYS[4], id)
+  redis.call('ZADD', KEYS[3], ARGV[3], id)
+  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[6])
+  redis.call('XADD', KEYS[2], '*', 'type', 'status', 'data', ARGV[2])
+  return 'queued'
+end
 if st == 'paused' then
   redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
   redis.call('ZADD', KEYS[3], ARGV[3], redis.call('HGET', KEYS[1], 'id'))
@@ -140,17 +159,28 @@ class AsyncSteering:
         )
         return str(result)
 
-    async def resume(self, job_id: str, dispatch_grace: float = DEFAULT_GRACE_SECONDS) -> str:
-        """'queued' (the caller sends its task; a dispatcher does if it dies first),
-        'withdrawn' (a pause not yet carried out is called off), 'already-<status>' or
-        'missing'."""
+    async def resume(
+        self,
+        job_id: str,
+        dispatch_grace: float = DEFAULT_GRACE_SECONDS,
+        tenant: str = "",
+        max_active: int = 0,
+    ) -> str:
+        """'queued' (a paused job, or one failed for its disk; the caller sends its task, a
+        dispatcher does if it dies first), 'withdrawn' (a pause not yet carried out is called
+        off), 'limit' (failed for its disk, and `tenant` has `max_active` active jobs),
+        'already-<status>' or 'missing'."""
         result = await self._resume(
-            keys=[job_key(job_id), events_key(job_id), OUTBOX],
+            keys=[job_key(job_id), events_key(job_id), OUTBOX, tenant_active_key(tenant)],
             args=[
                 now_iso(),
                 _status_data("queued"),
                 time.time() + dispatch_grace,
                 _log_data("pause withdrawn before the job stopped; it runs on"),
+                max_active,
+                _log_data(
+                    "resumed after failing for its disk; it continues from its latest checkpoint"
+                ),
             ],
         )
         return str(result)

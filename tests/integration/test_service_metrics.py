@@ -21,11 +21,6 @@ from tests.store.conftest import stall
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
-PENDING = {"pdppo_disk_free_bytes", "pdppo_disk_total_bytes"}
-"""Names the dashboard and alerts use that another part of issue 37 exports (storage as a
-resource): they must be absent until it is merged, and this set emptied then."""
-
-
 def scrape(client: httpx.Client) -> Samples:
     response = client.get("/metrics")
     assert response.status_code == 200, response.text
@@ -124,10 +119,8 @@ def test_metrics_after_a_real_job_and_the_names_deploy_uses(
 
         exported = {name for name, _ in m}
         families = {name.removesuffix("_total") for name in exported} | exported
-        missing = sorted(used_names() - families - PENDING)
+        missing = sorted(used_names() - families)
         assert missing == [], f"the dashboard or alerts query metrics /metrics lacks: {missing}"
-        merged = sorted(PENDING & families)
-        assert merged == [], f"{merged} are exported now: take them out of PENDING"
 
 
 def test_metrics_answer_promptly_through_a_redis_stall_and_say_the_read_failed(

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 PREFIX = "pdppo"
 RUNNING_SET = f"{PREFIX}:running"
 OUTBOX = f"{PREFIX}:outbox"
+PURGE_SET = f"{PREFIX}:purge"  # deleted jobs whose folder may be on disk still (store.deletion)
 
 
 def job_key(job_id: str) -> str:
@@ -72,6 +73,11 @@ def tenant_files_key(tenant: str) -> str:
 
 def tenant_file_bytes_key(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:file_bytes"
+
+
+def tenant_usage_key(tenant: str) -> str:
+    """The tenant's bytes on disk as last measured (`api.routes.storage`), kept a short while."""
+    return f"{PREFIX}:tenant:{tenant}:usage"
 
 
 def idempotency_key(tenant: str, key: str) -> str:

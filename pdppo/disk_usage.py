@@ -16,11 +16,13 @@ import contextlib
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
-from pdppo.files import FileStorage
+from pdppo.files import TEMP_PREFIX, TEMP_SUFFIX, FileStorage
 
 JOB_ID_RE = re.compile(r"^[0-9a-f]{24}$")
 """`pdppo.store.keys.new_job_id`: the only folder names under the artifact store that are jobs'."""
@@ -37,7 +39,9 @@ class DiskUsage:
 
 
 def _walk(folder: Path, seen: set[tuple[int, int]]) -> int:
-    """Bytes of the regular files under `folder` not in `seen` (symlinks not followed)."""
+    """Bytes of the regular files under `folder` not in `seen` (symlinks not followed), but
+    uploads being written (`.upload-*.part`): an upload is counted once it is a file, and the
+    quota check of an upload must not count the upload itself twice."""
     total = 0
     stack = [str(folder)]
     while stack:
@@ -49,6 +53,8 @@ def _walk(folder: Path, seen: set[tuple[int, int]]) -> int:
             with contextlib.suppress(FileNotFoundError):
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
+                elif entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(TEMP_SUFFIX):
+                    continue
                 elif entry.is_file(follow_symlinks=False):
                     info = entry.stat(follow_symlinks=False)
                     if (info.st_dev, info.st_ino) not in seen:
@@ -94,7 +100,11 @@ def remove_job_dir(artifact_dir: Path, job_id: str, keep: Iterable[str] = ()) ->
     return removed
 
 
-def _gone_is_fine(function: object, path: str, exc_info: tuple[type[BaseException], ...]) -> None:
+def _gone_is_fine(
+    function: Callable[..., Any],
+    path: str,
+    exc_info: tuple[type[BaseException], BaseException, TracebackType],
+) -> None:
     """`shutil.rmtree`'s error handler: a file removed by someone else meanwhile is fine."""
-    if not issubclass(exc_info[0], FileNotFoundError):
-        raise exc_info[1]  # type: ignore[misc]
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]

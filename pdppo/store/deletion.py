@@ -215,9 +215,7 @@ class Retention:
         self.redis = client
         self._expire = client.register_script(_EXPIRE)
 
-    def expire(
-        self, job_id: str, tenant: str, *, cutoff: str, now: str, keep_final: bool
-    ) -> str:
+    def expire(self, job_id: str, tenant: str, *, cutoff: str, now: str, keep_final: bool) -> str:
         keys = [job_key(job_id), lease_key(job_id), tenant_active_key(tenant)]
         args = [job_id, tenant, cutoff, now, JOB_KEY_PREFIX, "1" if keep_final else "0"]
         return str(self._expire(keys=keys, args=args))

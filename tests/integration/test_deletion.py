@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import redis
 
-from pdppo.store.keys import events_key, job_key, metrics_key
+from pdppo.store.keys import events_key, job_key, lease_key, metrics_key
 from tests.integration.conftest import wait_status
 from tests.integration.stack import Service, records, smoke_spec
 from tests.integration.test_files import file_id, jsonl_spec, upload
@@ -92,7 +92,7 @@ def test_deleting_a_job_removes_everything_it_kept(
     alice.delete(f"/v1/jobs/{user.json()['id']}")
 
 
-def test_a_job_that_has_not_ended_is_not_deleted(alice: httpx.Client) -> None:
+def test_a_job_that_has_not_ended_is_not_deleted(service: Service, alice: httpx.Client) -> None:
     job = alice.post("/v1/jobs", json=parked(smoke_spec())).json()["id"]
     refused = alice.delete(f"/v1/jobs/{job}")
     assert refused.status_code == 409
@@ -104,6 +104,18 @@ def test_a_job_that_has_not_ended_is_not_deleted(alice: httpx.Client) -> None:
     }
     assert alice.get(f"/v1/jobs/{job}").json()["status"] == "queued"
     alice.post(f"/v1/jobs/{job}/cancel")
+    # ended, but a worker holds it still (it gives its lease up after its last writes)
+    store = redis.Redis.from_url(service.redis_url)
+    try:
+        store.set(lease_key(job), "worker-1:token")
+        leased = alice.delete(f"/v1/jobs/{job}")
+        assert (leased.status_code, leased.headers.get("Retry-After")) == (409, "5")
+        assert leased.json() == {
+            "detail": f"job {job!r} has ended but its worker is still finishing it; try again"
+        }
+        store.delete(lease_key(job))
+    finally:
+        store.close()
     assert alice.delete(f"/v1/jobs/{job}").status_code == 204
     assert alice.get(f"/v1/jobs/{job}").status_code == 404
 
@@ -221,3 +233,31 @@ def test_the_storage_operations_document_their_statuses(service: Service) -> Non
         assert paths[path]["post"]["responses"]["507"]["content"]["application/json"]["schema"] == {
             "$ref": "#/components/schemas/ErrorBody"
         }
+
+
+def test_the_workers_expire_old_artifacts_and_leave_active_jobs_alone(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(
+        PDPPO_RETENTION_DAYS=str(3 / 86400),  # three seconds
+        PDPPO_RETENTION_INTERVAL_SECONDS="1",
+    )
+    service.start_api()
+    service.start_worker("cpu")
+    with service.client("alice") as alice:
+        spec = smoke_spec(steps=3, checkpoint_every=1)
+        job = alice.post("/v1/jobs", json=spec).json()["id"]
+        waiting = alice.post("/v1/jobs", json=parked(smoke_spec())).json()["id"]
+        assert wait_status(alice, job, TERMINAL, timeout=180)["status"] == "succeeded"
+        folder = service.artifact_dir / job
+        assert "checkpoints" in {p.name for p in folder.iterdir()}
+        deadline = time.monotonic() + 60
+        while {p.name for p in folder.iterdir()} != {"final"}:
+            assert time.monotonic() < deadline, sorted(p.name for p in folder.iterdir())
+            time.sleep(0.2)
+        assert alice.get(f"/v1/jobs/{job}/checkpoints").json()["items"] == []
+        model = alice.get(f"/v1/jobs/{job}/model")
+        assert model.status_code == 200  # PDPPO_KEEP_FINAL_MODELS: the model stays
+        assert alice.get(f"/v1/jobs/{job}").json()["status"] == "succeeded"  # history stays
+        assert len(alice.get(f"/v1/jobs/{job}/metrics").json()["items"]) == 3
+        assert alice.get(f"/v1/jobs/{waiting}").json()["status"] == "queued"

@@ -115,8 +115,9 @@ return {'deleted', sha}
 
 # KEYS: job, lease, tenant active; ARGV: id, tenant, cutoff (ISO, as now_iso writes it), now
 # (ISO), job key prefix, keep final ('1': a succeeded job keeps final/, so that a job starting
-# from it still can). Returns expire (marked now), expired (marked before), missing, active,
-# recent, leased or used.
+# from it still can; else its record forgets its final model, so that `job:<id>` is refused at
+# submit rather than failing at start). Returns expire (marked now), expired (marked before),
+# missing, active, recent, leased or used.
 _EXPIRE = (
     _USERS
     + """
@@ -129,6 +130,7 @@ if (not at) or at > ARGV[3] then return 'recent' end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'leased' end
 if not (ARGV[6] == '1' and st == 'succeeded') then
   if #users(KEYS[3], ARGV[5], '', 'job:' .. ARGV[1]) > 0 then return 'used' end
+  redis.call('HDEL', KEYS[1], 'final_model')
 end
 redis.call('HSET', KEYS[1], 'artifacts_expired_at', ARGV[4])
 return 'expire'

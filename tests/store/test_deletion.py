@@ -215,9 +215,14 @@ def test_expire(
         tenant = "bob" if other.startswith("bob") else "alice"
         seed_job(sync, "0000000000dd000000000001", "queued", tenant=tenant, model=f"job:{TARGET}")
 
+    sync.hset(job_key(TARGET), "final_model", "/artifacts/x/final")
     got = Retention(sync).expire(TARGET, "alice", cutoff=CUTOFF, now=NEW, keep_final=keep)
 
     assert got == expected
+    model_kept = got != "expire" or (keep and state == "succeeded")
+    assert sync.hget(job_key(TARGET), "final_model") == (
+        "/artifacts/x/final" if model_kept else None
+    )
     marked = sync.hget(job_key(TARGET), "artifacts_expired_at")
     assert marked == {"expire": NEW, "expired": OLD}.get(got)
     assert sync.hget(job_key(TARGET), "status") == state

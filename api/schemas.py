@@ -388,6 +388,4 @@ class Usage(BaseModel):
             "null: no quota"
         )
     )
-    measured_at: datetime = Field(
-        description="when `bytes` was measured (at most PDPPO_USAGE_CACHE_SECONDS ago)"
-    )
+    measured_at: datetime = Field(description="when `bytes` was measured: now")

@@ -348,7 +348,9 @@ class Settings(BaseSettings):
     usage_cache_seconds: float = Field(
         default=30,
         ge=0,
-        description="a tenant's bytes are measured on disk at most this often (GET /v1/usage)",
+        description=(
+            "the storage quota checks a tenant's bytes as measured on disk at most this long ago"
+        ),
     )
 
     @field_validator("api_keys")

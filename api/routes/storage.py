@@ -58,11 +58,11 @@ async def _job_ids(client: aredis.Redis, tenant: str) -> list[str]:
 
 
 async def tenant_bytes(
-    client: aredis.Redis, settings: Settings, tenant: str
+    client: aredis.Redis, settings: Settings, tenant: str, *, fresh: bool = False
 ) -> tuple[DiskUsage, str]:
-    """(the tenant's bytes on disk, when measured): from the cache, or measured now."""
+    """(the tenant's bytes on disk, when measured): from the cache, or (`fresh`) measured now."""
     key = tenant_usage_key(tenant)
-    if settings.usage_cache_seconds > 0 and (cached := await client.get(key)):
+    if not fresh and settings.usage_cache_seconds > 0 and (cached := await client.get(key)):
         data = json.loads(cached)
         return DiskUsage(files=data["files"], artifacts=data["artifacts"]), data["at"]
     ids = await _job_ids(client, tenant)
@@ -181,11 +181,12 @@ async def _job_counts(client: aredis.Redis, ids: list[str]) -> JobCounts:
 
 @router.get("/v1/usage", response_model=Usage, responses={200: {"description": "the usage"}})
 async def usage(tenant: TenantDep, store: StoreDep, settings: SettingsDep) -> Usage:
-    """The caller's jobs by status, its files, the bytes it keeps on disk (measured at most
-    PDPPO_USAGE_CACHE_SECONDS ago) and its storage quota."""
+    """The caller's jobs by status, its files, the bytes it keeps on disk and its storage quota.
+    The bytes are measured now (and kept for the quota checks that follow): whoever asks wants
+    what is there after the job that just ended, not what the cache saw before it ran."""
     jobs = await _job_counts(store.redis, await _job_ids(store.redis, tenant))
     files, _ = await store.files.usage(tenant)
-    used, at = await tenant_bytes(store.redis, settings, tenant)
+    used, at = await tenant_bytes(store.redis, settings, tenant, fresh=True)
     return Usage(
         tenant=tenant,
         jobs=jobs,

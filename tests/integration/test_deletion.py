@@ -261,3 +261,19 @@ def test_the_workers_expire_old_artifacts_and_leave_active_jobs_alone(
         assert alice.get(f"/v1/jobs/{job}").json()["status"] == "succeeded"  # history stays
         assert len(alice.get(f"/v1/jobs/{job}/metrics").json()["items"]) == 3
         assert alice.get(f"/v1/jobs/{waiting}").json()["status"] == "queued"
+
+
+def test_usage_is_measured_when_asked_and_the_quota_check_reuses_it(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(PDPPO_MAX_STORAGE_BYTES_PER_TENANT="5000")  # cache: 30 s (default)
+    service.start_api()
+    with service.client("alice") as alice:
+        job = alice.post("/v1/jobs", json=smoke_spec()).json()["id"]
+        assert alice.get("/v1/usage").json()["bytes"]["artifacts"] == 0
+        fake_artifacts(service.artifact_dir / job, 6000)  # a worker wrote a checkpoint since
+        # the submit's check reuses the last measurement: not over the quota yet
+        assert alice.post("/v1/jobs", json=smoke_spec()).status_code == 201
+        assert alice.get("/v1/usage").json()["bytes"]["artifacts"] == 6000  # measured again
+        refused = alice.post("/v1/jobs", json=smoke_spec())
+        assert refused.status_code == 507, refused.text

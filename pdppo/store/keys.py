@@ -8,8 +8,9 @@ set of active (queued or running) ids for the quota. Global: the set of running 
 reaper scans) and the outbox, a sorted set of queued ids whose task no worker has claimed yet,
 scored by when a dispatcher should next check that the task exists (`pdppo.store.outbox`).
 Uploaded files (`pdppo.store.files`), per tenant: a hash per file, a sorted set of them for
-listing, a byte count for the quota, and a short lock per file id for writers. Every store module
-builds its keys here, so resources cannot collide.
+listing, a byte count for the quota, and a short lock per file id for writers; and its bytes on
+disk as last measured. Deleted jobs whose folder may still be on disk wait in the purge set.
+Every store module builds its keys here, so resources cannot collide.
 """
 
 from __future__ import annotations

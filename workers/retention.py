@@ -84,7 +84,11 @@ def retention_once(
     except FileNotFoundError:
         return report
     for job_id in names:
-        job = store.get(job_id)
+        try:
+            job = store.get(job_id)
+        except (KeyError, ValueError):  # a record that is not a whole job's: not ours to judge
+            log.warning("job %s: its record is incomplete; its folder is left alone", job_id)
+            continue
         if job is None or job.status not in TERMINAL:
             continue  # not a job of this store, or one in progress: never ours to touch
         outcome = retention.expire(

@@ -75,6 +75,9 @@ def test_a_pass_expires_only_old_ended_jobs(
     stranger = job_id(100)  # a job folder with no record here: another store's, not ours
     make_folder(root, stranger, upload)
     (root / "notes").mkdir()
+    partial = job_id(101)  # a hash some stray write left with no job in it
+    client.hset(job_key(partial), "checkpoint_step", "4")
+    make_folder(root, partial, upload)
 
     report = retention_once(JobStore(client), root, days=30, keep_final=keep_final, now=NOW)
 
@@ -93,11 +96,11 @@ def test_a_pass_expires_only_old_ended_jobs(
         assert client.hget(job_key(name), "artifacts_expired_at") is not None
     if keep_final:
         assert (root / ids["succeeded", OLD] / "final" / "config.json").read_text() == "{}"
-    for untouched in (leased, stranger):
+    for untouched in (leased, stranger, partial):
         assert contents(root, untouched) == EVERYTHING
     assert (root / "notes").is_dir()
     assert upload.read_bytes() == b'{"prompt": "1", "answer": "1"}\n'  # links gone, not the file
-    assert os.stat(upload).st_nlink == 1 + 14 - len(old_ended)  # 14 folders linked it
+    assert os.stat(upload).st_nlink == 1 + 15 - len(old_ended)  # 15 folders linked it
 
     again = retention_once(JobStore(client), root, days=30, keep_final=keep_final, now=NOW)
     assert again.expired == {} and again.purged == []

@@ -45,7 +45,7 @@ from api.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.limits import BodySizeLimit
 from api.observability import PrometheusMiddleware
 from api.publisher import TaskPublisher
-from api.routes import artifacts, events, files, health, jobs, results, steering
+from api.routes import artifacts, events, files, health, jobs, results, steering, storage
 from api.schemas import ErrorBody, ValidationErrorBody
 from api.uploads import FORM_OVERHEAD_BYTES
 from pdppo import __version__
@@ -333,7 +333,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         path_limits={"/v1/files": settings.max_file_bytes + FORM_OVERHEAD_BYTES},
     )
     app.add_middleware(PrometheusMiddleware)
-    for module in (jobs, steering, events, artifacts, results, files, health):
+    for module in (jobs, steering, events, artifacts, results, files, health, storage):
         app.include_router(module.router)
     mount_dashboard(app)
     mount_docs(app)

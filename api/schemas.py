@@ -352,3 +352,40 @@ class FileList(BaseModel):
 
     items: list[FileObject]
     next_cursor: str | None = None
+
+
+class JobCounts(BaseModel):
+    """A tenant's jobs by status (deleted jobs are not counted)."""
+
+    queued: int
+    running: int
+    paused: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+class StorageBytes(BaseModel):
+    """Bytes on disk, each file counted once however many jobs link to it."""
+
+    files: int = Field(description="uploaded files")
+    artifacts: int = Field(
+        description="job folders: checkpoints, final models, logs, and uploads only jobs still hold"
+    )
+    total: int = Field(description="files plus artifacts: what the quota counts")
+
+
+class Usage(BaseModel):
+    """`GET /v1/usage`: what the caller's tenant keeps, and its storage quota."""
+
+    tenant: str
+    jobs: JobCounts
+    files: int = Field(description="uploaded files kept")
+    bytes: StorageBytes
+    quota_bytes: int | None = Field(
+        description=(
+            "PDPPO_MAX_STORAGE_BYTES_PER_TENANT: past it, uploads and job submissions get 507; "
+            "null: no quota"
+        )
+    )
+    measured_at: datetime = Field(description="when `bytes` was measured: now")

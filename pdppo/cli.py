@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from pdppo import __version__
-from pdppo.commands import dev, files, jobs, serve, train, worker
+from pdppo.commands import dev, files, jobs, serve, storage, train, worker
 
 
 class _Main(click.Group):
@@ -48,5 +48,5 @@ main.add_command(worker.worker)
 main.add_command(worker.healthcheck)
 main.add_command(dev.dev)
 main.add_command(files.files)
-for command in jobs.COMMANDS:
+for command in [*jobs.COMMANDS, *storage.COMMANDS]:
     main.add_command(command)

@@ -31,6 +31,7 @@ from pdppo.client_specs import SpecLike as SpecLike
 from pdppo.client_specs import resolve_spec_paths as resolve_spec_paths
 from pdppo.client_specs import spec_to_dict as spec_to_dict
 from pdppo.client_specs import spec_yaml_load as spec_yaml_load
+from pdppo.client_storage import StorageMixin
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -192,8 +193,9 @@ class Event:
         return json.loads(self.data) if self.data else None
 
 
-class Client(FilesMixin):
-    """Sync client for one pdppo server and one API key (uploaded files: `FilesMixin`).
+class Client(FilesMixin, StorageMixin):
+    """Sync client for one pdppo server and one API key (uploaded files: `FilesMixin`; deleting
+    jobs and the tenant's usage: `StorageMixin`).
 
     `base_url` and `api_key` default to the `PDPPO_URL` and `PDPPO_API_KEY` environment
     variables, the same ones the CLI reads.

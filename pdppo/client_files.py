@@ -101,6 +101,6 @@ class FilesMixin:
         return self._save(f"/v1/files/{file_id}/content", target)
 
     def delete_file(self, file_id: str) -> None:
-        """Deletes the file. Jobs that have started keep their copy; a queued job that names it
-        fails when it starts (`invalid_input`)."""
+        """Deletes the file. `ApiError` 409 while queued, running or paused jobs name it; ended
+        jobs keep their own copy."""
         self._request("DELETE", f"/v1/files/{file_id}")

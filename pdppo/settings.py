@@ -336,6 +336,42 @@ class Settings(BaseSettings):
         description="the same as a share of the disk's size; the larger of the two applies",
     )
 
+    # Deletion and retention (`pdppo.store.deletion`, `workers.retention`, `api.routes.storage`).
+    retention_days: float = Field(
+        default=0,
+        ge=0,
+        description=(
+            "the workers delete the artifacts of jobs that ended longer ago than this many days "
+            "(checkpoints, inputs, and final/ unless PDPPO_KEEP_FINAL_MODELS); the job's record, "
+            "metrics and events stay; 0 keeps everything"
+        ),
+    )
+    keep_final_models: bool = Field(
+        default=True,
+        description=(
+            "retention keeps final/ of succeeded jobs (their model stays downloadable and usable "
+            "as `job:<id>`); false deletes it with the rest"
+        ),
+    )
+    retention_interval_seconds: float = Field(
+        default=3600, ge=1, description="how often each worker runs the retention pass"
+    )
+    max_storage_bytes_per_tenant: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "bytes a tenant may keep, uploads and job artifacts together; past it uploads and "
+            "job submissions get 507; 0: no limit"
+        ),
+    )
+    usage_cache_seconds: float = Field(
+        default=30,
+        ge=0,
+        description=(
+            "the storage quota checks a tenant's bytes as measured on disk at most this long ago"
+        ),
+    )
+
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:

@@ -15,6 +15,7 @@ from workers.celery_app import TRAIN_TASK, celery_app
 from workers.heartbeat import Heartbeat
 from workers.job_process import job_context
 from workers.reaper import DispatchTiming, start_reaper
+from workers.retention import start_retention
 from workers.runner import SHUTTING_DOWN, redis_client, run_job, worker_name
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def _on_worker_ready(**_: Any) -> None:
         outage_hold=settings.lease_seconds,
         heartbeat=Heartbeat(settings.worker_heartbeat_dir, worker_name(), client=store.redis),
     )
+    start_retention(JobStore(redis_client()), settings)  # old artifacts, interrupted deletes
 
 
 @worker_shutting_down.connect

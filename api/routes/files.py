@@ -9,9 +9,11 @@ lines by number), as is one past PDPPO_MAX_FILE_BYTES (413); nothing of a refuse
 on disk. Quotas per tenant: PDPPO_MAX_FILES_PER_TENANT files (429) and
 PDPPO_MAX_FILE_BYTES_PER_TENANT bytes (413).
 
-Deleting a file does not touch jobs that have started: each took its own link to the file when
-it started (see `pdppo.files`). A queued job whose file is deleted fails when it starts, with
-`invalid_input`.
+Deleting a file is refused (409, naming them) while queued, running or paused jobs name it
+(`pdppo.store.deletion`); ended jobs keep their own link to it, taken when they started (see
+`pdppo.files`). A job queued in the instant of a delete can still miss its file: it fails when it
+starts, with `invalid_input`. PDPPO_MAX_STORAGE_BYTES_PER_TENANT (uploads and job artifacts
+together, `api.routes.storage`) refuses uploads with 507.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.deps import FileDep, FileStoreDep, SettingsDep, TenantDep
 from api.disk import refuse_without_room
+from api.routes.storage import forget_usage, refuse_over_quota
 from api.schemas import ErrorBody, FileList, FileObject
 from api.uploads import UPLOAD_SCHEMA, Upload, UploadRefused, drain, receive_upload
 from pdppo.files import FileStorage, Inspection, describe_problems, file_id_of, inspect_jsonl
 from pdppo.settings import Settings
 from pdppo.store import FileRecord, now_iso
+from pdppo.store.deletion import AsyncDeletion
 from pdppo.store.files import CURSOR_PATTERN, AsyncFileStore, FileBusy, listing_member
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -84,9 +88,11 @@ _UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
     507: {
         "model": ErrorBody,
         "description": (
-            "the server's disk has no room for the file (its Content-Length would leave less "
-            "than PDPPO_MIN_FREE_BYTES free, or the disk filled up while it was written); "
-            "nothing of it is kept"
+            "no room: the tenant keeps PDPPO_MAX_STORAGE_BYTES_PER_TENANT bytes or more (uploads "
+            "and job artifacts: delete jobs or files first, `GET /v1/usage` shows the bytes), or "
+            "the server's disk has no room for the file (its Content-Length would leave less than "
+            "PDPPO_MIN_FREE_BYTES free, or the disk filled up while it was written); nothing of "
+            "it is kept"
         ),
     },
 }
@@ -163,6 +169,7 @@ async def upload_file(
     file, or 200 with the one this tenant already has with the same content. Its `id` goes in
     a job spec's `train.task.file` or `train.task.validation_file`."""
     await _check_quota(request, files, tenant, settings)
+    await refuse_over_quota(files.redis, settings, tenant, request=request)
     await refuse_without_room(request, settings, FORM_FRAMING_BYTES)
     storage = FileStorage(settings.artifact_dir)
     try:
@@ -174,6 +181,7 @@ async def upload_file(
         inspection = await anyio.to_thread.run_sync(inspect_jsonl, upload.writer.path)
         if not inspection.ok:
             return _invalid_file(inspection).response()
+        await refuse_over_quota(files.redis, settings, tenant, incoming=upload.writer.size)
         record, created = await _store(upload, inspection, storage, files, tenant, settings)
     except FileBusy as exc:
         raise _busy(exc) from exc
@@ -182,6 +190,7 @@ async def upload_file(
             await anyio.to_thread.run_sync(upload.writer.discard)  # nothing, once in place
     if created:
         await anyio.to_thread.run_sync(storage.remove_stale_uploads, tenant)
+        await forget_usage(files.redis, tenant)
     else:
         response.status_code = 200
     response.headers["Location"] = f"/v1/files/{record.id}"
@@ -300,20 +309,42 @@ async def file_content(file: FileDep, settings: SettingsDep) -> StreamingRespons
     )
 
 
-@router.delete("/{file_id}", status_code=204, response_class=Response)
+@router.delete(
+    "/{file_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: {"description": "the file is gone, its bytes freed unless ended jobs still link it"},
+        409: {
+            "model": ErrorBody,
+            "description": "queued, running or paused jobs name the file (the detail lists them)",
+        },
+    },
+)
 async def delete_file(file: FileDep, files: FileStoreDep, settings: SettingsDep) -> Response:
-    """204: the file is gone, record first, then its bytes. Jobs that have started keep their
-    own link to it; a queued job that names it fails when it starts (`invalid_input`)."""
+    """204: the file is gone, record first, then its bytes. 409 while a queued, running or
+    paused job of the tenant names it. Ended jobs keep their own link to it (freed when the job
+    is deleted, or its artifacts expire)."""
     storage = FileStorage(settings.artifact_dir)
     try:
         async with files.lock(file.tenant, file.id):
-            deleted = await files.delete(file.tenant, file.id)
-            if deleted is None:  # deleted by another request in between
+            deleted = await AsyncDeletion(files.redis).delete_file(file.tenant, file.id)
+            if deleted.outcome == "missing":  # deleted by another request in between
                 raise HTTPException(404, detail=f"file {file.id!r} not found")
+            if deleted.outcome == "used":
+                raise HTTPException(409, detail=_in_use(file.id, deleted.users))
             await anyio.to_thread.run_sync(storage.remove, file.tenant, deleted.sha256)
     except FileBusy as exc:
         raise _busy(exc) from exc
+    await forget_usage(files.redis, file.tenant)
     return Response(status_code=204)
+
+
+def _in_use(file_id: str, jobs: tuple[str, ...]) -> str:
+    return (
+        f"file {file_id!r} is named by jobs that have not ended: {', '.join(jobs)}; delete it "
+        "once they have ended (or cancel them)"
+    )
 
 
 __all__ = ["router"]

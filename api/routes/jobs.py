@@ -16,6 +16,7 @@ from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.observability import JOBS_SUBMITTED
+from api.routes.storage import QUOTA_RESPONSE, refuse_over_quota
 from api.schemas import (
     BudgetEstimate,
     BudgetLimits,
@@ -68,6 +69,7 @@ _ERRORS: dict[int | str, dict[str, object]] = {
         },
         429: {"model": ErrorBody, "description": "the tenant's active-job limit is reached"},
         503: {"model": ErrorBody, "description": "the job store or the queue is unreachable"},
+        **QUOTA_RESPONSE,
     },
 )
 async def create_job(
@@ -97,6 +99,7 @@ async def create_job(
     (`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
     runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
     key would get back."""
+    await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
     _, _, problems = await admit(spec, settings, tenant, store)
     if problems:
         raise HTTPException(422, detail="; ".join(p.message for p in problems))

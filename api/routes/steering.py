@@ -179,7 +179,7 @@ async def pause_job(job: JobDep, store: StoreDep) -> Job:
             "model": ErrorBody,
             "description": (
                 "the job is neither paused nor pausing, nor failed for its disk (storage_full, "
-                "storage_error)"
+                "storage_error) with its checkpoints kept (retention may have deleted them)"
             ),
         },
         429: {
@@ -205,6 +205,9 @@ async def resume_job(
         raise HTTPException(404, detail=f"job {job.id!r} not found")
     if outcome == "limit":
         raise HTTPException(429, detail=_resume_limit(job.tenant, settings))
+    if outcome == "expired":
+        detail = f"job {job.id!r} failed for its disk, and retention has deleted its checkpoints"
+        raise HTTPException(409, detail=f"{detail} since (PDPPO_RETENTION_DAYS): submit it again")
     if outcome.startswith("already-"):
         status = outcome.removeprefix("already-")
         raise HTTPException(409, detail=f"job {job.id!r} is {status}, not paused")

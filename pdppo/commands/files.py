@@ -98,7 +98,7 @@ def download(file_id: str, output: Path | None, url: str, api_key: str | None) -
 @_url_option
 @_key_option
 def delete(file_id: str, url: str, api_key: str | None) -> None:
-    """Delete a file. Started jobs keep their copy; queued jobs that name it will fail."""
+    """Delete a file; refused while queued, running or paused jobs name it."""
     with _client(url, api_key) as client:
         client.delete_file(file_id)
     click.echo(f"{file_id} deleted")

@@ -7,6 +7,8 @@
 - `outbox`: `Outbox`, the queued jobs whose task no worker has claimed yet (the enqueue outbox);
 - `events`: a job's event stream and metrics rows (`AsyncEventStore`, `EventStore`);
 - `files`: uploaded files' records (`AsyncFileStore`, `FileStore`; the bytes: `pdppo.files`).
+- `deletion`: deleting an ended job or an unused file, and expiring old jobs' artifacts
+  (`AsyncDeletion`, `Retention`; the folders: `pdppo.disk_usage`).
 
 Every state change that must not race is one Lua script next to the method that runs it, so the
 record, the indexes and the event stream never disagree, whoever crashes when. Each process makes

@@ -2,8 +2,9 @@
 
 The bytes are on disk (`pdppo.files`); Redis holds, per tenant, one hash per file (id, name,
 size, records, sha256, time, purpose), a sorted set that lists them newest first, and the bytes
-they add up to. Creating (under the tenant's quotas) and deleting are each one Lua script, so the
-hash, the listing and the byte count never disagree.
+they add up to. Creating (under the tenant's quotas) and deleting (unless an active job names the
+file: `pdppo.store.deletion`) are each one Lua script, so the hash, the listing and the byte count
+never disagree.
 
 A file's id comes from its content, so the same bytes uploaded twice by one tenant are one file,
 and the same bytes uploaded by two tenants are two records (and two files on disk) under the same
@@ -53,16 +54,6 @@ redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('INCRBY', KEYS[3], ARGV[2])
 return {'created', ''}
-"""
-
-# KEYS: file hash, tenant's files, tenant's byte count. Returns the deleted hash (flat), or {}.
-_DELETE = """
-local raw = redis.call('HGETALL', KEYS[1])
-if #raw == 0 then return raw end
-redis.call('ZREM', KEYS[2], redis.call('HGET', KEYS[1], 'member'))
-redis.call('DECRBY', KEYS[3], redis.call('HGET', KEYS[1], 'bytes'))
-redis.call('DEL', KEYS[1])
-return raw
 """
 
 # KEYS: lock; ARGV: token. Only the holder releases its lock (an expired one may be another's).
@@ -139,7 +130,6 @@ class AsyncFileStore:
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
         self._create = client.register_script(_CREATE)
-        self._delete = client.register_script(_DELETE)
         self._release = client.register_script(_RELEASE)
 
     async def get(self, tenant: str, file_id: str) -> FileRecord | None:
@@ -198,18 +188,6 @@ class AsyncFileStore:
             cast(Literal["created", "existing", "files_limit", "bytes_limit"], outcome),
             int(used or 0),
         )
-
-    async def delete(self, tenant: str, file_id: str) -> FileRecord | None:
-        """Removes the record (the caller removes the bytes after); None if there was none."""
-        flat = await self._delete(
-            keys=[
-                tenant_file_key(tenant, file_id),
-                tenant_files_key(tenant),
-                tenant_file_bytes_key(tenant),
-            ]
-        )
-        raw = dict(zip(flat[::2], flat[1::2], strict=True))
-        return FileRecord.from_hash(raw) if raw else None
 
     @asynccontextmanager
     async def lock(self, tenant: str, file_id: str) -> AsyncIterator[None]:

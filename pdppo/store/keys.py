@@ -8,8 +8,9 @@ set of active (queued or running) ids for the quota. Global: the set of running 
 reaper scans) and the outbox, a sorted set of queued ids whose task no worker has claimed yet,
 scored by when a dispatcher should next check that the task exists (`pdppo.store.outbox`).
 Uploaded files (`pdppo.store.files`), per tenant: a hash per file, a sorted set of them for
-listing, a byte count for the quota, and a short lock per file id for writers. Every store module
-builds its keys here, so resources cannot collide.
+listing, a byte count for the quota, and a short lock per file id for writers; and its bytes on
+disk as last measured. Deleted jobs whose folder may still be on disk wait in the purge set.
+Every store module builds its keys here, so resources cannot collide.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ RUNNING_SET = f"{PREFIX}:running"
 OUTBOX = f"{PREFIX}:outbox"
 STATS = f"{PREFIX}:stats"  # the service's counters, `pdppo.store.stats`
 WORKERS = f"{PREFIX}:workers"  # worker name -> when it last reached Redis, `pdppo.store.stats`
+PURGE_SET = f"{PREFIX}:purge"  # deleted jobs whose folder may be on disk still (store.deletion)
 
 
 def job_key(job_id: str) -> str:
@@ -74,6 +76,11 @@ def tenant_files_key(tenant: str) -> str:
 
 def tenant_file_bytes_key(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:file_bytes"
+
+
+def tenant_usage_key(tenant: str) -> str:
+    """The tenant's bytes on disk as last measured (`api.routes.storage`), kept a short while."""
+    return f"{PREFIX}:tenant:{tenant}:usage"
 
 
 def idempotency_key(tenant: str, key: str) -> str:

@@ -75,6 +75,7 @@ local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
 local code = redis.call('HGET', KEYS[1], 'error_code')
 if st == 'failed' and (code == 'storage_full' or code == 'storage_error') then
+  if redis.call('HEXISTS', KEYS[1], 'artifacts_expired_at') == 1 then return 'expired' end
   if redis.call('SCARD', KEYS[4]) >= tonumber(ARGV[5]) then return 'limit' end
   local id = redis.call('HGET', KEYS[1], 'id')
   redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
@@ -169,6 +170,7 @@ class AsyncSteering:
         """'queued' (a paused job, or one failed for its disk; the caller sends its task, a
         dispatcher does if it dies first), 'withdrawn' (a pause not yet carried out is called
         off), 'limit' (failed for its disk, and `tenant` has `max_active` active jobs),
+        'expired' (failed for its disk, but retention has deleted its checkpoints since),
         'already-<status>' or 'missing'."""
         result = await self._resume(
             keys=[job_key(job_id), events_key(job_id), OUTBOX, tenant_active_key(tenant)],

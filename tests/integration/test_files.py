@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import redis
 
 from tests.integration.conftest import wait_status
 from tests.integration.stack import Service, records, smoke_spec
@@ -311,7 +312,13 @@ def test_a_queued_job_whose_file_was_deleted_fails_with_invalid_input(
         file = upload(alice, records(16)).json()["id"]
         job = alice.post("/v1/jobs", json=jsonl_spec(file)).json()
         assert job["status"] == "queued"
-        assert alice.delete(f"/v1/files/{file}").status_code == 204
+        assert alice.delete(f"/v1/files/{file}").status_code == 409  # the job names it
+        # A delete in the instant between a submit's check and its job: the record goes.
+        store = redis.Redis.from_url(service.redis_url)
+        try:
+            assert store.delete(f"pdppo:tenant:alice:file:{file}") == 1
+        finally:
+            store.close()
         service.start_worker("cpu")  # only now: the job starts after its file is gone
         done = wait_status(alice, job["id"], TERMINAL, timeout=120)
     assert done["status"] == "failed", done

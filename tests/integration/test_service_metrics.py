@@ -21,6 +21,7 @@ from tests.store.conftest import stall
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
+
 def scrape(client: httpx.Client) -> Samples:
     response = client.get("/metrics")
     assert response.status_code == 200, response.text

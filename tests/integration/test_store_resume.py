@@ -43,6 +43,14 @@ CASES = [
     ("failed", {**FAILED, "error_code": "storage_error"}, 0, "queued", "queued"),
     ("failed", {**FAILED, "error_code": "storage_full"}, LIMIT - 1, "queued", "queued"),
     ("failed", {**FAILED, "error_code": "storage_full"}, LIMIT, "limit", "failed"),
+    # retention deleted its checkpoints (`pdppo.store.deletion`): nothing to resume from
+    (
+        "failed",
+        {**FAILED, "error_code": "storage_full", "artifacts_expired_at": "1"},
+        0,
+        "expired",
+        "failed",
+    ),
 ]
 
 

@@ -243,6 +243,17 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class StoreUnavailableBody(ErrorBody):
+    """A 503 of a write the store may still carry out (`api.pending_writes`): which one."""
+
+    job_id: str | None = Field(
+        default=None, description="the job the unanswered write created or changed, maybe"
+    )
+    file_id: str | None = Field(
+        default=None, description="the file the unanswered write stored, maybe"
+    )
+
+
 class ValidationErrorItem(BaseModel):
     """One bad part of a request, as FastAPI names it (`loc` starts with body, query, ...)."""
 

@@ -16,7 +16,8 @@ import builtins
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdppo.client_files import FilesMixin
+from pdppo.client_retry import send_with_retry
 from pdppo.client_specs import SpecLike as SpecLike
 from pdppo.client_specs import resolve_spec_paths as resolve_spec_paths
 from pdppo.client_specs import spec_to_dict as spec_to_dict
@@ -37,13 +39,24 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class ApiError(Exception):
-    """The server answered, and the answer was an error (4xx/5xx)."""
+    """The server answered, and the answer was an error (4xx/5xx).
 
-    def __init__(self, status_code: int, detail: Any, method: str = "", url: str = "") -> None:
+    `may_exist`: the jobs or files a write answered with this error may still have created or
+    changed (the server's store stopped answering after it was sent); look them up."""
+
+    def __init__(
+        self,
+        status_code: int,
+        detail: Any,
+        method: str = "",
+        url: str = "",
+        may_exist: builtins.list[str] | None = None,
+    ) -> None:
         self.status_code = status_code
         self.detail = detail
         self.method = method
         self.url = url
+        self.may_exist = may_exist or []
         where = f" ({method} {url})" if method else ""
         super().__init__(f"HTTP {status_code}{where}: {_detail_text(detail)}")
 
@@ -209,6 +222,8 @@ class Client(FilesMixin):
         reconnect_delay: float = 0.5,
         max_reconnect_delay: float = 5.0,
         max_reconnects: int = 20,
+        retry_seconds: float = 60.0,
+        max_retry_delay: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = (base_url or os.environ.get("PDPPO_URL") or DEFAULT_URL).rstrip("/")
@@ -221,6 +236,10 @@ class Client(FilesMixin):
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
         self.max_reconnects = max_reconnects
+        # Writes ride out a store stall or an API restart this long (`pdppo.client_retry`),
+        # waiting what the server's Retry-After says, at most max_retry_delay between tries.
+        self.retry_seconds = retry_seconds
+        self.max_retry_delay = max_retry_delay
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
@@ -242,6 +261,47 @@ class Client(FilesMixin):
         _raise_for_status(response)
         return response
 
+    def _write(
+        self,
+        method: str,
+        path: str,
+        *,
+        settled: Callable[[Job], bool] | None = None,
+        hint: str = "",
+        prepare: Callable[[], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """A write the caller knows is safe to send twice, retried through 503s and dropped
+        connections (`pdppo.client_retry`). `settled`: after an attempt that may have landed, a
+        409 is the write having landed when the job, read again, passes it. `hint` ends the
+        error of a write that may have landed: what to do about it. `prepare`: more arguments
+        made again for each try (a file rewound)."""
+        sent = send_with_retry(
+            lambda: self._http.request(method, path, **kwargs, **(prepare() if prepare else {})),
+            budget=self.retry_seconds,
+            max_delay=self.max_retry_delay,
+        )
+        response = sent.response
+        if response.status_code == 409 and sent.ambiguous and settled is not None:
+            job = self.get(path.split("/")[3])
+            if settled(job):
+                body = job.model_dump(mode="json")
+                return httpx.Response(202, json=body, request=response.request)
+        if response.status_code >= 400 and sent.named:
+            try:
+                _raise_for_status(response)
+            except ApiError as exc:
+                named = ", ".join(sent.named)
+                raise ApiError(
+                    exc.status_code,
+                    f"{_detail_text(exc.detail)} (may exist: {named}{hint})",
+                    exc.method,
+                    exc.url,
+                    may_exist=sent.named,
+                ) from None
+        _raise_for_status(response)
+        return response
+
     def health(self) -> bool:
         """True when the API answers `/readyz` (its Redis is reachable)."""
         try:
@@ -250,9 +310,20 @@ class Client(FilesMixin):
             return False
 
     def submit(self, spec: SpecLike, idempotency_key: str | None = None) -> Job:
-        """Queues a job; with the same `idempotency_key` a retried submit returns the same job."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = self._request("POST", "/v1/jobs", json=spec_to_dict(spec), headers=headers)
+        """Queues a job; with the same `idempotency_key` a retried submit returns the same job.
+
+        Without one the client makes one, so that its own retries (through a store stall, a
+        dropped connection) never make a second job. If it gives up, `ApiError.may_exist` names
+        the jobs the server said it may have created, and the message the key to submit with
+        again: the same spec with it returns that job, if any, or creates one."""
+        key = idempotency_key or f"pdppo-{uuid.uuid4().hex}"
+        response = self._write(
+            "POST",
+            "/v1/jobs",
+            json=spec_to_dict(spec),
+            headers={"Idempotency-Key": key},
+            hint=f"; the same spec with Idempotency-Key {key} returns it, never a second",
+        )
         return Job.model_validate(response.json())
 
     def validate(self, spec: SpecLike) -> Validation:
@@ -289,12 +360,15 @@ class Client(FilesMixin):
 
     def cancel(self, job_id: str) -> Job:
         """Asks for cancellation; a running job stops at its next step, a queued one never runs."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+        response = self._write(
+            "POST", f"/v1/jobs/{job_id}/cancel", settled=lambda j: j.cancel_requested
+        )
+        return Job.model_validate(response.json())
 
     def change(self, job_id: str, patch: Mapping[str, Any]) -> Job:
         """Changes a job's settings while it runs: `patch` is a JSON merge patch of its spec,
         e.g. {"train": {"optim": {"lr": 1e-4}}}; it applies at the job's next step."""
-        response = self._request(
+        response = self._write(  # a merge patch applied twice: the same spec
             "PATCH",
             f"/v1/jobs/{job_id}",
             content=json.dumps(patch),
@@ -306,11 +380,21 @@ class Client(FilesMixin):
         """A running job stops at the next step boundary (or warm-up step), checkpoints there
         and releases its worker (status `paused`); `resume` continues from that checkpoint. A
         queued job is paused at once."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/pause").json())
+        response = self._write(
+            "POST",
+            f"/v1/jobs/{job_id}/pause",
+            settled=lambda j: j.status == "paused" or j.pause_requested,
+        )
+        return Job.model_validate(response.json())
 
     def resume(self, job_id: str) -> Job:
         """A paused job is queued again and continues from its checkpoint."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/resume").json())
+        response = self._write(
+            "POST",
+            f"/v1/jobs/{job_id}/resume",
+            settled=lambda j: j.status in ("queued", "running") and not j.pause_requested,
+        )
+        return Job.model_validate(response.json())
 
     def metrics(self, job_id: str) -> builtins.list[MetricsRow]:
         """Every published step's metrics so far, oldest first."""

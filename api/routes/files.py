@@ -26,6 +26,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.deps import FileDep, FileStoreDep, SettingsDep, TenantDep
+from api.pending_writes import documented_503, pending_write
 from api.schemas import ErrorBody, FileList, FileObject
 from api.uploads import UPLOAD_SCHEMA, Upload, UploadRefused, drain, receive_upload
 from pdppo.files import FileStorage, Inspection, describe_problems, file_id_of, inspect_jsonl
@@ -79,7 +80,11 @@ _UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
         ),
     },
     429: {"model": ErrorBody, "description": "the tenant has PDPPO_MAX_FILES_PER_TENANT files"},
-    503: {"model": ErrorBody, "description": "the store (Redis) is unreachable, or the file busy"},
+    **documented_503(
+        "file",
+        "the file may have been stored (an upload of the same content answers it, never a "
+        "second file); without `file_id`, the file was busy or the store unreachable",
+    ),
 }
 
 
@@ -164,6 +169,7 @@ async def upload_file(
         inspection = await anyio.to_thread.run_sync(inspect_jsonl, upload.writer.path)
         if not inspection.ok:
             return _invalid_file(inspection).response()
+        pending_write(request, "file", file_id_of(upload.sha256), "the upload")
         record, created = await _store(upload, inspection, storage, files, tenant, settings)
     except FileBusy as exc:
         raise _busy(exc) from exc

@@ -1,0 +1,78 @@
+"""Retrying a write through a store stall without doing it twice (`pdppo.client.Client`).
+
+A 503 is not always "nothing happened": when the server's store stopped answering after the
+write was sent, the write may still land, and the 503 says so by naming the job or file
+(`Pdppo-Job-Id` / `Pdppo-File-Id`; see `api.pending_writes`). A dropped connection or a read
+timeout is ambiguous the same way. So the client retries only writes a second copy of which
+changes nothing: a submit carries an Idempotency-Key (the client makes one when the caller gave
+none), an upload is stored by its content, a merge patch applied twice gives the same spec, and
+a cancel, pause or resume that already landed is recognised by the job's state (`settle`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+NAMING_HEADERS = ("Pdppo-Job-Id", "Pdppo-File-Id")
+
+
+@dataclass
+class Sent:
+    """The last answer of a retried write, and what the attempts before it may have done."""
+
+    response: httpx.Response
+    named: list[str] = field(default_factory=list)
+    """Ids the 503s named (a job or file the write may have created or changed), in order."""
+    ambiguous: bool = False
+    """True if an earlier attempt may have landed: a naming 503, a drop or a read timeout."""
+
+
+def _retry_after(response: httpx.Response, default: float) -> float:
+    raw = response.headers.get("Retry-After", "")
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        return default
+
+
+def send_with_retry(
+    send: Callable[[], httpx.Response],
+    *,
+    budget: float,
+    max_delay: float,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Sent:
+    """`send()` again after each 503 or transport error until it gets another answer or
+    `budget` seconds have passed since the first try (then the last 503 is returned, or the last
+    transport error raised). Waits what `Retry-After` says, at most `max_delay` seconds."""
+    deadline = time.monotonic() + budget
+    named: list[str] = []
+    ambiguous = False
+    failures = 0
+    while True:
+        try:
+            response = send()
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            # A refused connect sent nothing; anything later may have reached the server.
+            ambiguous = ambiguous or not isinstance(exc, httpx.ConnectError)
+            delay = min(0.25 * 2**failures, max_delay)
+        else:
+            if response.status_code != 503:
+                return Sent(response, named, ambiguous)
+            for header in NAMING_HEADERS:
+                ident = response.headers.get(header)
+                if ident:
+                    ambiguous = True
+                    if ident not in named:
+                        named.append(ident)
+            if time.monotonic() >= deadline:
+                return Sent(response, named, ambiguous)
+            delay = min(_retry_after(response, 1.0), max_delay)
+        failures += 1
+        sleep(max(0.0, min(delay, deadline - time.monotonic())))

@@ -34,7 +34,7 @@ _LOST_ANSWER = (redis.ConnectionError, redis.TimeoutError)
 
 def pending_write(request: Request, kind: Kind, ident: str, what: str) -> None:
     """Marks that this request is about to send a write to `kind` `ident`; `what` completes
-    "... may have happened" in the 503's detail (e.g. "job X was created")."""
+    "... may still take effect" in the 503's detail (e.g. "the cancel of job X")."""
     request.state.pending_write = (kind, ident, what)
 
 
@@ -48,7 +48,7 @@ def unavailable_response(request: Request, exc: Exception) -> JSONResponse:
         kind, ident, what = pending
         body["detail"] = (
             f"the job store did not answer in time; {what} may still take effect when it "
-            f"does: GET /v1/{kind}s/{ident} tells, once the store answers"
+            f"does (GET /v1/{kind}s/{ident} tells, once it answers)"
             + (
                 ", and a retry with the same Idempotency-Key returns that job, never a second"
                 if kind == "job" and request.method == "POST" and request.url.path == "/v1/jobs"

@@ -169,7 +169,7 @@ async def upload_file(
         inspection = await anyio.to_thread.run_sync(inspect_jsonl, upload.writer.path)
         if not inspection.ok:
             return _invalid_file(inspection).response()
-        pending_write(request, "file", file_id_of(upload.sha256), "the upload")
+        pending_write(request, "file", file_id_of(upload.sha256), "storing this upload")
         record, created = await _store(upload, inspection, storage, files, tenant, settings)
     except FileBusy as exc:
         raise _busy(exc) from exc

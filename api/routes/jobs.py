@@ -106,7 +106,7 @@ async def create_job(
     spec_json = spec.model_dump_json()
     queue = spec.queue
     job_id = new_job_id()
-    pending_write(request, "job", job_id, f"job {job_id} was created")
+    pending_write(request, "job", job_id, f"the creation of job {job_id}")
     result = await store.create(
         tenant=tenant,
         queue=queue,

@@ -90,7 +90,11 @@ def test_a_submit_answered_503_names_the_job_it_created(
         job_id = body["job_id"]
         assert answer.headers["Pdppo-Job-Id"] == job_id
         assert answer.headers["Retry-After"] == "5"
-        assert job_id in body["detail"] and "Idempotency-Key" in body["detail"]
+        assert body["detail"] == (
+            f"the job store did not answer in time; the creation of job {job_id} may still take "
+            f"effect when it does (GET /v1/jobs/{job_id} tells, once it answers), and a retry "
+            "with the same Idempotency-Key returns that job, never a second"
+        )
         # Redis ran the create when it woke: the job the 503 named, and no other, runs.
         assert tenant_job_ids(svc) == [job_id]
         svc.start_worker()

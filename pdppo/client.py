@@ -17,7 +17,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +28,7 @@ from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdppo.client_files import FilesMixin
-from pdppo.client_retry import send_with_retry
+from pdppo.client_retry import RetryingWrites
 from pdppo.client_specs import SpecLike as SpecLike
 from pdppo.client_specs import resolve_spec_paths as resolve_spec_paths
 from pdppo.client_specs import spec_to_dict as spec_to_dict
@@ -205,7 +205,7 @@ class Event:
         return json.loads(self.data) if self.data else None
 
 
-class Client(FilesMixin):
+class Client(RetryingWrites, FilesMixin):
     """Sync client for one pdppo server and one API key (uploaded files: `FilesMixin`).
 
     `base_url` and `api_key` default to the `PDPPO_URL` and `PDPPO_API_KEY` environment
@@ -258,47 +258,6 @@ class Client(FilesMixin):
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
-        _raise_for_status(response)
-        return response
-
-    def _write(
-        self,
-        method: str,
-        path: str,
-        *,
-        settled: Callable[[Job], bool] | None = None,
-        hint: str = "",
-        prepare: Callable[[], dict[str, Any]] | None = None,
-        **kwargs: Any,
-    ) -> httpx.Response:
-        """A write the caller knows is safe to send twice, retried through 503s and dropped
-        connections (`pdppo.client_retry`). `settled`: after an attempt that may have landed, a
-        409 is the write having landed when the job, read again, passes it. `hint` ends the
-        error of a write that may have landed: what to do about it. `prepare`: more arguments
-        made again for each try (a file rewound)."""
-        sent = send_with_retry(
-            lambda: self._http.request(method, path, **kwargs, **(prepare() if prepare else {})),
-            budget=self.retry_seconds,
-            max_delay=self.max_retry_delay,
-        )
-        response = sent.response
-        if response.status_code == 409 and sent.ambiguous and settled is not None:
-            job = self.get(path.split("/")[3])
-            if settled(job):
-                body = job.model_dump(mode="json")
-                return httpx.Response(202, json=body, request=response.request)
-        if response.status_code >= 400 and sent.named:
-            try:
-                _raise_for_status(response)
-            except ApiError as exc:
-                named = ", ".join(sent.named)
-                raise ApiError(
-                    exc.status_code,
-                    f"{_detail_text(exc.detail)} (may exist: {named}{hint})",
-                    exc.method,
-                    exc.url,
-                    may_exist=sent.named,
-                ) from None
         _raise_for_status(response)
         return response
 

@@ -14,8 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from pdppo.client import Job
 
 NAMING_HEADERS = ("Pdppo-Job-Id", "Pdppo-File-Id")
 
@@ -76,3 +80,58 @@ def send_with_retry(
             delay = min(_retry_after(response, 1.0), max_delay)
         failures += 1
         sleep(max(0.0, min(delay, deadline - time.monotonic())))
+
+
+class RetryingWrites:
+    """`Client._write`: a write retried as above. Mixed into `Client`, which supplies `_http`,
+    `get` and the retry settings."""
+
+    if TYPE_CHECKING:
+        _http: httpx.Client
+        retry_seconds: float
+        max_retry_delay: float
+
+        def get(self, job_id: str) -> Job: ...
+
+    def _write(
+        self,
+        method: str,
+        path: str,
+        *,
+        settled: Callable[[Job], bool] | None = None,
+        hint: str = "",
+        prepare: Callable[[], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """A write the caller knows is safe to send twice, retried through 503s and dropped
+        connections. `settled`: after an attempt that may have landed, a 409 is the write having
+        landed when the job, read again, passes it. `hint` ends the error of a write that may
+        have landed: what to do about it. `prepare`: more arguments made again for each try (a
+        file rewound)."""
+        from pdppo.client import ApiError, _detail_text, _raise_for_status  # it imports this
+
+        sent = send_with_retry(
+            lambda: self._http.request(method, path, **kwargs, **(prepare() if prepare else {})),
+            budget=self.retry_seconds,
+            max_delay=self.max_retry_delay,
+        )
+        response = sent.response
+        if response.status_code == 409 and sent.ambiguous and settled is not None:
+            job = self.get(path.split("/")[3])
+            if settled(job):
+                body = job.model_dump(mode="json")
+                return httpx.Response(202, json=body, request=response.request)
+        if response.status_code >= 400 and sent.named:
+            try:
+                _raise_for_status(response)
+            except ApiError as exc:
+                named = ", ".join(sent.named)
+                raise ApiError(
+                    exc.status_code,
+                    f"{_detail_text(exc.detail)} (may exist: {named}{hint})",
+                    exc.method,
+                    exc.url,
+                    may_exist=sent.named,
+                ) from None
+        _raise_for_status(response)
+        return response

@@ -64,16 +64,17 @@ def unavailable_response(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def documented_503(kind: Kind, what: str) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` entry of a route whose 503 may name the `kind` it was writing."""
+def documented_503(kind: Kind, what: str, also: str = "") -> dict[int | str, dict[str, Any]]:
+    """The `responses=` entry of a route whose 503 may name the `kind` it was writing; `also`:
+    the route's other reasons for a 503."""
     return {
         503: {
             "model": StoreUnavailableBody,
             "description": (
                 f"the job store (Redis) is unreachable; retry after `Retry-After` seconds. With "
                 f"`{kind}_id` (and the `{HEADERS[kind]}` header), the store stopped answering "
-                f"after the write was sent: {what} may still happen, so look it up before "
-                "acting as if it did not"
+                f"after the write was sent: {what}; look it up before acting as if it did not"
+                + (f". {also}" if also else "")
             ),
             "headers": {
                 HEADERS[kind]: {

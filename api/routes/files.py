@@ -83,7 +83,8 @@ _UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
     **documented_503(
         "file",
         "the file may have been stored (an upload of the same content answers it, never a "
-        "second file); without `file_id`, the file was busy or the store unreachable",
+        "second file)",
+        also="Also while another request stores or deletes the same content (the file busy)",
     ),
 }
 

@@ -68,7 +68,11 @@ _ERRORS: dict[int | str, dict[str, object]] = {
             ),
         },
         429: {"model": ErrorBody, "description": "the tenant's active-job limit is reached"},
-        **documented_503("job", "the job may have been created, and then it runs"),
+        **documented_503(
+            "job",
+            "the job may have been created, and then it runs (a retry with the same "
+            "Idempotency-Key returns it)",
+        ),
     },
 )
 async def create_job(

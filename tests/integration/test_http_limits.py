@@ -81,9 +81,12 @@ def trickle(conns: list[Slow], byte: bytes, until: float) -> None:
                 except (BlockingIOError, BrokenPipeError, ConnectionResetError) as exc:
                     c.log.append(type(exc).__name__)
             next_send += 1.0
-        readable, _, _ = select.select([c.sock for c in open_], [], [], 0.1)
+        poller = select.poll()  # not select(): no limit on descriptor numbers
         for c in open_:
-            if c.sock not in readable:
+            poller.register(c.sock, select.POLLIN)
+        readable = {fd for fd, _ in poller.poll(100)}
+        for c in open_:
+            if c.sock.fileno() not in readable:
                 continue
             try:
                 data = c.sock.recv(65536)

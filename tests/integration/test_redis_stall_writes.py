@@ -10,6 +10,7 @@ pause, resume or PATCH would meet the sleep first (and write nothing), so those 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,15 @@ import redis
 
 from pdppo.client import Client
 from tests.integration.conftest import wait_status
-from tests.integration.stack import KEYS, RedisServer, Service, records, smoke_spec
+from tests.integration.stack import (
+    KEYS,
+    REPO,
+    RedisServer,
+    Service,
+    pdppo_command,
+    records,
+    smoke_spec,
+)
 from tests.integration.test_redis_stall import stall
 
 STORE_TIMEOUT = "1"  # the API's wait for one Redis reply (PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS)
@@ -220,3 +229,21 @@ def test_the_client_retries_job_writes_through_the_stall(
         timer.join()
         assert expect(after), after
         assert expect(client.get(job.id))
+
+
+def test_pdppo_submit_rides_out_the_stall_with_one_job(
+    own_redis: RedisServer, svc: Service
+) -> None:
+    warm_up(svc)
+    env = {**svc.env, "PDPPO_URL": svc.base_url, "PDPPO_API_KEY": KEYS["alice"]}
+    sleeper = stall(own_redis, STALL_SECONDS)
+    done = subprocess.run(
+        [*pdppo_command(), "submit", str(REPO / "examples" / "smoke.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    sleeper.join(STALL_SECONDS + 30)
+    assert done.returncode == 0, done.stderr
+    assert tenant_job_ids(svc) == [done.stdout.strip()]

@@ -52,7 +52,8 @@ def send_with_retry(
 ) -> Sent:
     """`send()` again after each 503 or transport error until it gets another answer or
     `budget` seconds have passed since the first try (then the last 503 is returned, or the last
-    transport error raised). Waits what `Retry-After` says, at most `max_delay` seconds."""
+    transport error raised). Waits what `Retry-After` says, at most `max_delay` seconds. A
+    first try that cannot connect is raised at once."""
     deadline = time.monotonic() + budget
     named: list[str] = []
     ambiguous = False
@@ -61,10 +62,13 @@ def send_with_retry(
         try:
             response = send()
         except httpx.TransportError as exc:
-            if time.monotonic() >= deadline:
+            unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+            if time.monotonic() >= deadline or (unsent and not failures):
+                # A first try that could not connect sent nothing: a wrong URL or a server that
+                # is down is said at once, not after a minute of silent retries.
                 raise
-            # A refused connect sent nothing; anything later may have reached the server.
-            ambiguous = ambiguous or not isinstance(exc, httpx.ConnectError)
+            # Anything after the connect may have reached the server.
+            ambiguous = ambiguous or not unsent
             delay = min(0.25 * 2**failures, max_delay)
         else:
             if response.status_code != 503:

@@ -136,3 +136,27 @@ def test_a_plain_503_is_retried_and_names_nothing() -> None:
     with _client(transport) as client:
         assert client.pause("j1").id == "j1"
     assert len(seen) == 2
+
+
+def test_a_server_that_cannot_be_reached_is_said_at_once() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    transport, seen = _scripted([refuse])
+    with _client(transport) as client, pytest.raises(httpx.ConnectError):
+        client.submit({"train": {}})
+    assert len(seen) == 1
+
+
+def test_a_refused_connect_after_an_ambiguous_try_is_retried() -> None:
+    """The API restarting after a 503 that named the job: keep going, the key still holds."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    transport, seen = _scripted(
+        [lambda r: NAMING_503, refuse, lambda r: httpx.Response(201, json=JOB)]
+    )
+    with _client(transport) as client:
+        assert client.submit({"train": {}}).id == "j1"
+    assert len(seen) == 3

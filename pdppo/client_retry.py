@@ -11,6 +11,7 @@ a cancel, pause or resume that already landed is recognised by the job's state (
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from pdppo.client import Job
 
 NAMING_HEADERS = ("Pdppo-Job-Id", "Pdppo-File-Id")
+log = logging.getLogger("pdppo.client")
 
 
 @dataclass
@@ -33,6 +35,13 @@ class Sent:
     """Ids the 503s named (a job or file the write may have created or changed), in order."""
     ambiguous: bool = False
     """True if an earlier attempt may have landed: a naming 503, a drop or a read timeout."""
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", ""))
+    except (ValueError, AttributeError):
+        return response.text[:200]
 
 
 def _retry_after(response: httpx.Response, default: float) -> float:
@@ -48,12 +57,14 @@ def send_with_retry(
     *,
     budget: float,
     max_delay: float,
+    what: str = "the request",
     sleep: Callable[[float], object] = time.sleep,
 ) -> Sent:
     """`send()` again after each 503 or transport error until it gets another answer or
     `budget` seconds have passed since the first try (then the last 503 is returned, or the last
     transport error raised). Waits what `Retry-After` says, at most `max_delay` seconds. A
-    first try that cannot connect is raised at once."""
+    first try that cannot connect is raised at once. The first retry is logged (a warning: the
+    CLI, which configures no logging, prints it), so a wait is never silent."""
     deadline = time.monotonic() + budget
     named: list[str] = []
     ambiguous = False
@@ -70,6 +81,7 @@ def send_with_retry(
             # Anything after the connect may have reached the server.
             ambiguous = ambiguous or not unsent
             delay = min(0.25 * 2**failures, max_delay)
+            reason = f"{type(exc).__name__}: {exc}"
         else:
             if response.status_code != 503:
                 return Sent(response, named, ambiguous)
@@ -82,6 +94,9 @@ def send_with_retry(
             if time.monotonic() >= deadline:
                 return Sent(response, named, ambiguous)
             delay = min(_retry_after(response, 1.0), max_delay)
+            reason = f"HTTP 503: {_detail(response)}"
+        if not failures:
+            log.warning("%s: %s; retrying for up to %.0fs", what, reason, budget)
         failures += 1
         sleep(max(0.0, min(delay, deadline - time.monotonic())))
 
@@ -118,6 +133,7 @@ class RetryingWrites:
             lambda: self._http.request(method, path, **kwargs, **(prepare() if prepare else {})),
             budget=self.retry_seconds,
             max_delay=self.max_retry_delay,
+            what=f"{method} {path}",
         )
         response = sent.response
         if response.status_code == 409 and sent.ambiguous and settled is not None:

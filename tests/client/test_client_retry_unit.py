@@ -160,3 +160,19 @@ def test_a_refused_connect_after_an_ambiguous_try_is_retried() -> None:
     with _client(transport) as client:
         assert client.submit({"train": {}}).id == "j1"
     assert len(seen) == 3
+
+
+def test_the_first_retry_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    transport, _ = _scripted(
+        [
+            lambda r: NAMING_503,
+            lambda r: NAMING_503,
+            lambda r: NAMING_503,
+            lambda r: httpx.Response(201, json=JOB),
+        ]
+    )
+    with _client(transport) as client, caplog.at_level("WARNING", "pdppo.client"):
+        client.submit({"train": {}})
+    assert [r.getMessage() for r in caplog.records] == [
+        "POST /v1/jobs: HTTP 503: the job store did not answer in time; retrying for up to 30s"
+    ]

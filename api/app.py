@@ -44,6 +44,7 @@ from api.docs import mount_docs
 from api.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.limits import BodySizeLimit
 from api.observability import PrometheusMiddleware
+from api.pending_writes import unavailable_response
 from api.publisher import TaskPublisher
 from api.routes import artifacts, events, files, health, jobs, results, steering, storage
 from api.schemas import ErrorBody, ValidationErrorBody
@@ -125,12 +126,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("Redis error on %s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse(
-        {"detail": "the job store is unavailable; try again shortly"},
-        status_code=503,
-        headers={"Retry-After": "5"},
-    )
+    return unavailable_response(request, exc)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

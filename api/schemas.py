@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from pdppo.queues import QUEUE_PATTERN
 
@@ -241,6 +242,18 @@ class ErrorBody(BaseModel):
     """Every error but 422: `detail` says what is wrong, in words a person can act on."""
 
     detail: str
+
+
+class StoreUnavailableBody(ErrorBody):
+    """A 503 of a write the store may still carry out (`api.pending_writes`): which one."""
+
+    # Absent rather than null when there is none (`SkipJsonSchema`: the schema says string).
+    job_id: str | SkipJsonSchema[None] = Field(
+        default=None, description="the job the unanswered write created or changed, maybe"
+    )
+    file_id: str | SkipJsonSchema[None] = Field(
+        default=None, description="the file the unanswered write stored, maybe"
+    )
 
 
 class ValidationErrorItem(BaseModel):

@@ -16,6 +16,7 @@ import builtins
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,6 +28,7 @@ from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdppo.client_files import FilesMixin
+from pdppo.client_retry import RetryingWrites
 from pdppo.client_specs import SpecLike as SpecLike
 from pdppo.client_specs import resolve_spec_paths as resolve_spec_paths
 from pdppo.client_specs import spec_to_dict as spec_to_dict
@@ -38,13 +40,24 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class ApiError(Exception):
-    """The server answered, and the answer was an error (4xx/5xx)."""
+    """The server answered, and the answer was an error (4xx/5xx).
 
-    def __init__(self, status_code: int, detail: Any, method: str = "", url: str = "") -> None:
+    `may_exist`: the jobs or files a write answered with this error may still have created or
+    changed (the server's store stopped answering after it was sent); look them up."""
+
+    def __init__(
+        self,
+        status_code: int,
+        detail: Any,
+        method: str = "",
+        url: str = "",
+        may_exist: builtins.list[str] | None = None,
+    ) -> None:
         self.status_code = status_code
         self.detail = detail
         self.method = method
         self.url = url
+        self.may_exist = may_exist or []
         where = f" ({method} {url})" if method else ""
         super().__init__(f"HTTP {status_code}{where}: {_detail_text(detail)}")
 
@@ -193,7 +206,7 @@ class Event:
         return json.loads(self.data) if self.data else None
 
 
-class Client(FilesMixin, StorageMixin):
+class Client(RetryingWrites, FilesMixin, StorageMixin):
     """Sync client for one pdppo server and one API key (uploaded files: `FilesMixin`; deleting
     jobs and the tenant's usage: `StorageMixin`).
 
@@ -211,6 +224,8 @@ class Client(FilesMixin, StorageMixin):
         reconnect_delay: float = 0.5,
         max_reconnect_delay: float = 5.0,
         max_reconnects: int = 20,
+        retry_seconds: float = 60.0,
+        max_retry_delay: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = (base_url or os.environ.get("PDPPO_URL") or DEFAULT_URL).rstrip("/")
@@ -223,6 +238,10 @@ class Client(FilesMixin, StorageMixin):
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
         self.max_reconnects = max_reconnects
+        # Writes ride out a store stall or an API restart this long (`pdppo.client_retry`),
+        # waiting what the server's Retry-After says, at most max_retry_delay between tries.
+        self.retry_seconds = retry_seconds
+        self.max_retry_delay = max_retry_delay
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
@@ -252,9 +271,20 @@ class Client(FilesMixin, StorageMixin):
             return False
 
     def submit(self, spec: SpecLike, idempotency_key: str | None = None) -> Job:
-        """Queues a job; with the same `idempotency_key` a retried submit returns the same job."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = self._request("POST", "/v1/jobs", json=spec_to_dict(spec), headers=headers)
+        """Queues a job; with the same `idempotency_key` a retried submit returns the same job.
+
+        Without one the client makes one, so that its own retries (through a store stall, a
+        dropped connection) never make a second job. If it gives up, `ApiError.may_exist` names
+        the jobs the server said it may have created, and the message the key to submit with
+        again: the same spec with it returns that job, if any, or creates one."""
+        key = idempotency_key or f"pdppo-{uuid.uuid4().hex}"
+        response = self._write(
+            "POST",
+            "/v1/jobs",
+            json=spec_to_dict(spec),
+            headers={"Idempotency-Key": key},
+            hint=f"; the same spec with Idempotency-Key {key} returns it, never a second",
+        )
         return Job.model_validate(response.json())
 
     def validate(self, spec: SpecLike) -> Validation:
@@ -291,12 +321,15 @@ class Client(FilesMixin, StorageMixin):
 
     def cancel(self, job_id: str) -> Job:
         """Asks for cancellation; a running job stops at its next step, a queued one never runs."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+        response = self._write(
+            "POST", f"/v1/jobs/{job_id}/cancel", settled=lambda j: j.cancel_requested
+        )
+        return Job.model_validate(response.json())
 
     def change(self, job_id: str, patch: Mapping[str, Any]) -> Job:
         """Changes a job's settings while it runs: `patch` is a JSON merge patch of its spec,
         e.g. {"train": {"optim": {"lr": 1e-4}}}; it applies at the job's next step."""
-        response = self._request(
+        response = self._write(  # a merge patch applied twice: the same spec
             "PATCH",
             f"/v1/jobs/{job_id}",
             content=json.dumps(patch),
@@ -308,12 +341,22 @@ class Client(FilesMixin, StorageMixin):
         """A running job stops at the next step boundary (or warm-up step), checkpoints there
         and releases its worker (status `paused`); `resume` continues from that checkpoint. A
         queued job is paused at once."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/pause").json())
+        response = self._write(
+            "POST",
+            f"/v1/jobs/{job_id}/pause",
+            settled=lambda j: j.status == "paused" or j.pause_requested,
+        )
+        return Job.model_validate(response.json())
 
     def resume(self, job_id: str) -> Job:
         """A paused job, or one that failed for its disk (storage_full, storage_error), is
         queued again and continues from its checkpoint."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/resume").json())
+        response = self._write(
+            "POST",
+            f"/v1/jobs/{job_id}/resume",
+            settled=lambda j: j.status in ("queued", "running") and not j.pause_requested,
+        )
+        return Job.model_validate(response.json())
 
     def metrics(self, job_id: str) -> builtins.list[MetricsRow]:
         """Every published step's metrics so far, oldest first."""

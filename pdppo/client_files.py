@@ -8,7 +8,7 @@ the server takes costs the client no memory; so do downloads.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,22 +52,34 @@ class FilesMixin:
 
         def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response: ...
 
+        def _write(
+            self,
+            method: str,
+            path: str,
+            *,
+            settled: Callable[[Any], bool] | None = None,
+            hint: str = "",
+            prepare: Callable[[], dict[str, Any]] | None = None,
+            **kwargs: Any,
+        ) -> httpx.Response: ...
+
         def _save(self, url: str, target: Path) -> Path: ...
 
     def upload_file(self, path: Path | str, purpose: str | None = None) -> File:
         """Uploads a JSONL dataset; its `id` goes in a spec's `train.task.file` (or
         `validation_file`). Uploading the same content again returns the same file (`created`
         False). The server checks every line and refuses the file whole (`ApiError` 422, the
-        bad lines by number) if one is not a valid record."""
+        bad lines by number) if one is not a valid record. Retried through a store stall: the
+        same content is the same file, never a second."""
         path = Path(path)
         data = {"purpose": purpose} if purpose is not None else None
         with path.open("rb") as fh:
-            response = self._request(
-                "POST",
-                "/v1/files",
-                files={"file": (path.name, fh, JSONL_CONTENT_TYPE)},
-                data=data,
-            )
+
+            def rewound() -> dict[str, Any]:
+                fh.seek(0)
+                return {"files": {"file": (path.name, fh, JSONL_CONTENT_TYPE)}}
+
+            response = self._write("POST", "/v1/files", prepare=rewound, data=data)
         return File.model_validate({**response.json(), "created": response.status_code == 201})
 
     def list_files(self, limit: int = 20, cursor: str | None = None) -> FilePage:

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.deps import FileDep, FileStoreDep, SettingsDep, TenantDep
 from api.disk import refuse_without_room
+from api.pending_writes import documented_503, pending_write
 from api.routes.storage import forget_usage, refuse_over_quota
 from api.schemas import ErrorBody, FileList, FileObject
 from api.uploads import UPLOAD_SCHEMA, Upload, UploadRefused, drain, receive_upload
@@ -84,7 +85,12 @@ _UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
         ),
     },
     429: {"model": ErrorBody, "description": "the tenant has PDPPO_MAX_FILES_PER_TENANT files"},
-    503: {"model": ErrorBody, "description": "the store (Redis) is unreachable, or the file busy"},
+    **documented_503(
+        "file",
+        "the file may have been stored (an upload of the same content answers it, never a "
+        "second file)",
+        also="Also while another request stores or deletes the same content (the file busy)",
+    ),
     507: {
         "model": ErrorBody,
         "description": (
@@ -182,6 +188,7 @@ async def upload_file(
         if not inspection.ok:
             return _invalid_file(inspection).response()
         await refuse_over_quota(files.redis, settings, tenant, incoming=upload.writer.size)
+        pending_write(request, "file", file_id_of(upload.sha256), "storing this upload")
         record, created = await _store(upload, inspection, storage, files, tenant, settings)
     except FileBusy as exc:
         raise _busy(exc) from exc

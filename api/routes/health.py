@@ -16,6 +16,7 @@ from api import service_metrics
 from api.deps import SettingsDep, StoreDep, require_metrics_token
 from api.disk import disk_detail, disk_metrics
 from api.schemas import Health
+from pdppo.store import AsyncJobStore
 
 router = APIRouter(tags=["health"])
 
@@ -28,11 +29,21 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(store: StoreDep, settings: SettingsDep) -> Health | JSONResponse:
     try:
-        await store.redis.ping()
+        await _ping(store, settings.readyz_timeout_seconds)
     except Exception as exc:
         body = Health(status="unavailable", detail=f"redis: {type(exc).__name__}")
         return JSONResponse(body.model_dump(), status_code=503)
     return Health(status="ok", detail=await anyio.to_thread.run_sync(disk_detail, settings))
+
+
+async def _ping(store: AsyncJobStore, timeout: float) -> None:
+    """PING within `timeout` (PDPPO_READYZ_TIMEOUT_SECONDS), not the store's socket timeout: a
+    probe gives up after a second or a few, and one that times out learns nothing, while a
+    stalled Redis answers nothing for as long as the stall lasts. A ping cut off here drops its
+    connection (redis-py disconnects a command cancelled mid-read), so no late reply is read as
+    another command's."""
+    with anyio.fail_after(timeout):
+        await store.redis.ping()
 
 
 @router.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_token)])

@@ -10,12 +10,13 @@ import logging
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Header, HTTPException, Query, Response
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 
 from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.observability import JOBS_SUBMITTED
+from api.pending_writes import documented_503, pending_write
 from api.routes.storage import QUOTA_RESPONSE, refuse_over_quota
 from api.schemas import (
     BudgetEstimate,
@@ -27,7 +28,7 @@ from api.schemas import (
     JobValidation,
 )
 from pdppo.spec import JobSpec
-from pdppo.store import spec_digest
+from pdppo.store import new_job_id, spec_digest
 from workers.celery_app import revoke_queued
 
 log = logging.getLogger(__name__)
@@ -68,11 +69,16 @@ _ERRORS: dict[int | str, dict[str, object]] = {
             ),
         },
         429: {"model": ErrorBody, "description": "the tenant's active-job limit is reached"},
-        503: {"model": ErrorBody, "description": "the job store or the queue is unreachable"},
+        **documented_503(
+            "job",
+            "the job may have been created, and then it runs (a retry with the same "
+            "Idempotency-Key returns it)",
+        ),
         **QUOTA_RESPONSE,
     },
 )
 async def create_job(
+    request: Request,
     spec: JobSpec,
     tenant: TenantDep,
     store: StoreDep,
@@ -98,13 +104,16 @@ async def create_job(
     the job is still queued and a worker's dispatcher publishes its task within seconds
     (`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
     runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
-    key would get back."""
+    key would get back. A 503 after the write was sent names the job it may have created
+    (`api.pending_writes`)."""
     await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
     _, _, problems = await admit(spec, settings, tenant, store)
     if problems:
         raise HTTPException(422, detail="; ".join(p.message for p in problems))
     spec_json = spec.model_dump_json()
     queue = spec.queue
+    job_id = new_job_id()
+    pending_write(request, "job", job_id, f"the creation of job {job_id}")
     result = await store.create(
         tenant=tenant,
         queue=queue,
@@ -115,6 +124,7 @@ async def create_job(
         idempotency=idempotency_key,
         idempotency_ttl=settings.idempotency_ttl_seconds,
         dispatch_grace=settings.outbox_grace_seconds,
+        job_id=job_id,
     )
     if result.outcome == "limit":
         raise HTTPException(
@@ -194,12 +204,18 @@ async def get_job(job: JobDep) -> Job:
     return to_job(job)
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=Job)
-async def cancel_job(job: JobDep, store: StoreDep) -> Job:
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=Job,
+    responses=documented_503("job", "the cancel may still take effect"),
+)
+async def cancel_job(request: Request, job: JobDep, store: StoreDep) -> Job:
     """202: a queued or paused job is cancelled at once and never starts again; a running one gets
     `cancel_requested: true` and stops within seconds, even in the middle of a step (its worker
     kills it after PDPPO_CANCEL_GRACE_SECONDS if it has not stopped), keeping its checkpoints.
     409 if the job has already finished."""
+    pending_write(request, "job", job.id, f"the cancel of job {job.id}")
     outcome = await store.cancel(job.id)
     if outcome == "missing":
         raise HTTPException(404, detail=f"job {job.id!r} not found")

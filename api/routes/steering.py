@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, NoReturn
 
-from fastapi import APIRouter, Body, HTTPException
+from fastapi import APIRouter, Body, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
+from api.pending_writes import documented_503, pending_write
 from api.schemas import ErrorBody, Job
 from core.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
 from pdppo.settings import Settings
@@ -59,6 +60,7 @@ _GONE: dict[int | str, dict[str, Any]] = {
     response_model=Job,
     responses={
         **_GONE,
+        **documented_503("job", "the change may still be made"),
         409: {"model": ErrorBody, "description": "the job has finished; nothing to change"},
         413: {"model": ErrorBody, "description": "request body larger than PDPPO_MAX_BODY_BYTES"},
         422: {
@@ -72,6 +74,7 @@ _GONE: dict[int | str, dict[str, Any]] = {
     },
 )
 async def patch_job(
+    request: Request,
     job: JobDep,
     tenant: TenantDep,
     store: StoreDep,
@@ -89,6 +92,7 @@ async def patch_job(
             f"config change {job.config_version + 1} requested ({paths}); it applies at the "
             "job's next step"
         )
+        pending_write(request, "job", job.id, f"the change of job {job.id}")
         outcome, value = await store.steering.patch(
             job.id, job.config_version, overrides, total, message
         )
@@ -149,14 +153,16 @@ def _refuse(loc: list[str], message: str) -> NoReturn:
     response_model=Job,
     responses={
         **_GONE,
+        **documented_503("job", "the pause may still take effect"),
         409: {"model": ErrorBody, "description": "the job has finished, or a cancel is pending"},
     },
 )
-async def pause_job(job: JobDep, store: StoreDep) -> Job:
+async def pause_job(request: Request, job: JobDep, store: StoreDep) -> Job:
     """202: a queued job is paused at once; a running one gets `pause_requested: true`, writes
     a checkpoint within seconds (at its next token or minibatch) and becomes `paused`, holding no
     worker. Pausing a paused job changes nothing. A paused job still counts among the tenant's
     active jobs."""
+    pending_write(request, "job", job.id, f"the pause of job {job.id}")
     outcome = await store.steering.pause(job.id)
     if outcome == "missing":
         raise HTTPException(404, detail=f"job {job.id!r} not found")
@@ -175,6 +181,7 @@ async def pause_job(job: JobDep, store: StoreDep) -> Job:
     response_model=Job,
     responses={
         **_GONE,
+        **documented_503("job", "the resume may still take effect"),
         409: {
             "model": ErrorBody,
             "description": (
@@ -192,12 +199,13 @@ async def pause_job(job: JobDep, store: StoreDep) -> Job:
     },
 )
 async def resume_job(
-    job: JobDep, store: StoreDep, settings: SettingsDep, publisher: PublisherDep
+    request: Request, job: JobDep, store: StoreDep, settings: SettingsDep, publisher: PublisherDep
 ) -> Job:
     """202: a paused job is queued again and continues from its checkpoint, at the step after
     it, with no step lost or repeated; a pause not carried out yet is called off. A job that
     failed for its disk (`storage_full`, `storage_error`) is queued again the same way, from its
     latest checkpoint, once space is back."""
+    pending_write(request, "job", job.id, f"the resume of job {job.id}")
     outcome = await store.steering.resume(
         job.id, settings.outbox_grace_seconds, job.tenant, settings.max_active_jobs_per_tenant
     )

@@ -115,11 +115,14 @@ class AsyncJobStore:
         idempotency: str | None,
         idempotency_ttl: int,
         dispatch_grace: float = DEFAULT_GRACE_SECONDS,
+        job_id: str | None = None,
     ) -> CreateResult:
         """Create the job under the quota, or find the one `idempotency` already made. A new job
         enters the outbox in the same script: if its task is not in the broker `dispatch_grace`
-        seconds from now (the caller died before publishing it), a dispatcher publishes it."""
-        job_id = new_job_id()
+        seconds from now (the caller died before publishing it), a dispatcher publishes it.
+        `job_id`: the id to give it (`new_job_id()`), chosen by a caller that must be able to
+        name the job should the store not answer."""
+        job_id = job_id or new_job_id()
         now = now_iso()
         fields = {
             "id": job_id,

@@ -65,6 +65,17 @@ def _parked_spec(name: str = "contract") -> dict[str, Any]:
 # --- the schema documents every status, with one model per kind of error ---------------------
 
 
+# Writes whose 503 names the job or file they may still create or change (api.pending_writes).
+NAMING_503 = {
+    ("POST", "/v1/jobs"): "Pdppo-Job-Id",
+    ("POST", "/v1/jobs/{job_id}/cancel"): "Pdppo-Job-Id",
+    ("POST", "/v1/jobs/{job_id}/pause"): "Pdppo-Job-Id",
+    ("POST", "/v1/jobs/{job_id}/resume"): "Pdppo-Job-Id",
+    ("PATCH", "/v1/jobs/{job_id}"): "Pdppo-Job-Id",
+    ("POST", "/v1/files"): "Pdppo-File-Id",
+}
+
+
 def test_every_operation_documents_its_errors_with_their_models(openapi: dict[str, Any]) -> None:
     """401 on every /v1 call, 404 on a job's, 400 and 413 on a body, 503 where Redis is read
     (all of /v1 but the validation, which reads nothing), 500 everywhere; every 4xx/5xx body is
@@ -95,6 +106,10 @@ def test_every_operation_documents_its_errors_with_their_models(openapi: dict[st
             want = VALIDATION_REF if status == "422" else ERROR_REF
             if path == "/readyz" and status == "503":
                 want = REF + "Health"
+            if (method, path) in NAMING_503 and status == "503":
+                want = REF + "StoreUnavailableBody"
+                headers = operation["responses"]["503"]["headers"]
+                assert NAMING_503[(method, path)] in headers, (where, headers)
             assert ref == want, f"{where} {status} is {ref}, not {want}"
     assert seen >= 11
     extra = {

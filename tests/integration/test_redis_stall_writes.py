@@ -1,0 +1,249 @@
+"""A 5xx never hides a write: under a Redis stall longer than the API's store timeout, a write
+answers 201/202 with its result, or an error after which nothing happened, or a 503 naming the
+job or file it may still create or change (issue 37, point 3).
+
+Redis runs a command that reached it during a `DEBUG SLEEP` when it wakes, even after the API
+gave up on the answer: a job answered 503 then exists and runs. The lookups before a cancel,
+pause, resume or PATCH would meet the sleep first (and write nothing), so those are stalled with
+`CLIENT PAUSE ... WRITE` instead, which serves the reads and holds the write itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from pdppo.client import Client
+from tests.integration.conftest import wait_status
+from tests.integration.stack import (
+    KEYS,
+    REPO,
+    RedisServer,
+    Service,
+    pdppo_command,
+    records,
+    smoke_spec,
+)
+from tests.integration.test_redis_stall import stall
+
+STORE_TIMEOUT = "1"  # the API's wait for one Redis reply (PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS)
+STALL_SECONDS = 4
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def svc(own_redis: RedisServer, tmp_path: Path) -> Iterator[Service]:
+    service = Service(
+        own_redis, tmp_path / "service", env={"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT}
+    )
+    service.start_api()
+    yield service
+    service.stop()
+
+
+def pause_writes(server: RedisServer, seconds: float) -> threading.Thread:
+    """Writes wait `seconds` (reads are served), as `stall` but past the route's lookups."""
+    client = redis.Redis(port=server.port, socket_timeout=10)
+    client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
+    client.close()
+    timer = threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
+    timer.start()
+    return timer
+
+
+def warm_up(svc: Service) -> None:
+    """A job of another tenant, created and cancelled: the API has loaded its scripts, as one
+    that has served a while has (a script sent before it is loaded fails when Redis wakes, so
+    the first create of a fresh API would not show the stall's effect)."""
+    with svc.client("bob") as bob:
+        job_id = bob.post("/v1/jobs", json=smoke_spec()).json()["id"]
+        assert bob.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+
+
+def tenant_job_ids(svc: Service) -> list[str]:
+    with svc.client("alice") as alice:
+        return [j["id"] for j in alice.get("/v1/jobs", params={"limit": 100}).json()["items"]]
+
+
+def test_a_submit_answered_503_names_the_job_it_created(
+    own_redis: RedisServer, svc: Service
+) -> None:
+    """The reproduction: during the stall the submit answers 503, and once Redis is back the job
+    exists and runs. The 503 names it, so the client need not guess."""
+    warm_up(svc)
+    with svc.client("alice") as alice:
+        sleeper = stall(own_redis, STALL_SECONDS)
+        started = time.monotonic()
+        answer = alice.post("/v1/jobs", json=smoke_spec())
+        took = time.monotonic() - started
+        sleeper.join(STALL_SECONDS + 30)
+
+        assert answer.status_code == 503, answer.text
+        assert took < STALL_SECONDS, took  # answered at the store timeout, not after the stall
+        body = answer.json()
+        job_id = body["job_id"]
+        assert answer.headers["Pdppo-Job-Id"] == job_id
+        assert answer.headers["Retry-After"] == "5"
+        assert body["detail"] == (
+            f"the job store did not answer in time; the creation of job {job_id} may still take "
+            f"effect when it does (GET /v1/jobs/{job_id} tells, once it answers), and a retry "
+            "with the same Idempotency-Key returns that job, never a second"
+        )
+        # Redis ran the create when it woke: the job the 503 named, and no other, runs.
+        assert tenant_job_ids(svc) == [job_id]
+        svc.start_worker()
+        done = wait_status(alice, job_id, TERMINAL, timeout=180)
+        assert done["status"] == "succeeded", done
+
+
+def test_the_client_retries_a_submit_through_the_stall_without_a_duplicate(
+    own_redis: RedisServer, svc: Service
+) -> None:
+    with Client(svc.base_url, KEYS["alice"], retry_seconds=30, max_retry_delay=0.5) as client:
+        sleeper = stall(own_redis, STALL_SECONDS)
+        job = client.submit(smoke_spec())
+        sleeper.join(STALL_SECONDS + 30)
+    assert job.status == "queued"
+    assert tenant_job_ids(svc) == [job.id]
+
+
+def test_a_client_that_gives_up_says_which_job_may_exist(
+    own_redis: RedisServer, svc: Service
+) -> None:
+    from pdppo.client import ApiError
+
+    warm_up(svc)
+    with Client(svc.base_url, KEYS["alice"], retry_seconds=0.5, max_retry_delay=0.2) as client:
+        sleeper = stall(own_redis, STALL_SECONDS)
+        with pytest.raises(ApiError) as info:
+            client.submit(smoke_spec(), idempotency_key="stalled-1")
+        sleeper.join(STALL_SECONDS + 30)
+        assert info.value.status_code == 503
+        assert info.value.may_exist, info.value
+        assert "Idempotency-Key stalled-1" in str(info.value)
+        # Submitting again with that key returns the job the stall created, not a second one.
+        again = client.submit(smoke_spec(), idempotency_key="stalled-1")
+    assert again.id in info.value.may_exist
+    assert tenant_job_ids(svc) == [again.id]
+
+
+def _upload(http: httpx.Client) -> httpx.Response:
+    return http.post(
+        "/v1/files",
+        files={"file": ("data.jsonl", records(8), "application/x-ndjson")},
+    )
+
+
+WRITES: dict[str, Callable[[httpx.Client, str], httpx.Response]] = {
+    "cancel": lambda h, j: h.post(f"/v1/jobs/{j}/cancel"),
+    "pause": lambda h, j: h.post(f"/v1/jobs/{j}/pause"),
+    "patch": lambda h, j: h.patch(
+        f"/v1/jobs/{j}",
+        content=b'{"train": {"optim": {"lr": 0.0003}}}',
+        headers={"Content-Type": "application/merge-patch+json"},
+    ),
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_job_write_answered_503_names_the_job(
+    own_redis: RedisServer, svc: Service, write: str
+) -> None:
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=smoke_spec()).json()["id"]
+        timer = pause_writes(own_redis, STALL_SECONDS)
+        answer = WRITES[write](alice, job_id)
+        timer.join()
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["job_id"] == job_id
+        assert answer.headers["Pdppo-Job-Id"] == job_id
+
+
+def test_resume_answered_503_names_the_job(own_redis: RedisServer, svc: Service) -> None:
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=smoke_spec()).json()["id"]
+        assert alice.post(f"/v1/jobs/{job_id}/pause").json()["status"] == "paused"
+        timer = pause_writes(own_redis, STALL_SECONDS)
+        answer = alice.post(f"/v1/jobs/{job_id}/resume")
+        timer.join()
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["Pdppo-Job-Id"] == job_id
+
+
+def test_an_upload_answered_503_names_the_file(own_redis: RedisServer, svc: Service) -> None:
+    with svc.client("alice") as alice:
+        timer = pause_writes(own_redis, STALL_SECONDS)
+        answer = _upload(alice)
+        timer.join()
+        assert answer.status_code == 503, answer.text
+        file_id = answer.json()["file_id"]
+        assert answer.headers["Pdppo-File-Id"] == file_id
+        # Once the store answers, uploading the same bytes again is that file, never a second.
+        again = _upload(alice)
+        assert again.json()["id"] == file_id
+        assert [f["id"] for f in alice.get("/v1/files").json()["items"]] == [file_id]
+
+
+def test_a_read_answered_503_names_nothing(own_redis: RedisServer, svc: Service) -> None:
+    """A lookup that timed out wrote nothing: its 503 must not send the client looking."""
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=smoke_spec()).json()["id"]
+        sleeper = stall(own_redis, STALL_SECONDS)
+        answer = alice.post(f"/v1/jobs/{job_id}/cancel")  # its lookup meets the stall first
+        sleeper.join(STALL_SECONDS + 30)
+        assert answer.status_code == 503
+        assert "job_id" not in answer.json()
+        assert "Pdppo-Job-Id" not in answer.headers
+        assert alice.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+
+
+@pytest.mark.parametrize(
+    ("method", "expect"),
+    [
+        ("cancel", lambda job: job.status == "cancelled"),
+        ("pause", lambda job: job.status == "paused"),
+    ],
+)
+def test_the_client_retries_job_writes_through_the_stall(
+    own_redis: RedisServer, svc: Service, method: str, expect: Callable[[Any], bool]
+) -> None:
+    with Client(svc.base_url, KEYS["alice"], retry_seconds=30, max_retry_delay=0.5) as client:
+        job = client.submit(smoke_spec())
+        timer = pause_writes(own_redis, STALL_SECONDS)
+        after = getattr(client, method)(job.id)
+        timer.join()
+        assert expect(after), after
+        assert expect(client.get(job.id))
+
+
+def test_pdppo_submit_rides_out_the_stall_with_one_job(
+    own_redis: RedisServer, svc: Service
+) -> None:
+    warm_up(svc)
+    env = {**svc.env, "PDPPO_URL": svc.base_url, "PDPPO_API_KEY": KEYS["alice"]}
+    sleeper = stall(own_redis, STALL_SECONDS)
+    done = subprocess.run(
+        [*pdppo_command(), "submit", str(REPO / "examples" / "smoke.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    sleeper.join(STALL_SECONDS + 30)
+    assert done.returncode == 0, done.stderr
+    assert tenant_job_ids(svc) == [done.stdout.strip()]

@@ -23,7 +23,9 @@ goes on from exactly there and equals an uninterrupted one bit for bit (tests/co
 One step = one rollout batch (prompts_per_step x group_size completions) followed by
 epochs x minibatches optimizer updates. Metrics are flat floats, one JSON line per step. A run's
 state and its step live in `core.run`; this module is the loop around them (stops, evaluations,
-checkpoints, resume, steering at step boundaries).
+checkpoints, resume, steering at step boundaries). The final model, like a checkpoint, is
+written under a temporary name, fsync'ed and renamed whole (`core.atomic_dir`): a run killed
+while saving it leaves no `final/`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.atomic_dir import discard_dir, write_dir_atomically
 from core.callbacks import TrainerCallback
 from core.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
 from core.config import TrainConfig
@@ -117,7 +120,7 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     elif writer:
         # a fresh run owns its output dir: stale checkpoints would poison a later resume
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
-        shutil.rmtree(out_dir / "final", ignore_errors=True)
+        discard_dir(out_dir / "final")
         metrics_path.write_text("")
         results.reset()
     if ckpt is None:
@@ -186,9 +189,9 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     if run.sharded:  # gathered on rank 0, by every rank
         state = full_state(run.lm.module)
         if writer:
-            run.lm.save_final_state(final, state)
+            write_dir_atomically(final, lambda tmp: run.lm.save_final_state(tmp, state))
     elif writer:
-        run.lm.save_final(final)
+        write_dir_atomically(final, run.lm.save_final)
     warnings: list[RunWarning] = []
     if writer:
         cb.on_log(f"final model saved to {final}")

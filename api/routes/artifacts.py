@@ -14,7 +14,8 @@ from fastapi.responses import Response, StreamingResponse
 from api.convert import steps_csv
 from api.deps import JobDep, SettingsDep, StoreDep
 from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
-from api.tarstream import tar_stream
+from api.tarstream import open_snapshot, tar_stream
+from pdppo.store import JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
 _CHECKPOINT = re.compile(r"^step-(\d{1,12})$")
@@ -68,7 +69,7 @@ async def list_checkpoints(job: JobDep, settings: SettingsDep) -> CheckpointList
                 )
             )
         items.sort(key=lambda c: c.step)
-        final = (root / "final").is_dir()
+        final = _has_final_model(job) and (root / "final").is_dir()
         final_url = f"/v1/jobs/{job.id}/model" if final else None
         return CheckpointList(job_id=job.id, items=items, final_model_url=final_url)
 
@@ -95,15 +96,33 @@ async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> 
 )
 async def download_model(job: JobDep, settings: SettingsDep) -> StreamingResponse:
     """The final model folder as a .tar, once the job has succeeded."""
+    if not _has_final_model(job):
+        raise HTTPException(404, detail=_no_final_model(job))
     folder = _job_dir(settings.artifact_dir, job.id) / "final"
-    return await _tar_response(folder, f"{job.id}-model.tar", "the job has no final model yet")
+    return await _tar_response(folder, f"{job.id}-model.tar", _no_final_model(job))
+
+
+def _has_final_model(job: JobRecord) -> bool:
+    """Only a succeeded job has one: a `final/` folder of a job that was cancelled, failed, or
+    is still running (its process killed after the save, before the job's end was recorded)
+    is not the model the job's record promises, whatever the disk holds."""
+    return job.status == "succeeded"
+
+
+def _no_final_model(job: JobRecord) -> str:
+    if job.status == "succeeded":  # its artifacts are gone from the store
+        return f"job {job.id!r} has no final model in the artifact store"
+    if job.status in ("queued", "running", "paused"):
+        return f"job {job.id!r} has no final model yet (it is {job.status})"
+    return f"job {job.id!r} has no final model (it is {job.status}; only a succeeded job has one)"
 
 
 async def _tar_response(folder: Path, filename: str, missing: str) -> StreamingResponse:
-    if not await anyio.to_thread.run_sync(folder.is_dir):
+    snapshot = await anyio.to_thread.run_sync(open_snapshot, folder)
+    if snapshot is None:
         raise HTTPException(404, detail=missing)
     return StreamingResponse(
-        tar_stream(folder),
+        tar_stream(snapshot),
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )

@@ -11,13 +11,17 @@ but a whole one of a job that did not succeed is no more its model."""
 from __future__ import annotations
 
 import io
+import os
+import signal
 import tarfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from tests.integration.conftest import wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.integration.stack import Service, job_pids, smoke_spec
 
 LONG = {"steps": 5000, "checkpoint_every": 0}
 
@@ -77,3 +81,56 @@ def test_a_succeeded_jobs_model_is_served_whole(alice: httpx.Client) -> None:
     with tarfile.open(fileobj=io.BytesIO(model.content)) as tar:
         names = sorted(m.name for m in tar.getmembers() if m.isfile())
     assert names == ["final/config.json", "final/model.safetensors"]
+
+
+def test_a_job_killed_during_its_final_save_serves_nothing_until_it_succeeds(
+    make_service: Callable[..., Service],
+) -> None:
+    """The issue's run: the job process and its worker killed (-9) during the final save. The
+    job is still running (its lease has not run out): nothing is advertised. The next worker
+    resumes it from its last checkpoint, saves the final model again, and that one is served,
+    whole. The kill lands as soon as the save's folder appears (`final.tmp`, before: `final`),
+    the job process stopped first so that it cannot finish meanwhile."""
+    svc = make_service()
+    svc.start_api()
+    first = svc.start_worker()
+    spec = smoke_spec(steps=2, checkpoint_every=1)
+    # a model of 12 MB: a save long enough to land in
+    spec["train"]["model"]["tiny"] = {
+        "d_model": 256,
+        "n_layers": 4,
+        "n_heads": 4,
+        "max_seq_len": 32,
+    }
+    with svc.client("alice") as alice:
+        job_id = alice.post("/v1/jobs", json=spec).json()["id"]
+        wait_status(alice, job_id, "running")
+        deadline = time.monotonic() + 60
+        while not (pids := job_pids(svc, job_id)):
+            assert time.monotonic() < deadline, svc.worker_log()[-2000:]
+            time.sleep(0.05)
+        folder = svc.artifact_dir / job_id
+        while not ((folder / "final.tmp").exists() or (folder / "final").exists()):
+            assert time.monotonic() < deadline, "no final save seen"
+        os.kill(pids[0], signal.SIGSTOP)
+        svc.kill_worker(first)
+        os.kill(pids[0], signal.SIGKILL)
+        killed = alice.get(f"/v1/jobs/{job_id}").json()
+        assert killed["status"] == "running", f"the job ended before the kill: {killed}"
+        assert_no_final_model(alice, job_id, "running")
+        if (folder / "final").exists():  # killed after the rename: whole
+            assert sorted(p.name for p in (folder / "final").iterdir()) == [
+                "config.json",
+                "model.safetensors",
+            ]
+
+        svc.start_worker()
+        done = wait_status(alice, job_id, {"succeeded", "failed", "cancelled"}, timeout=120)
+        assert done["status"] == "succeeded", done
+        listing = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()
+        model = alice.get(listing["final_model_url"])
+        assert model.status_code == 200
+        with tarfile.open(fileobj=io.BytesIO(model.content)) as tar:
+            names = sorted(m.name for m in tar.getmembers() if m.isfile())
+        assert names == ["final/config.json", "final/model.safetensors"]
+        assert not (folder / "final.tmp").exists()

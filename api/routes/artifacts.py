@@ -50,30 +50,36 @@ def _size(path: Path) -> int:
 async def list_checkpoints(job: JobDep, settings: SettingsDep) -> CheckpointList:
     """Checkpoints on disk, oldest first (the trainer keeps the most recent few)."""
     root = _job_dir(settings.artifact_dir, job.id)
+    return await anyio.to_thread.run_sync(_scan, root, job)
 
-    def scan() -> CheckpointList:
-        items = []
-        folder = root / "checkpoints"
-        dirs = sorted(folder.iterdir()) if folder.is_dir() else []
-        for path in dirs:
-            match = _CHECKPOINT.match(path.name)
-            if not match or not path.is_dir():
-                continue
-            items.append(
-                Checkpoint(
-                    name=path.name,
-                    step=int(match.group(1)),
-                    size_bytes=_size(path),
-                    created_at=datetime.fromtimestamp(path.stat().st_mtime, UTC),
-                    download_url=f"/v1/jobs/{job.id}/checkpoints/{path.name}",
-                )
+
+def _scan(root: Path, job: JobRecord) -> CheckpointList:
+    """A checkpoint that the trainer rotates away while this reads it is left out (it was
+    there a moment ago; it is not now), not a 500."""
+    items = []
+    folder = root / "checkpoints"
+    dirs = sorted(folder.iterdir()) if folder.is_dir() else []
+    for path in dirs:
+        match = _CHECKPOINT.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        try:
+            size, mtime = _size(path), path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        items.append(
+            Checkpoint(
+                name=path.name,
+                step=int(match.group(1)),
+                size_bytes=size,
+                created_at=datetime.fromtimestamp(mtime, UTC),
+                download_url=f"/v1/jobs/{job.id}/checkpoints/{path.name}",
             )
-        items.sort(key=lambda c: c.step)
-        final = _has_final_model(job) and (root / "final").is_dir()
-        final_url = f"/v1/jobs/{job.id}/model" if final else None
-        return CheckpointList(job_id=job.id, items=items, final_model_url=final_url)
-
-    return await anyio.to_thread.run_sync(scan)
+        )
+    items.sort(key=lambda c: c.step)
+    final = _has_final_model(job) and (root / "final").is_dir()
+    final_url = f"/v1/jobs/{job.id}/model" if final else None
+    return CheckpointList(job_id=job.id, items=items, final_model_url=final_url)
 
 
 @router.get(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from core.atomic_dir import discard_dir, replace_dir
 from core.models.base import CausalLM
 from core.sharding import DCP_DIR, is_sharded, load_sharded, save_sharded
 from core.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
@@ -124,11 +124,10 @@ def _complete(
     (tmp / "meta.json").write_text(
         json.dumps({"step": step, "saved_at": time.time(), **meta}, indent=2, default=str)
     )
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    replace_dir(tmp, final)  # fsync'ed, then renamed: whole or absent (`core.atomic_dir`)
     if keep is not None:
         for old in list_checkpoints(out_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            discard_dir(old)  # renamed away first: a download in progress keeps its files
     return final
 
 

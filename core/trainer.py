@@ -23,7 +23,9 @@ goes on from exactly there and equals an uninterrupted one bit for bit (tests/co
 One step = one rollout batch (prompts_per_step x group_size completions) followed by
 epochs x minibatches optimizer updates. Metrics are flat floats, one JSON line per step. A run's
 state and its step live in `core.run`; this module is the loop around them (stops, evaluations,
-checkpoints, resume, steering at step boundaries).
+checkpoints, resume, steering at step boundaries). The final model, like a checkpoint, is
+written under a temporary name, fsync'ed and renamed whole (`core.atomic_dir`): a run killed
+while saving it leaves no `final/`.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from core.atomic_dir import discard_dir, write_dir_atomically
 from core.callbacks import TrainerCallback
 from core.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
 from core.config import TrainConfig
@@ -48,6 +52,9 @@ from core.run import resolve_device as resolve_device
 from core.sharding import full_state, gathered
 from core.silence import RunWarning, run_warnings
 from core.update import group_advantages as group_advantages
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -117,7 +124,7 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     elif writer:
         # a fresh run owns its output dir: stale checkpoints would poison a later resume
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
-        shutil.rmtree(out_dir / "final", ignore_errors=True)
+        discard_dir(out_dir / "final")
         metrics_path.write_text("")
         results.reset()
     if ckpt is None:
@@ -186,9 +193,14 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
     if run.sharded:  # gathered on rank 0, by every rank
         state = full_state(run.lm.module)
         if writer:
-            run.lm.save_final_state(final, state)
+            write_dir_atomically(
+                final,
+                lambda tmp: run.lm.save_final_state(tmp, state),
+                _tensor_bytes(state.values()),
+            )
     elif writer:
-        run.lm.save_final(final)
+        weights = run.lm.module.state_dict().values()
+        write_dir_atomically(final, run.lm.save_final, _tensor_bytes(weights))
     warnings: list[RunWarning] = []
     if writer:
         cb.on_log(f"final model saved to {final}")
@@ -279,3 +291,9 @@ def _gathered_for_eval(run: _Run) -> AbstractContextManager[None]:
         (step == 0 and cfg.eval_on_start) or (step > 0 and (step % every == 0 or step == cfg.steps))
     )
     return gathered(run.lm) if run.sharded and due else nullcontext()
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """What the final model's weights take on disk, about (a LoRA model's merged ones less):
+    checked free before its save, so a full disk refuses it whole rather than midway."""
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -50,6 +50,9 @@ stop() {
 }
 trap 'stop 0' TERM INT
 
+# The workers share the container's cores: each job's torch threads are its share (core/threads.py).
+export PDPPO_WORKER_JOBS_AT_ONCE="${PDPPO_WORKER_JOBS_AT_ONCE:-$(( ${#gpus[@]} / per ))}"
+
 for ((first = 0; first < ${#gpus[@]}; first += per)); do
     group=$(IFS=,; echo "${gpus[*]:first:per}")
     CUDA_VISIBLE_DEVICES="${group}" pdppo worker --queues gpu --devices "${per}" --name "pdppo-gpu${group//,/-}@$(hostname)" &

@@ -130,10 +130,26 @@ class Settings(BaseSettings):
         gt=0,
         description="`pdppo healthcheck` calls a worker dead whose last reach of Redis is older",
     )
+    job_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "torch threads of each job process (each rank); default: the worker's cores (its "
+            "CPU affinity) divided by PDPPO_WORKER_JOBS_AT_ONCE, then by the job's ranks"
+        ),
+    )
     worker_torch_threads: int | None = Field(
         default=None,
         ge=1,
-        description="torch.set_num_threads in workers; unset keeps torch's default",
+        description="the former name of PDPPO_JOB_THREADS, still read when that is unset",
+    )
+    worker_jobs_at_once: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "jobs that run at once on this worker's cores: a worker runs one (`-P solo`); set "
+            "it to the number of workers that share the same cores (deploy/gpu-workers.sh does)"
+        ),
     )
     rollout_engines: list[Literal["hf", "vllm"]] = Field(
         default_factory=_installed_engines,

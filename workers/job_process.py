@@ -101,7 +101,7 @@ class JobOptions:
     out_dir: str
     resume: bool
     memory_limit_bytes: int  # RLIMIT_AS for CPU jobs; 0: none
-    torch_threads: int | None
+    torch_threads: int | None  # PDPPO_JOB_THREADS; None: a share of the cores (`core.threads`)
     log_level: str
     data_roots: tuple[str, ...]  # local models and datasets only from here (empty: none)
     limits: Limits  # the job's queue's budget, checked again here: the API may not see files
@@ -110,6 +110,8 @@ class JobOptions:
     lease_token: str  # the claim's fencing token: its worker's lease token (workers.lease)
     lease_seconds: float
     storage: Reserve = field(default_factory=Reserve)  # kept free (PDPPO_MIN_FREE_BYTES)
+    jobs_at_once: int = 1  # jobs sharing the worker's cores (PDPPO_WORKER_JOBS_AT_ONCE)
+    threads_setting: str = "PDPPO_JOB_THREADS"  # the setting `torch_threads` came from
 
 
 @lru_cache(maxsize=1)
@@ -247,11 +249,7 @@ def _train(
             return {"outcome": "failed", "code": "storage_full", "message": str(full)}
         size = spec.resources.gpus
         cuda = resolve_device(spec.train.device).type == "cuda"
-        threads = _threads(options.torch_threads, size, cuda)
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
+        threads = _threads(options, size, publisher)
         if not cuda and options.memory_limit_bytes:
             _limit_memory(options.memory_limit_bytes // size)  # each rank's share of the job's
         if options.resume:
@@ -307,12 +305,18 @@ def _train(
     return {"outcome": "succeeded", "step": result.step, "final_model": final, "warnings": warnings}
 
 
-def _threads(asked: int | None, size: int, cuda: bool) -> int | None:
-    """torch threads of each rank: the operator's setting, else on the CPU this machine's cores
-    shared between the job's processes (torch's default, all of them each, oversubscribes)."""
-    if asked or size == 1 or cuda:
-        return asked
-    return max(1, (os.cpu_count() or 1) // size)
+def _threads(options: JobOptions, size: int, publisher: EventPublisher) -> int:
+    """torch threads of each rank (`core.threads`: torch's default, every core in every
+    process, oversubscribes), set here for rank 0 and said in the job's log."""
+    import torch
+
+    from core.threads import asked_threads, own_cores, share_cores
+
+    asked, setting = asked_threads(options.torch_threads, options.threads_setting)
+    share = share_cores(own_cores(), options.jobs_at_once, size, asked, setting)
+    torch.set_num_threads(share.threads)
+    publisher.log(share.describe())
+    return share.threads
 
 
 def _check_devices(size: int, cuda: bool) -> None:

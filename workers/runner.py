@@ -220,7 +220,10 @@ def _supervise(
         out_dir=str(out_dir),
         resume=latest_checkpoint(out_dir) is not None,
         memory_limit_bytes=memory_limit_bytes(settings),
-        torch_threads=settings.worker_torch_threads,
+        torch_threads=settings.job_threads or settings.worker_torch_threads,
+        threads_setting=(
+            "PDPPO_WORKER_TORCH_THREADS" if settings.job_threads is None else "PDPPO_JOB_THREADS"
+        ),
         log_level=settings.log_level,
         data_roots=tuple(str(root) for root in settings.allowed_data_roots),
         limits=settings.budget_limits(queue_device(job.queue)),
@@ -229,6 +232,7 @@ def _supervise(
         lease_token=lease.token,  # the claim's fencing token: every write of the job passes it
         lease_seconds=lease.seconds,
         storage=settings.storage_reserve(),
+        jobs_at_once=settings.worker_jobs_at_once,
     )
     ctx = job_context()
     ours, theirs = ctx.Pipe()

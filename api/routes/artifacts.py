@@ -14,7 +14,8 @@ from fastapi.responses import Response, StreamingResponse
 from api.convert import steps_csv
 from api.deps import JobDep, SettingsDep, StoreDep
 from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
-from api.tarstream import tar_stream
+from api.tarstream import open_snapshot, tar_stream
+from pdppo.store import JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
 _CHECKPOINT = re.compile(r"^step-(\d{1,12})$")
@@ -49,30 +50,36 @@ def _size(path: Path) -> int:
 async def list_checkpoints(job: JobDep, settings: SettingsDep) -> CheckpointList:
     """Checkpoints on disk, oldest first (the trainer keeps the most recent few)."""
     root = _job_dir(settings.artifact_dir, job.id)
+    return await anyio.to_thread.run_sync(_scan, root, job)
 
-    def scan() -> CheckpointList:
-        items = []
-        folder = root / "checkpoints"
-        dirs = sorted(folder.iterdir()) if folder.is_dir() else []
-        for path in dirs:
-            match = _CHECKPOINT.match(path.name)
-            if not match or not path.is_dir():
-                continue
-            items.append(
-                Checkpoint(
-                    name=path.name,
-                    step=int(match.group(1)),
-                    size_bytes=_size(path),
-                    created_at=datetime.fromtimestamp(path.stat().st_mtime, UTC),
-                    download_url=f"/v1/jobs/{job.id}/checkpoints/{path.name}",
-                )
+
+def _scan(root: Path, job: JobRecord) -> CheckpointList:
+    """A checkpoint that the trainer rotates away while this reads it is left out (it was
+    there a moment ago; it is not now), not a 500."""
+    items = []
+    folder = root / "checkpoints"
+    dirs = sorted(folder.iterdir()) if folder.is_dir() else []
+    for path in dirs:
+        match = _CHECKPOINT.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        try:
+            size, mtime = _size(path), path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        items.append(
+            Checkpoint(
+                name=path.name,
+                step=int(match.group(1)),
+                size_bytes=size,
+                created_at=datetime.fromtimestamp(mtime, UTC),
+                download_url=f"/v1/jobs/{job.id}/checkpoints/{path.name}",
             )
-        items.sort(key=lambda c: c.step)
-        final = (root / "final").is_dir()
-        final_url = f"/v1/jobs/{job.id}/model" if final else None
-        return CheckpointList(job_id=job.id, items=items, final_model_url=final_url)
-
-    return await anyio.to_thread.run_sync(scan)
+        )
+    items.sort(key=lambda c: c.step)
+    final = _has_final_model(job) and (root / "final").is_dir()
+    final_url = f"/v1/jobs/{job.id}/model" if final else None
+    return CheckpointList(job_id=job.id, items=items, final_model_url=final_url)
 
 
 @router.get(
@@ -95,15 +102,33 @@ async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> 
 )
 async def download_model(job: JobDep, settings: SettingsDep) -> StreamingResponse:
     """The final model folder as a .tar, once the job has succeeded."""
+    if not _has_final_model(job):
+        raise HTTPException(404, detail=_no_final_model(job))
     folder = _job_dir(settings.artifact_dir, job.id) / "final"
-    return await _tar_response(folder, f"{job.id}-model.tar", "the job has no final model yet")
+    return await _tar_response(folder, f"{job.id}-model.tar", _no_final_model(job))
+
+
+def _has_final_model(job: JobRecord) -> bool:
+    """Only a succeeded job has one: a `final/` folder of a job that was cancelled, failed, or
+    is still running (its process killed after the save, before the job's end was recorded)
+    is not the model the job's record promises, whatever the disk holds."""
+    return job.status == "succeeded"
+
+
+def _no_final_model(job: JobRecord) -> str:
+    if job.status == "succeeded":  # its artifacts are gone from the store
+        return f"job {job.id!r} has no final model in the artifact store"
+    if job.status in ("queued", "running", "paused"):
+        return f"job {job.id!r} has no final model yet (it is {job.status})"
+    return f"job {job.id!r} has no final model (it is {job.status}; only a succeeded job has one)"
 
 
 async def _tar_response(folder: Path, filename: str, missing: str) -> StreamingResponse:
-    if not await anyio.to_thread.run_sync(folder.is_dir):
+    snapshot = await anyio.to_thread.run_sync(open_snapshot, folder)
+    if snapshot is None:
         raise HTTPException(404, detail=missing)
     return StreamingResponse(
-        tar_stream(folder),
+        tar_stream(snapshot),
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )

@@ -98,9 +98,12 @@ def train(
     nproc = nproc or spec.resources.gpus  # a spec of N devices runs as N processes here too
     try:
         check_world(spec.train, World(0, nproc))
+        threads = _threads(nproc)
         if nproc > 1:
             click.echo(f"training on {nproc} processes")
-            result = _data_parallel(spec.train.model_dump_json(), out, resume, quiet, nproc)
+            result = _data_parallel(
+                spec.train.model_dump_json(), out, resume, quiet, nproc, threads
+            )
         else:
             result = _train(spec.train.model_dump_json(), out, resume, quiet)
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
@@ -110,6 +113,33 @@ def train(
     click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
     if result.final_model is not None:
         click.echo(f"final model: {result.final_model}")
+
+
+def _threads(nproc: int) -> int | None:
+    """Each process's share of this process's cores (`core.threads`), set here for this one
+    (the ranks set it themselves) and said before training starts. One process keeps torch's
+    default (every core), unless PDPPO_JOB_THREADS says otherwise: None."""
+    import torch
+
+    from core.threads import asked_threads, own_cores, share_cores
+
+    job_threads = _env_int("PDPPO_JOB_THREADS")
+    if nproc == 1 and job_threads is None:
+        return None
+    asked, setting = asked_threads(job_threads, "PDPPO_JOB_THREADS")
+    share = share_cores(own_cores(), None, nproc, asked, setting)
+    torch.set_num_threads(share.threads)
+    click.echo(share.describe())
+    return share.threads
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UserError(f"{name}={raw!r}: give a whole number of threads, 1 or more")
+    return int(raw)
 
 
 def _train(config_json: str, out: Path, resume: bool, quiet: bool, world: Any = None) -> Any:
@@ -128,7 +158,9 @@ def _train(config_json: str, out: Path, resume: bool, quiet: bool, world: Any = 
             progress.bar.close()
 
 
-def _data_parallel(config_json: str, out: Path, resume: bool, quiet: bool, nproc: int) -> Any:
+def _data_parallel(
+    config_json: str, out: Path, resume: bool, quiet: bool, nproc: int, threads: int | None
+) -> Any:
     """`nproc` processes on this machine, rendezvous on a free local port; rank 0's result."""
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
@@ -140,7 +172,7 @@ def _data_parallel(config_json: str, out: Path, resume: bool, quiet: bool, nproc
     try:
         mp.spawn(
             _rank_main,
-            args=(nproc, port, config_json, out, resume, quiet, queue, os.getpid()),
+            args=(nproc, port, config_json, out, resume, quiet, queue, os.getpid(), threads),
             nprocs=nproc,
         )
     except ProcessException as exc:  # a rank raised or died: the others were stopped
@@ -158,9 +190,13 @@ def _rank_main(
     quiet: bool,
     queue: Any,
     parent: int,
+    threads: int | None,
 ) -> None:
     import torch
     import torch.distributed as dist
+
+    if threads is not None:
+        torch.set_num_threads(threads)  # a spawned process starts with torch's default
 
     from core.distributed import World, join_group, leave_group
     from core.parent_death import die_with_parent

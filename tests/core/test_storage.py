@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import core.checkpoint
+import core.run
+import core.trainer
 from core.checkpoint import list_checkpoints
 from core.storage import (
     Reserve,
@@ -155,3 +157,26 @@ def test_storage_failure_tells_the_disk_from_other_errors(
         exc.filename = exc.filename.format(folder=tmp_path)
     found = storage_failure(exc, tmp_path)
     assert type(found) is expected if expected else found is None
+
+
+def test_a_final_model_that_does_not_fit_is_storage_full_and_leaves_no_folder(
+    disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final save (`core.atomic_dir.write_dir_atomically`): refused up front on its
+    estimate, and midway (an estimate of 0) the disk's error is StorageFull too, not the
+    trainer's RuntimeError; neither leaves final/ or final.tmp."""
+    cfg = small_config(steps=1, checkpoint_every=0)
+    # the run's last-step checkpoint (weights and optimizer) would not fit either: skip it
+    monkeypatch.setattr(core.run._Run, "checkpoint", lambda self: None)
+    fill(disk, leave=100_000)  # the tiny model's weights take ~200 kB
+    with pytest.raises(StorageFull) as raised:
+        train(cfg, disk)
+    assert "for final/" in str(raised.value)
+    assert not {"final", "final.tmp"} & set(names(disk))
+    monkeypatch.setattr(core.trainer, "_tensor_bytes", lambda tensors: 0)
+    with pytest.raises(StorageFull) as raised:
+        train(cfg, disk)
+    assert raised.value.__cause__ is not None
+    assert not {"final", "final.tmp"} & set(names(disk))
+    (disk / "filler").unlink()
+    assert train(cfg, disk).final_model == disk / "final"

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -331,3 +332,35 @@ def records(n: int, tag: str = "") -> bytes:
 
 def clean_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def stall(server: RedisServer, seconds: float) -> threading.Thread:
+    """`DEBUG SLEEP seconds` from a thread; returns once Redis is asleep (a PING goes
+    unanswered), so that what the test sends next meets the stall even on a loaded machine,
+    where the thread may send the command well after it was started."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    admin = redis.Redis(port=server.port, socket_timeout=seconds + 30)
+    admin.ping()  # connected before the stall, so the sleep starts as soon as it is sent
+
+    def sleep() -> None:
+        try:
+            admin.execute_command("DEBUG", "SLEEP", seconds)
+        finally:
+            admin.close()
+
+    thread = threading.Thread(target=sleep, name="redis stall", daemon=True)
+    thread.start()
+    probe = redis.Redis(port=server.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+    try:
+        while thread.is_alive():
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                break
+            time.sleep(0.01)
+    finally:
+        probe.close()
+    return thread

@@ -19,8 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.stack import KEYS, RedisServer, Service, records, smoke_spec
-from tests.integration.test_redis_stall import stall
+from tests.integration.stack import KEYS, RedisServer, Service, records, smoke_spec, stall
 
 HEAD_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0

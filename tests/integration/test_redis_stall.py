@@ -11,17 +11,15 @@ These tests stall a Redis server of their own, so the shared one never sleeps un
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
-from tests.integration.stack import RedisServer, Service, smoke_spec
+from tests.integration.stack import RedisServer, Service, smoke_spec, stall
 
 STALL_SECONDS = 7  # longer than redis-py's default socket timeout (5 s)
 STEPS = 200  # 0.05-0.1 s a step: the stall (from step 5) hits a job in training
@@ -49,22 +47,6 @@ def make_stack(own_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[...,
     yield make
     for svc in made:
         svc.stop()
-
-
-def stall(server: RedisServer, seconds: float) -> threading.Thread:
-    """`DEBUG SLEEP seconds` from a thread, over a client that waits longer than the stall."""
-    client = redis.Redis(port=server.port, socket_timeout=seconds + 30)
-    client.ping()  # connected before the stall, so the sleep starts at once
-
-    def sleep() -> None:
-        try:
-            client.execute_command("DEBUG", "SLEEP", seconds)
-        finally:
-            client.close()
-
-    thread = threading.Thread(target=sleep, name="redis stall", daemon=True)
-    thread.start()
-    return thread
 
 
 def trained_steps(svc: Service, job_id: str) -> int:

@@ -31,8 +31,8 @@ from tests.integration.stack import (
     pdppo_command,
     records,
     smoke_spec,
+    stall,
 )
-from tests.integration.test_redis_stall import stall
 
 STORE_TIMEOUT = "1"  # the API's wait for one Redis reply (PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS)
 STALL_SECONDS = 4

@@ -16,8 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.monitoring import used_names
 from tests.integration.conftest import wait_status
-from tests.integration.stack import RedisServer, Service, smoke_spec
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, Service, smoke_spec, stall
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -25,11 +25,13 @@ def test_resume_mid_run_gets_the_stored_events_then_the_live_ones(alice: httpx.C
     spec["train"]["rollout"].update(prompts_per_step=8, group_size=8)  # slower steps
     job_id = alice.post("/v1/jobs", json=spec).json()["id"]
 
-    # queued, running, the phases loading model and training, steps 1 and 2: then away
-    first = read_events(alice, job_id, limit=6)
+    # queued, running, the log of its torch threads, the phases loading model and training,
+    # steps 1 and 2: then away
+    first = read_events(alice, job_id, limit=7)
     assert [e["event"] for e in first] == [
-        "status", "status", "phase", "phase", "metrics", "metrics"
+        "status", "status", "log", "phase", "phase", "metrics", "metrics"
     ]  # fmt: skip
+    assert first[2]["data"]["message"].startswith("torch threads: 1 per process")
     away = wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 2 + AWAY_STEPS)
     assert away["status"] == "running" and away["progress"]["step"] < STEPS - 10, away
     rest = read_events(alice, job_id, last_event_id=first[-1]["id"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,24 +26,3 @@ def client(server: RedisServer) -> Iterator[redis.Redis]:
     conn = store_client(server.url(), StoreConfig(socket_timeout=0.3, connect_timeout=0.3))
     yield conn
     conn.close()
-
-
-def stall(server: RedisServer, seconds: float) -> threading.Thread:
-    """`DEBUG SLEEP seconds` in a thread; returns once Redis is asleep."""
-    admin = redis.Redis(port=server.port, socket_timeout=seconds + 30)
-    admin.ping()
-    asleep = threading.Event()
-
-    def sleep() -> None:
-        try:
-            asleep.set()
-            admin.execute_command("DEBUG", "SLEEP", seconds)
-        finally:
-            admin.close()
-
-    thread = threading.Thread(target=sleep, daemon=True)
-    thread.start()
-    asleep.wait()
-    # Give the command the moment it needs to reach Redis: then Redis is asleep.
-    threading.Event().wait(0.1)
-    return thread

@@ -13,8 +13,7 @@ import redis
 from pdppo.store import StoreRetry, StoreUnavailable, events_key, is_transient
 from pdppo.store.retry import add_event_once, log_fields, publish_log_once
 from tests.integration import stack
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 
 
 class Counted:

@@ -18,8 +18,7 @@ from pdppo.settings import Settings
 from pdppo.store import JobStore, job_key
 from pdppo.store.jobs_api import AsyncJobStore
 from pdppo.store.stats import STATS, WORKERS
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

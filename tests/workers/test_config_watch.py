@@ -12,8 +12,7 @@ import redis
 
 from pdppo.store import job_key
 from pdppo.store.steering import Steering
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 from workers.config_watch import POLL_SECONDS, ConfigWatch
 
 

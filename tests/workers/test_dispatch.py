@@ -15,8 +15,7 @@ from kombu.transport.redis import Channel as RedisChannel
 
 from pdppo.settings import Settings
 from pdppo.store import OUTBOX, JobStore, job_key, now_iso, tenant_active_key
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 from workers.celery_app import celery_app
 from workers.reaper import CONFIRM_SECONDS, DispatchTiming, dispatch_once, start_reaper
 

@@ -11,8 +11,7 @@ import pytest
 import redis
 
 from pdppo.store import lease_key
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 from tests.workers.renewals import record_renewals
 from workers.lease import Lease, LeaseLost
 

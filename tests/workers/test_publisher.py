@@ -12,8 +12,7 @@ from typing import Any, cast
 import redis
 
 from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, metrics_key, now_iso
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 from workers.job_events import EventPublisher, JobCallback, backfill
 
 TOTAL = 40

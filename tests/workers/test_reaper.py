@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from pdppo.store import RUNNING_SET, JobStore, job_key
-from tests.integration.stack import RedisServer
-from tests.store.conftest import stall
+from tests.integration.stack import RedisServer, stall
 from tests.workers.test_publisher import running_job
 from workers.lease import Lease
 from workers.reaper import DispatchTiming, reap_once, start_reaper

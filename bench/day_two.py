@@ -5,7 +5,7 @@ each phase and prints one line per finding, as counts:
 
   disk     the artifact folder on a 3 MiB tmpfs (needs root, for `mount`): a job whose checkpoints
            do not fit, the job after it, an upload that does not fit, the temporary files left,
-           then the space grown to 64 MiB and the first job resumed;
+           then the space grown to 64 MiB and the first job resumed, and to 160 MiB and again;
   stall    Redis asleep (`DEBUG SLEEP`) for longer than the API's store timeout while clients
            POST jobs without an Idempotency-Key: how many answers were errors, how many of those
            jobs exist afterwards, and how many of those answers named the job; `/readyz`'s time;
@@ -88,7 +88,8 @@ def phase_disk(root: Path) -> None:
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], check=True)
     try:
-        env = {"PDPPO_ARTIFACT_DIR": str(mount)}
+        # a reserve that fits the tiny disk (the default keeps 256 MiB free)
+        env = {"PDPPO_ARTIFACT_DIR": str(mount), "PDPPO_MIN_FREE_BYTES": str(64 << 10)}
         with stack(root / "disk", env) as svc, svc.client() as alice:
             big = smoke_spec(steps=6, checkpoint_every=1, keep_checkpoints=10)
             big["train"]["model"]["tiny"].update(d_model=128, n_layers=4, max_seq_len=32)
@@ -111,12 +112,23 @@ def phase_disk(root: Path) -> None:
             )
             say("disk", f"upload of 4 MiB: HTTP {upload.status_code} {upload.text[:150]}")
             say("disk", f"after the upload: leftovers {leftovers(mount)}")
-            subprocess.run(["mount", "-o", "remount,size=64m", str(mount)], check=True)
-            resumed = alice.post(f"/v1/jobs/{first['id']}/resume")
-            say("disk", f"space grown to 64 MiB; resume job 1: HTTP {resumed.status_code}")
-            if resumed.status_code < 300:
+            ready = httpx.get(f"{svc.base_url}/readyz", timeout=10)
+            say("disk", f"readyz: HTTP {ready.status_code} {ready.text[:160]}")
+            for size in (64, 160):  # 6 checkpoints of ~11 MB are kept: 64 MiB holds 5
+                subprocess.run(["mount", "-o", f"remount,size={size}m", str(mount)], check=True)
+                resumed = alice.post(f"/v1/jobs/{first['id']}/resume")
+                say("disk", f"space grown to {size} MiB; resume job 1: HTTP {resumed.status_code}")
+                if resumed.status_code >= 300:
+                    break
                 job = wait_ended(alice, first["id"])
-                say("disk", f"job 1 after resume: {job['status']} at step {job.get('step')}")
+                failure = job.get("error") or {}
+                say("disk", f"job 1 after resume: {job['status']} at step "
+                            f"{job['progress']['step']} {failure.get('code') or ''} "
+                            f"{str(failure.get('message') or '')[:300]}")  # fmt: skip
+                saved = sorted(p.name for p in (mount / first["id"] / "checkpoints").iterdir())
+                say("disk", f"job 1's checkpoints: {saved}; leftovers {leftovers(mount)}")
+                if job["status"] == "succeeded":
+                    break
             job3 = wait_ended(alice, alice.post("/v1/jobs", json=smoke_spec()).json()["id"])
             say("disk", f"job 3 (small, after): {job3['status']}")
     finally:

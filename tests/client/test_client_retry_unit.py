@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from pdppo.client import ApiError, Client
+from tests.client.scripted import scripted
 
 JOB = {"id": "j1", "status": "queued"}
 NAMING_503 = httpx.Response(
@@ -21,18 +22,6 @@ NAMING_503 = httpx.Response(
     json={"detail": "the job store did not answer in time", "job_id": "j1"},
     headers={"Pdppo-Job-Id": "j1", "Retry-After": "5"},
 )
-
-
-def _scripted(
-    responses: list[Callable[[httpx.Request], httpx.Response]],
-) -> tuple[httpx.MockTransport, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return responses[min(len(seen), len(responses)) - 1](request)
-
-    return httpx.MockTransport(handler), seen
 
 
 def _client(transport: httpx.MockTransport, retry_seconds: float = 30) -> Client:
@@ -49,7 +38,7 @@ def test_submit_retries_with_one_idempotency_key_it_made() -> None:
     def dropped(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
 
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [lambda r: NAMING_503, dropped, lambda r: httpx.Response(201, json=JOB)]
     )
     with _client(transport) as client:
@@ -60,7 +49,7 @@ def test_submit_retries_with_one_idempotency_key_it_made() -> None:
 
 
 def test_a_given_key_is_used_as_it_is() -> None:
-    transport, seen = _scripted([lambda r: httpx.Response(201, json=JOB)])
+    transport, seen = scripted([lambda r: httpx.Response(201, json=JOB)])
     with _client(transport) as client:
         client.submit({"train": {}}, idempotency_key="mine")
     assert seen[0].headers["Idempotency-Key"] == "mine"
@@ -68,7 +57,7 @@ def test_a_given_key_is_used_as_it_is() -> None:
 
 def test_a_cancel_that_landed_behind_a_503_is_not_a_409() -> None:
     cancelled = {**JOB, "status": "cancelled", "cancel_requested": True}
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [
             lambda r: NAMING_503,
             lambda r: httpx.Response(409, json={"detail": "job 'j1' already cancelled"}),
@@ -86,7 +75,7 @@ def test_a_cancel_that_landed_behind_a_503_is_not_a_409() -> None:
 
 
 def test_a_409_with_nothing_ambiguous_before_it_stays_a_409() -> None:
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [lambda r: httpx.Response(409, json={"detail": "job 'j1' already succeeded"})]
     )
     with _client(transport) as client, pytest.raises(ApiError) as info:
@@ -97,7 +86,7 @@ def test_a_409_with_nothing_ambiguous_before_it_stays_a_409() -> None:
 
 def test_a_409_after_a_503_that_did_not_land_stays_a_409() -> None:
     done = {**JOB, "status": "succeeded"}
-    transport, _ = _scripted(
+    transport, _ = scripted(
         [
             lambda r: NAMING_503,
             lambda r: httpx.Response(409, json={"detail": "job 'j1' already succeeded"}),
@@ -115,7 +104,7 @@ def test_giving_up_names_every_job_that_may_exist_and_the_key() -> None:
             503, json={"detail": "stalled", "job_id": job_id}, headers={"Pdppo-Job-Id": job_id}
         )
 
-    transport, seen = _scripted([naming("a"), naming("b"), naming("b")])
+    transport, seen = scripted([naming("a"), naming("b"), naming("b")])
     with _client(transport, retry_seconds=0) as client, pytest.raises(ApiError) as info:
         client.submit({"train": {}}, idempotency_key="k")
     assert info.value.status_code == 503
@@ -127,7 +116,7 @@ def test_giving_up_names_every_job_that_may_exist_and_the_key() -> None:
 
 
 def test_a_plain_503_is_retried_and_names_nothing() -> None:
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [
             lambda r: httpx.Response(503, json={"detail": "busy"}),
             lambda r: httpx.Response(202, json=JOB),
@@ -142,7 +131,7 @@ def test_a_server_that_cannot_be_reached_is_said_at_once() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    transport, seen = _scripted([refuse])
+    transport, seen = scripted([refuse])
     with _client(transport) as client, pytest.raises(httpx.ConnectError):
         client.submit({"train": {}})
     assert len(seen) == 1
@@ -154,7 +143,7 @@ def test_a_refused_connect_after_an_ambiguous_try_is_retried() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [lambda r: NAMING_503, refuse, lambda r: httpx.Response(201, json=JOB)]
     )
     with _client(transport) as client:
@@ -163,7 +152,7 @@ def test_a_refused_connect_after_an_ambiguous_try_is_retried() -> None:
 
 
 def test_the_first_retry_is_said(caplog: pytest.LogCaptureFixture) -> None:
-    transport, _ = _scripted(
+    transport, _ = scripted(
         [
             lambda r: NAMING_503,
             lambda r: NAMING_503,

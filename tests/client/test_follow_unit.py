@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from pdppo.client import ApiError, Client, FollowError, spec_to_dict
+from tests.client.scripted import scripted
 
 SSE = {"content-type": "text/event-stream"}
 
@@ -37,18 +38,6 @@ def _event(event_id: int, name: str, data: str) -> bytes:
     return f"id: {event_id}-0\nevent: {name}\ndata: {data}\n\n".encode()
 
 
-def _scripted(
-    responses: list[Callable[[httpx.Request], httpx.Response]],
-) -> tuple[httpx.MockTransport, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return responses[min(len(seen), len(responses)) - 1](request)
-
-    return httpx.MockTransport(handler), seen
-
-
 def _client(transport: httpx.MockTransport, max_reconnects: int = 20) -> Client:
     return Client(
         "http://pdppo.test",
@@ -62,7 +51,7 @@ def _client(transport: httpx.MockTransport, max_reconnects: int = 20) -> Client:
 def test_follow_resumes_after_a_drop_mid_event_with_last_event_id() -> None:
     first = _event(1, "status", '{"status": "running"}') + _event(2, "metrics", '{"step": 1}')
     half = _event(3, "metrics", '{"step": 2}')[:12]  # the drop cuts event 3 in half
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [
             lambda r: httpx.Response(200, headers=SSE, stream=_DroppingStream([first, half], True)),
             lambda r: httpx.Response(
@@ -94,7 +83,7 @@ def test_follow_resumes_after_a_drop_mid_event_with_last_event_id() -> None:
 
 
 def test_follow_starts_after_the_given_event_id() -> None:
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [
             lambda r: httpx.Response(
                 200, headers=SSE, stream=_DroppingStream([_event(9, "done", "{}")], False)
@@ -107,7 +96,7 @@ def test_follow_starts_after_the_given_event_id() -> None:
 
 
 def test_follow_retries_5xx_and_a_clean_end_before_done() -> None:
-    transport, seen = _scripted(
+    transport, seen = scripted(
         [
             lambda r: httpx.Response(
                 200, headers=SSE, stream=_DroppingStream([_event(1, "status", "{}")], False)
@@ -124,7 +113,7 @@ def test_follow_retries_5xx_and_a_clean_end_before_done() -> None:
 
 
 def test_follow_does_not_retry_a_client_error() -> None:
-    transport, seen = _scripted([lambda r: httpx.Response(404, json={"detail": "job j not found"})])
+    transport, seen = scripted([lambda r: httpx.Response(404, json={"detail": "job j not found"})])
     with _client(transport) as client, pytest.raises(ApiError) as info:
         list(client.follow("j"))
     assert info.value.status_code == 404
@@ -136,7 +125,7 @@ def test_follow_gives_up_when_the_server_stays_away() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    transport, seen = _scripted([refuse])
+    transport, seen = scripted([refuse])
     with _client(transport, max_reconnects=3) as client, pytest.raises(FollowError):
         list(client.follow("j"))
     assert len(seen) == 4  # the first try and three reconnects
@@ -151,7 +140,7 @@ def test_reconnects_back_off_exponentially_up_to_a_cap(
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    transport, _ = _scripted([refuse])
+    transport, _ = scripted([refuse])
     client = Client(
         "http://pdppo.test",
         "key",

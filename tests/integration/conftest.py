@@ -36,6 +36,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 @pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's alone: one it may stall, stop or restart."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def store_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """A client of database STORE_DB, empty before and after the test: for the store's own
     scripts, with no service on it."""

@@ -240,13 +240,6 @@ def test_connections_past_the_limit_get_503_at_once(make_service: Callable[..., 
     assert httpx.get(f"{svc.base_url}/healthz", timeout=5).status_code == 200
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    yield server
-    server.stop()
-
-
 def test_readyz_answers_503_within_2s_during_a_redis_stall(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:

@@ -27,13 +27,6 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def make_stack(own_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Service]]:
     made: list[Service] = []
 

@@ -40,13 +40,6 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def svc(own_redis: RedisServer, tmp_path: Path) -> Iterator[Service]:
     service = Service(
         own_redis, tmp_path / "service", env={"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT}

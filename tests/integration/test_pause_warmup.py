@@ -6,7 +6,6 @@ paused."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ import httpx
 import torch
 from safetensors.torch import load_file
 
-from tests.integration.conftest import metric_steps, read_events, wait_status
+from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
 from tests.integration.stack import Service, smoke_spec
 
 WARMUP = 1000  # ~10 ms a step on one busy CPU core: seconds of warm-up to pause in
@@ -25,6 +24,13 @@ def warmup_spec() -> dict[str, Any]:
     spec = smoke_spec(steps=4, checkpoint_every=50)
     spec["train"]["task"]["warmup_steps"] = WARMUP
     return spec
+
+
+def into_warmup(client: httpx.Client, job_id: str) -> None:
+    """Until the job reports warm-up steps done, far from its end (its phase: a fixed sleep
+    after `running` was not always enough on a loaded CI machine)."""
+    wait_for(client, job_id, lambda j: (j.get("phase") or {}).get("name") == "warm-up"
+             and 10 <= j["phase"]["done"] < WARMUP // 2)  # fmt: skip
 
 
 def logs(events: list[dict[str, Any]]) -> list[str]:
@@ -59,8 +65,7 @@ def test_a_job_paused_during_its_warm_up_resumes_it_where_it_stopped(
     assert wait_status(alice, whole["id"], TERMINAL, timeout=120)["status"] == "succeeded"
 
     job = alice.post("/v1/jobs", json=warmup_spec()).json()
-    wait_status(alice, job["id"], "running")
-    time.sleep(1.5)  # into the warm-up, far from its end
+    into_warmup(alice, job["id"])
     asked = alice.post(f"/v1/jobs/{job['id']}/pause")
     assert asked.status_code == 202 and asked.json()["pause_requested"] is True, asked.text
     paused = wait_status(alice, job["id"], {"paused", *TERMINAL}, timeout=30)
@@ -97,8 +102,7 @@ def test_a_worker_shut_down_during_the_warm_up_hands_back_its_progress(
     first = svc.start_worker()
     with svc.client("alice") as alice:
         job = alice.post("/v1/jobs", json=warmup_spec()).json()
-        wait_status(alice, job["id"], "running")
-        time.sleep(1.5)  # into the warm-up, far from its end
+        into_warmup(alice, job["id"])
         first.terminate()  # SIGTERM, as `docker stop` sends
         assert first.wait(20) == 0, svc.worker_log(0)[-2000:]
         handed = alice.get(f"/v1/jobs/{job['id']}").json()

@@ -1,7 +1,7 @@
 """How often the sampled-ratio direction gets the divergence's change wrong, and how well each
 estimator of the predicted change agrees with the exact one.
 
-On synthetic LLM-like positions (`core.synthetic`: Zipf-like peaked logits over a V-token
+On synthetic LLM-like positions (`core.objective.synthetic`: Zipf-like peaked logits over a V-token
 vocabulary; behavior logits = current logits + gap * noise), for each gap it prints:
 
 - ratio vs truth: the fraction of tokens where DPPO's direction rule (sign(A) * sign(pi_a - mu_a))
@@ -24,8 +24,8 @@ import argparse
 import torch
 
 from core import predicted_change, trust_region_mask
-from core.divergence import KINDS, divergence
-from core.synthetic import positions, topk_view
+from core.objective.divergence import KINDS, divergence
+from core.objective.synthetic import positions, topk_view
 
 ESTIMATORS = [("binary", 20), ("topk", 5), ("topk", 20), ("topk", 50), ("topk_tail", 20)]
 

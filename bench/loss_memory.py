@@ -1,4 +1,4 @@
-"""Peak memory and time of the policy loss + its backward, fused (`core.fused`) against unfused.
+"""Peak memory and time of the policy loss + its backward, fused (`core.objective.fused`) against unfused.
 
 For N tokens of hidden size H and vocabularies V (32k Llama 2, 128k Llama 3, 152k Qwen 2), each
 measurement runs in a fresh subprocess: random hidden states (N, H) and output projection
@@ -51,7 +51,7 @@ def _inputs(n: int, h: int, v: int, device: str, seed: int) -> dict[str, Any]:
     a behavior view of random ids holding the sampled token, random advantages."""
     import torch
 
-    from core.behavior import BehaviorView
+    from core.objective.behavior import BehaviorView
 
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, h, generator=gen).to(device).requires_grad_()

@@ -80,7 +80,7 @@ def _child(
     if threads:
         torch.set_num_threads(threads)
     from core import trust_region_mask
-    from core.synthetic import topk_view
+    from core.objective.synthetic import topk_view
 
     mask, kind, estimator = config.split(":")
     gen = torch.Generator().manual_seed(0)

@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import torch
 
-from core.behavior import BehaviorView
+from core.objective.behavior import BehaviorView
 from core.config import ModelConfig, OptimConfig
 from core.models import CausalLM, load_model
 from core.models.base import Tokenizer

@@ -3,7 +3,7 @@
 Imports no web or queue code; `api/` and `workers/` build on it. Without torch (the client
 install, `pip install pdppo`), importing `core` still works and so do its torch-free modules
 (`core.config`, `core.budget`: `pdppo submit --dry-run` prints `core.budget`'s report); the names
-below then say which extra brings torch. (Not lazy when torch is there: `core.divergence` is
+below then say which extra brings torch. (Not lazy when torch is there: `core.objective.divergence` is
 both a module and a function, and an import of the module would shadow a lazy function.)
 """
 
@@ -26,11 +26,11 @@ __all__ = [
 ]
 
 if importlib.util.find_spec("torch") is not None:
-    from core.behavior import BehaviorView
-    from core.divergence import divergence, predicted_change
-    from core.fused import fused_policy_loss
-    from core.loss import PolicyLossOutput, policy_loss
-    from core.masks import trust_region, trust_region_mask
+    from core.objective.behavior import BehaviorView
+    from core.objective.divergence import divergence, predicted_change
+    from core.objective.fused import fused_policy_loss
+    from core.objective.loss import PolicyLossOutput, policy_loss
+    from core.objective.masks import trust_region, trust_region_mask
 else:
 
     def __getattr__(name: str) -> Any:

@@ -157,7 +157,7 @@ class AlgorithmConfig(Strict):
         default=True,
         description=(
             "Compute the loss from the last hidden states and the output projection in "
-            "vocabulary chunks (core.fused), never holding the [tokens x vocabulary] logits. "
+            "vocabulary chunks (core.objective.fused), never holding the [tokens x vocabulary] logits. "
             "Applies to the binary and topk estimators with top_p 1, on builtin:tiny and "
             "Llama/Qwen hf: models; elsewhere the unfused loss runs."
         ),

@@ -1,6 +1,6 @@
 """The reference policy of the KL penalty (`algorithm.kl_beta`): the model as it was loaded.
 
-The penalty (`core.loss`) needs `log pi_ref(a)` of every sampled token. The reference is the
+The penalty (`core.objective.loss`) needs `log pi_ref(a)` of every sampled token. The reference is the
 policy before any update of this run, format warm-up included, so that it is the same whether the
 run is fresh or resumed from a checkpoint (a resumed run rebuilds it by loading the model again;
 nothing of it is checkpointed):
@@ -8,14 +8,14 @@ nothing of it is checkpointed):
 - with LoRA, the base model with its adapters disabled: no copy, the base weights never train;
 - otherwise a frozen copy of the weights, in the training dtype, made before the first update.
 
-With top-p sampling the reference is truncated like the trained policy (`core.truncation`): its
+With top-p sampling the reference is truncated like the trained policy (`core.objective.truncation`): its
 own nucleus plus the sampled token, so that the penalty is exactly 0 before the first update.
 
 The reference's log-probs are computed once per step, for the whole rollout batch, under
 no_grad and in chunks of one micro-batch (its forward pass costs no more memory than the
 update's); the reference never changes, so the epochs and minibatches of a step share them.
 Where the policy's loss is fused (`core.update.fused_loss_applies`) they come from the hidden
-states and the output projection in vocabulary chunks too (`core.fused`), by the same
+states and the output projection in vocabulary chunks too (`core.objective.fused`), by the same
 arithmetic as the policy's log pi(a).
 """
 
@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.fused import projected_token_logprobs
+from core.objective.fused import projected_token_logprobs
 from core.models.base import CausalLM
 from core.rollout import RolloutBatch, response_logits, response_projection
-from core.truncation import truncate_to_nucleus
+from core.objective.truncation import truncate_to_nucleus
 
 
 class ReferencePolicy:
@@ -59,7 +59,7 @@ class ReferencePolicy:
         fused: bool = False,
     ) -> Tensor:
         """(B, T) fp32 `log pi_ref(a)` at every response token (0 elsewhere), at the sampling
-        temperature and under the sampler's top-p truncation (`core.truncation`) like the
+        temperature and under the sampler's top-p truncation (`core.objective.truncation`) like the
         trained policy's log-probs, `rows` sequences per forward pass. `fused`: as the fused
         loss computes log pi(a), without the logits (where the model allows it)."""
         if rows < 1:
@@ -71,13 +71,13 @@ class ReferencePolicy:
             part = batch.select(idx)
             with self._context():
                 proj = response_projection(self.lm, part, temperature) if fused else None
-                if proj is not None:  # the fused loss's own log pi(a) (core.fused)
+                if proj is not None:  # the fused loss's own log pi(a) (core.objective.fused)
                     logp = projected_token_logprobs(proj, part.tokens)
                 else:
                     logits = response_logits(self.lm, part, temperature)  # (N_part, V) fp32
             if proj is None:
                 logits = truncate_to_nucleus(logits, part.tokens, top_p)
-                # the same expression as the policy's log pi(a) in core.loss: equal weights,
+                # the same expression as the policy's log pi(a) in core.objective.loss: equal weights,
                 # equal values, so the penalty is exactly 0 before the first update
                 logp = -F.cross_entropy(logits, part.tokens, reduction="none")
             out[idx[0] : idx[-1] + 1][part.response_mask] = logp

@@ -26,8 +26,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
-from core.lazy_logits import ProjectedLogits
+from core.objective.behavior import BehaviorView
+from core.objective.lazy_logits import ProjectedLogits
 from core.models.base import CausalLM
 from core.prefix import distinct_rows, shared_prefix_logits
 
@@ -369,7 +369,7 @@ def response_projection(
     prefix: Literal["auto", "shared", "full"] = "auto",
 ) -> ProjectedLogits | None:
     """`response_logits` left as the final hidden states (N, H) and the output projection,
-    never multiplied out (the fused loss, `core.fused`); None where the model has no plain
+    never multiplied out (the fused loss, `core.objective.fused`); None where the model has no plain
     output projection (`CausalLM.output_projection`): the caller takes the logits then."""
     if lm.output_projection() is None:
         return None

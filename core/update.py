@@ -18,12 +18,12 @@ gradient either way. Where the normalizer is the piece's own token count (one pi
 minibatch or `minibatch_token_mean`) the loss keeps its own denominator: bit for bit the path
 without the knobs.
 
-With top-p sampling the trained policy is the truncated one (`core.truncation`), so that the
+With top-p sampling the trained policy is the truncated one (`core.objective.truncation`), so that the
 ratio and the divergence compare like with like.
 
 With `algorithm.fused_loss` (`fused_loss_applies`) the loss gets the final hidden states and
 the output projection instead of the logits (`core.rollout.response_projection`) and never
-holds the [tokens x vocabulary] logits (`core.fused`); so do the reference's log-probs.
+holds the [tokens x vocabulary] logits (`core.objective.fused`); so do the reference's log-probs.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
 from core.distributed import World
-from core.fused import FUSED_ESTIMATORS
-from core.lazy_logits import ProjectedLogits
-from core.loss import PolicyLossOutput, policy_loss
+from core.objective.fused import FUSED_ESTIMATORS
+from core.objective.lazy_logits import ProjectedLogits
+from core.objective.loss import PolicyLossOutput, policy_loss
 from core.models.base import CausalLM
 from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
 from core.sharding import full_norm, is_sharded
-from core.truncation import truncate_to_nucleus
+from core.objective.truncation import truncate_to_nucleus
 
 
 def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool) -> Tensor:
@@ -188,7 +188,7 @@ def loss_normalizer(
 def fused_loss_applies(cfg: TrainConfig) -> bool:
     """`algorithm.fused_loss` where the fused loss computes what the unfused one does: the
     `binary` and `topk` estimators (`exact` and `topk_tail` need whole rows of mu or pi), and
-    no top-p truncation (the nucleus needs each row's sorted probabilities, `core.truncation`).
+    no top-p truncation (the nucleus needs each row's sorted probabilities, `core.objective.truncation`).
     The model must have a plain output projection too (`CausalLM.output_projection`); where
     any of it fails the unfused loss runs, with the same results up to fp32 rounding."""
     a = cfg.algorithm
@@ -217,7 +217,7 @@ def _piece_loss(
         logits = response_projection(lm, mb, cfg.rollout.temperature)
     if logits is None:
         logits = response_logits(lm, mb, cfg.rollout.temperature)  # (N, V) fp32, with grad
-        # top-p: the trained policy is the truncated sampler (core.truncation); top_p 1 skips it
+        # top-p: the trained policy is the truncated sampler (core.objective.truncation); top_p 1 skips it
         logits = truncate_to_nucleus(logits, mb.tokens, cfg.rollout.top_p)
     return policy_loss(
         logits=logits,

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
+from core.objective.behavior import BehaviorView
 from core.config import TrainConfig
 from core.distributed import World
 from core.rollout import RolloutBatch, StopRequested, left_pad

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from core.behavior import BehaviorView
+from core.objective.behavior import BehaviorView
 from core.callbacks import TrainerCallback
 from core.config import TrainConfig
-from core.fused import projected_token_logprobs
+from core.objective.fused import projected_token_logprobs
 from core.models import CausalLM
 from core.models.base import encode_example
 from core.rollout import RolloutBatch, left_pad, response_logits, response_projection
@@ -69,7 +69,7 @@ class Warmup:
         ends with EOS so the model learns where to stop, unless it is cut at
         `rollout.max_new_tokens` tokens. With `algorithm.fused_loss` the cross-entropy is
         computed without the logits where the model allows it
-        (`core.fused.projected_token_logprobs`).
+        (`core.objective.fused.projected_token_logprobs`).
 
         False when `should_stop` (asked before every step; the ranks of a data-parallel run
         agree on it) said True: `done` steps are done, and the caller checkpoints them."""
@@ -127,7 +127,7 @@ def _step(
     # (not sharded: FSDP does not gather the output layer outside its forward)
     fused = cfg.algorithm.fused_loss and cfg.sharding != "fsdp"
     proj = response_projection(lm, batch, 1.0) if fused else None
-    if proj is not None:  # cross-entropy without the logits (core.fused)
+    if proj is not None:  # cross-entropy without the logits (core.objective.fused)
         loss = projected_token_logprobs(proj, batch.tokens).mean().neg()
     else:
         logits = response_logits(lm, batch, 1.0)

@@ -104,7 +104,7 @@ class CausalLM(abc.ABC):
     def output_projection(self) -> tuple[Tensor, Tensor | None] | None:
         """(weight (V, H), bias (V,) or None), the output layer's own parameters (a tied
         embedding's, a frozen one under LoRA), when `forward`'s logits are exactly
-        `forward_hidden`'s states times them plus the bias: all the fused loss (`core.fused`)
+        `forward_hidden`'s states times them plus the bias: all the fused loss (`core.objective.fused`)
         needs to never form the logits. None (the default) where they are not (scaled or
         soft-capped logits, an adapted output layer): the trainer keeps the unfused loss."""
         return None

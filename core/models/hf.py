@@ -31,7 +31,7 @@ against the full forward. Any other `model_type` runs every row in full."""
 
 PROJECTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 """Architectures whose logits are exactly `lm_head(decoder(...).last_hidden_state)`, no scaling
-or soft-capping (Gemma's and Cohere's are not): the fused loss (`core.fused`) computes them
+or soft-capping (Gemma's and Cohere's are not): the fused loss (`core.objective.fused`) computes them
 chunk by chunk from the decoder's states (`HFLM.output_projection`);
 tests/core/test_fused_trainer.py checks each one's loss and gradients against the unfused
 path."""

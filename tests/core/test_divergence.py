@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from core import BehaviorView, divergence, predicted_change
-from core.divergence import (
+from core.objective.divergence import (
     ESTIMATORS,
     KINDS,
     LOG_FLOOR,
@@ -20,10 +20,10 @@ from core.divergence import (
     estimator_stats,
     softmax_stats,
 )
-from core.lazy_logits import GatheredLogits
+from core.objective.lazy_logits import GatheredLogits
 from core.rollout import sampling_logprobs
-from core.synthetic import Positions, positions, topk_view
-from core.truncation import truncate_to_nucleus
+from core.objective.synthetic import Positions, positions, topk_view
+from core.objective.truncation import truncate_to_nucleus
 from tests.core.allocations import Allocations
 from tests.core.references import (
     autograd_change,
@@ -233,9 +233,9 @@ def test_softmax_stats_over_many_chunks_equal_float64_sums(
     sum asked for, against float64 reductions. The logits require grad, as the loss's do: the
     pass must not record a graph, must not warn (an `out=` of the wrong size resizes with a
     warning instead of failing), and must make no tensor larger than one chunk."""
-    # the module, not `core.divergence` the function that `core` exports under its name
+    # the module, not `core.objective.divergence` the function that `core` exports under its name
     monkeypatch.setattr(
-        importlib.import_module("core.divergence"), "CHUNK_ELEMENTS", chunk_elements
+        importlib.import_module("core.objective.divergence"), "CHUNK_ELEMENTS", chunk_elements
     )
     n, v = 11, 50
     p = positions(n, v, k=6, gap=0.5, seed=7)
@@ -378,7 +378,7 @@ def test_change_near_pi_a_one_has_the_float64_sign(shift: float, kind: str, esti
 @pytest.mark.parametrize("estimator", ["exact", "binary", "topk"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_change_of_a_truncated_policy_matches_autograd(kind: str, estimator: str) -> None:
-    """Top-p on both sides (`core.truncation`): pi is 0 outside its nucleus plus the sampled
+    """Top-p on both sides (`core.objective.truncation`): pi is 0 outside its nucleus plus the sampled
     token, mu outside the sampler's, and the nuclei differ. D's terms where pi is floored are
     constants: the predicted change is still autograd's of the (floored) divergence."""
     p = positions(48, 300, k=20, gap=1.0, peak=2.0, seed=13)

@@ -1,4 +1,4 @@
-"""The fused loss (`core.fused`) against the unfused one on the same logits: loss, mask, every
+"""The fused loss (`core.objective.fused`) against the unfused one on the same logits: loss, mask, every
 statistic and the gradients of the hidden states, the projection and its bias.
 
 The unfused reference is `policy_loss` on `(hidden.float() @ weight.float().T + bias) / T`,
@@ -18,14 +18,14 @@ import pytest
 import torch
 from torch import Tensor
 
-import core.fused as fused_module
+import core.objective.fused as fused_module
 from core import PolicyLossOutput, fused_policy_loss, policy_loss
-from core.behavior import BehaviorView
-from core.divergence import KINDS, softmax_stats
-from core.fused import projected_stats, projected_token_logprobs
-from core.lazy_logits import GatheredLogits, ProjectedLogits
-from core.masks import MASKS
-from core.synthetic import topk_view
+from core.objective.behavior import BehaviorView
+from core.objective.divergence import KINDS, softmax_stats
+from core.objective.fused import projected_stats, projected_token_logprobs
+from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
+from core.objective.masks import MASKS
+from core.objective.synthetic import topk_view
 from tests.core.allocations import Allocations
 
 N, H, V, K = 96, 32, 301, 8

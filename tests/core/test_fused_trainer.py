@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-import core.fused as fused_module
+import core.objective.fused as fused_module
 from core.config import ModelConfig, TinyModelConfig, TrainConfig
-from core.loss import policy_loss
+from core.objective.loss import policy_loss
 from core.models import CausalLM, load_model
 from core.models.local_hf import make_tiny_hf
 from core.models.tiny import TinyLM

@@ -80,7 +80,7 @@ def reward_gain(out: Path) -> float:
 
 def test_a_short_run_raises_reward_on_every_seed(tmp_path: Path) -> None:
     """Protects the direction of learning: the advantages' sign and centring
-    (`core.update.group_advantages`), the policy loss's gradient (`core.loss`) and the update
+    (`core.update.group_advantages`), the policy loss's gradient (`core.objective.loss`) and the update
     reaching the weights (`core.update`, `core.trainer`)."""
     gains = {seed: reward_gain(run(seed, tmp_path / f"seed-{seed}")) for seed in SEEDS}
     assert min(gains.values()) > LEAST_GAIN, gains

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from core import policy_loss, trust_region_mask
-from core.loss import DIRECTION_TOLERANCE
-from core.masks import MASKS, trust_region
-from core.synthetic import Positions, positions, topk_view
+from core.objective.loss import DIRECTION_TOLERANCE
+from core.objective.masks import MASKS, trust_region
+from core.objective.synthetic import Positions, positions, topk_view
 from core.update import loss_normalizer
 
 
@@ -438,7 +438,7 @@ def test_outside_topk_counts_sampled_tokens_below_pis_kth_logit_on_both_paths() 
     3 and 9 by pi, a view of K = 3: the last two lie outside pi's top-3, a fraction of 1/2.
     The fused path (hidden states times an identity projection: the same logits) agrees."""
     from core import fused_policy_loss
-    from core.behavior import BehaviorView
+    from core.objective.behavior import BehaviorView
 
     torch.manual_seed(0)
     logits = torch.randn(4, 10).sort(dim=-1, descending=True).values  # column j has rank j

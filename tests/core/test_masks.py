@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from core import trust_region_mask
-from core.behavior import BehaviorView
-from core.divergence import ESTIMATORS, KINDS
-from core.masks import MASKS, far_from_behavior, ratio_moves_away, trust_region
-from core.synthetic import Positions, positions
+from core.objective.behavior import BehaviorView
+from core.objective.divergence import ESTIMATORS, KINDS
+from core.objective.masks import MASKS, far_from_behavior, ratio_moves_away, trust_region
+from core.objective.synthetic import Positions, positions
 from tests.core.references import (
     autograd_change,
     exact_divergence_fn,

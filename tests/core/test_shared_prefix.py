@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
+from core.objective.behavior import BehaviorView
 from core.config import ModelConfig, TinyModelConfig
 from core.models import CausalLM, load_model
 from core.models.hf import make_tiny_hf

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from core.config import OptimConfig, TrainConfig
-from core.loss import policy_loss
+from core.objective.loss import policy_loss
 from core.models import load_model
 from core.schedule import lr_at
 from core.trainer import TrainerCallback, group_advantages, train

@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.behavior import BehaviorView
-from core.divergence import Estimator, Kind, SoftmaxStats, estimator_stats
-from core.lazy_logits import ProjectedLogits
-from core.masks import Mask, TrustRegion, far_from_behavior, ratio_moves_away, trust_region
+from core.objective.behavior import BehaviorView
+from core.objective.divergence import Estimator, Kind, SoftmaxStats, estimator_stats
+from core.objective.lazy_logits import ProjectedLogits
+from core.objective.masks import Mask, TrustRegion, far_from_behavior, ratio_moves_away, trust_region
 
 DIRECTION_TOLERANCE = 1e-4
 """D below which `direction_disagreement` does not compare the two direction rules.
@@ -97,7 +97,7 @@ def policy_loss(
     """Loss and statistics for N response tokens (logits (N, V) with grad, any float dtype).
 
     `logits` may also be a `ProjectedLogits`, the hidden states and the output projection that
-    make them: the fused path (`core.fused.fused_policy_loss`) then gives the same loss,
+    make them: the fused path (`core.objective.fused.fused_policy_loss`) then gives the same loss,
     gradients and statistics without ever holding the (N, V) logits (estimators `binary` and
     `topk` only).
 
@@ -119,7 +119,7 @@ def policy_loss(
     ranks lower); kl_ref (with `ref_logprobs`): the mean k3 estimate of KL(pi || pi_ref).
     """
     if isinstance(logits, ProjectedLogits):
-        from core.fused import fused_policy_loss  # core.fused builds on this module
+        from core.objective.fused import fused_policy_loss  # core.objective.fused builds on this module
 
         return fused_policy_loss(
             logits.hidden,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
+from core.objective.behavior import BehaviorView
 
 
 @dataclass(frozen=True)

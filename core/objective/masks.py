@@ -23,8 +23,8 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
-from core.divergence import (
+from core.objective.behavior import BehaviorView
+from core.objective.divergence import (
     Estimator,
     Kind,
     SoftmaxStats,
@@ -32,7 +32,7 @@ from core.divergence import (
     estimator_stats,
     softmax_stats,
 )
-from core.lazy_logits import GatheredLogits
+from core.objective.lazy_logits import GatheredLogits
 
 Mask = Literal["ppo_clip", "dppo", "predictive", "none"]
 MASKS: tuple[str, ...] = get_args(Mask)
@@ -79,7 +79,7 @@ def trust_region(
 ) -> TrustRegion:
     """The mask and its ingredients. `always_estimate` computes D and its change even for masks
     that do not need them, so a trainer can log them under every mask. `logits` may be the
-    columns the fused loss gathered (`core.fused`), with the `stats` of its own pass."""
+    columns the fused loss gathered (`core.objective.fused`), with the `stats` of its own pass."""
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     if delta_low < 0 or delta_high < 0:

@@ -1,11 +1,11 @@
-"""Logits that are never held whole: what the fused loss (`core.fused`) passes around instead of
+"""Logits that are never held whole: what the fused loss (`core.objective.fused`) passes around instead of
 a (N, V) tensor.
 
 At LLM vocabularies (128k-152k) the fp32 logits of one minibatch are gigabytes, yet the loss
 reads them through a few numbers per row. Two stand-ins make that explicit:
 
 - `ProjectedLogits`: the logits as `(hidden @ weight.T + bias) / temperature`, what a model's
-  output projection would produce; `core.loss.policy_loss` given one takes the fused path.
+  output projection would produce; `core.objective.loss.policy_loss` given one takes the fused path.
 - `GatheredLogits`: the logits at a few columns per row (the behavior view's ids and the
   sampled token), all that the `binary` and `topk` estimators read of them once the
   full-vocabulary sums are in a `SoftmaxStats`.

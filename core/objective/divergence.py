@@ -2,7 +2,7 @@
 
 For every generated token we estimate `D(mu, pi)` and the directional derivative
 `g = d/de D(mu, softmax(z + e * v))` at e = 0 along the token's own policy-gradient step
-`v = A * (onehot(a) - pi)` (DESIGN.md §1). The trust-region masks in `core.masks` use both.
+`v = A * (onehot(a) - pi)` (DESIGN.md §1). The trust-region masks in `core.objective.masks` use both.
 
 All estimators share one fact of softmax calculus: along `v`, the log-probability of any token `i`
 moves at the rate
@@ -45,8 +45,8 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
-from core.lazy_logits import GatheredLogits
+from core.objective.behavior import BehaviorView
+from core.objective.lazy_logits import GatheredLogits
 
 Kind = Literal["tv", "kl", "kl_reverse"]
 Estimator = Literal["exact", "binary", "topk", "topk_tail"]

@@ -2,7 +2,7 @@
 
 At the vocabularies of current models (128k-152k) the fp32 logits of a minibatch, with their
 gradient and cross-entropy's log-softmax, are the largest tensors of an RL update. The loss needs
-far less of them (`core.divergence`): per row the log-partition function, the entropy, the mass
+far less of them (`core.objective.divergence`): per row the log-partition function, the entropy, the mass
 and squares of everything but the sampled token (and but the behavior view's ids), and the logits
 of those few ids. All of it accumulates over vocabulary chunks of `hidden @ weight.T`, so
 `fused_policy_loss` never holds more than one (rows x columns) chunk, `CHUNK_ELEMENTS` entries:
@@ -11,9 +11,9 @@ of those few ids. All of it accumulates over vocabulary chunks of `hidden @ weig
    are rescaled by exp(old max - new max), squares by its square, and the sums that exclude
    columns (the sampled token's, the view's) are summed directly over the rest with those
    columns zeroed in the chunk, never as a total minus a part (the precision traps of
-   `core.divergence`, kept here); the same chunks give the logits of the columns the
+   `core.objective.divergence`, kept here); the same chunks give the logits of the columns the
    estimators read (`GatheredLogits`);
-2. the trust region from those (`core.masks.trust_region`, unchanged);
+2. the trust region from those (`core.objective.masks.trust_region`, unchanged);
 3. log pi(a) through `TokenLogProb`, an autograd function whose backward recomputes each chunk
    of logits and accumulates the gradients of the hidden states and of the projection,
    G = grad * (onehot(a) - pi) / T per row: grad_hidden += G @ W_c, grad_W[c] = G^T @ hidden;
@@ -21,7 +21,7 @@ of those few ids. All of it accumulates over vocabulary chunks of `hidden @ weig
    The token's own entry 1 - pi_a is the stats pass's sum over the other tokens: written as
    1 - pi_a it is rounding near pi_a = 1 (1e-3 relative at 0.9999, in cross-entropy's
    gradient too), and the most confident tokens are most of a language model's;
-4. the loss arithmetic from log pi(a) on, shared with `core.loss.policy_loss`.
+4. the loss arithmetic from log pi(a) on, shared with `core.objective.loss.policy_loss`.
 
 Everything is fp32 whatever the dtype of the hidden states and the projection (a bf16 model's):
 each chunk of the projection is cast before its matmul, and its gradient accumulated in fp32
@@ -30,7 +30,7 @@ before it is cast back. The cost is one more matmul of the logits' size than the
 
 The `exact` and `topk_tail` estimators need the full behavior distribution or the whole pi row
 at once: they keep the unfused path (`policy_loss` with logits), and so does top-p truncation,
-which needs every row's sorted probabilities (`core.truncation`).
+which needs every row's sorted probabilities (`core.objective.truncation`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from core.behavior import BehaviorView
-from core.divergence import Estimator, Kind, SoftmaxStats
-from core.lazy_logits import GatheredLogits, ProjectedLogits
-from core.loss import PolicyLossOutput, check_loss_inputs, loss_from_logprobs
-from core.masks import Mask, trust_region
+from core.objective.behavior import BehaviorView
+from core.objective.divergence import Estimator, Kind, SoftmaxStats
+from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
+from core.objective.loss import PolicyLossOutput, check_loss_inputs, loss_from_logprobs
+from core.objective.masks import Mask, trust_region
 
 CHUNK_ELEMENTS = 1 << 22
 """Most logits (rows x columns) held at once: 16 MiB in fp32, a few such buffers in all."""
@@ -111,7 +111,7 @@ def projected_stats(
     sums: bool = True,
     top_k: int | None = None,
 ) -> tuple[SoftmaxStats, GatheredLogits]:
-    """`core.divergence.softmax_stats` of the projected logits, chunk by chunk, given the sampled
+    """`core.objective.divergence.softmax_stats` of the projected logits, chunk by chunk, given the sampled
     `tokens` (N,) (and the view's `view_ids` (N, K): the bucket R's sums), plus the logits at
     the view's ids and the token (`GatheredLogits`, the token's column last).
 
@@ -315,7 +315,7 @@ def fused_policy_loss(
     normalizer: float | Tensor | None = None,
     temperature: float = 1.0,
 ) -> PolicyLossOutput:
-    """`core.loss.policy_loss` of the logits `(hidden @ weight.T + bias) / temperature`, with
+    """`core.objective.loss.policy_loss` of the logits `(hidden @ weight.T + bias) / temperature`, with
     hidden states (N, H) and the output projection (V, H) (bias (V,) or None) in place of the
     logits, none of which need be fp32: the same loss, statistics and gradients (in `hidden`,
     `weight` and `bias`, where they require one), without ever holding the (N, V) logits.

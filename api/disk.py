@@ -2,7 +2,7 @@
 
 Uploads and the workers' checkpoints share the artifact folder's disk (`pdppo.files`), so the API
 keeps the same reserve the workers do (`PDPPO_MIN_FREE_BYTES` / `PDPPO_MIN_FREE_RATIO`,
-`core.storage.Reserve`): an upload that would eat into it is refused with 507 before a byte is
+`core.disk.storage.Reserve`): an upload that would eat into it is refused with 507 before a byte is
 written, when the request says its size.
 
 `/readyz` stays ready on a low disk and says `disk: low` in its detail. A full disk stops writes
@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from api.uploads import drain
-from core.storage import disk_total, free_bytes
+from core.disk.storage import disk_total, free_bytes
 from pdppo.files import FILES_DIR
 from pdppo.settings import Settings
 

@@ -9,7 +9,7 @@ working folder.
 The API need not share the workers' file system, so the check that always runs here is lexical
 (absolute, normalised, no `..` escapes). The real check runs where the file is opened: the
 worker resolves symlinks before checking the roots and opens regular files only
-(`core.safe_files`). When a named path does exist on the API host (a data root the API shares
+(`core.disk.safe_files`). When a named path does exist on the API host (a data root the API shares
 with the workers, as in `pdppo dev`), the API runs the same checks at submit, so a FIFO, a
 device or a symlink out of the roots is a 422 now rather than a failed job later.
 """
@@ -20,7 +20,7 @@ import os
 from pathlib import PurePosixPath
 from typing import Literal
 
-from core.safe_files import is_hub_id, path_problem
+from core.disk.safe_files import is_hub_id, path_problem
 from pdppo.spec import JobSpec
 
 

@@ -27,7 +27,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from core.storage import is_no_space
+from core.disk.storage import is_no_space
 from pdppo.files import FileStorage, FileTooLarge, UploadWriter
 
 if TYPE_CHECKING:

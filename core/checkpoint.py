@@ -16,8 +16,8 @@ resumed run loads it into the warm-up's optimizer (`warmup_unfinished`) and goes
 A folder is written under a temporary name and renamed when complete, so a crash mid-write never
 leaves a checkpoint that looks valid. Before it starts, the disk must hold it (the previous
 checkpoint's size, or the weights and optimizer state) plus the operator's reserve, else
-`core.storage.StorageFull` and the earlier checkpoints stay as they are; a write that fails
-anyway removes its temporary folder (`core.storage.writing`), as does the next write after a
+`core.disk.storage.StorageFull` and the earlier checkpoints stay as they are; a write that fails
+anyway removes its temporary folder (`core.disk.storage.writing`), as does the next write after a
 crash, so a full disk never keeps a half checkpoint that fills it for the jobs after.
 """
 
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from core.atomic_dir import discard_dir, replace_dir
+from core.disk.atomic_dir import discard_dir, replace_dir
 from core.models.base import CausalLM
 from core.sharding import DCP_DIR, is_sharded, load_sharded, save_sharded
-from core.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
+from core.disk.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
 
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -124,7 +124,7 @@ def _complete(
     (tmp / "meta.json").write_text(
         json.dumps({"step": step, "saved_at": time.time(), **meta}, indent=2, default=str)
     )
-    replace_dir(tmp, final)  # fsync'ed, then renamed: whole or absent (`core.atomic_dir`)
+    replace_dir(tmp, final)  # fsync'ed, then renamed: whole or absent (`core.disk.atomic_dir`)
     if keep is not None:
         for old in list_checkpoints(out_dir)[:-keep]:
             discard_dir(old)  # renamed away first: a download in progress keeps its files

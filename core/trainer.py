@@ -24,7 +24,7 @@ One step = one rollout batch (prompts_per_step x group_size completions) followe
 epochs x minibatches optimizer updates. Metrics are flat floats, one JSON line per step. A run's
 state and its step live in `core.run`; this module is the loop around them (stops, evaluations,
 checkpoints, resume, steering at step boundaries). The final model, like a checkpoint, is
-written under a temporary name, fsync'ed and renamed whole (`core.atomic_dir`): a run killed
+written under a temporary name, fsync'ed and renamed whole (`core.disk.atomic_dir`): a run killed
 while saving it leaves no `final/`.
 """
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.atomic_dir import discard_dir, write_dir_atomically
+from core.disk.atomic_dir import discard_dir, write_dir_atomically
 from core.callbacks import TrainerCallback
 from core.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
 from core.config import TrainConfig

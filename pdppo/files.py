@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from core.config import TaskConfig
-from core.safe_files import DEFAULT_MAX_LINE_BYTES
+from core.disk.safe_files import DEFAULT_MAX_LINE_BYTES
 from core.tasks.records import MAX_REPORTED_PROBLEMS, LineProblem, find_problems
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class Inspection:
 def _lines(
     fh: BinaryIO, max_line_bytes: int, unreadable: list[LineProblem]
 ) -> Iterator[tuple[int, str]]:
-    """The file's lines as text, as a worker reads them (`core.safe_files.iter_lines`: UTF-8,
+    """The file's lines as text, as a worker reads them (`core.disk.safe_files.iter_lines`: UTF-8,
     at most `max_line_bytes` each), but a line the worker would stop at (too long, not UTF-8)
     goes to `unreadable` and the reading goes on, so that an upload is told every bad line."""
     lineno = 0

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from core.budget import Limits
-    from core.storage import Reserve
+    from core.disk.storage import Reserve
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MIN_PRODUCTION_KEY_LENGTH = 16
@@ -364,7 +364,7 @@ class Settings(BaseSettings):
     max_file_bytes: int = Field(
         default=512 * 2**20,
         ge=1,
-        le=2**30,  # core.safe_files.DEFAULT_MAX_BYTES: the largest dataset a worker reads
+        le=2**30,  # core.disk.safe_files.DEFAULT_MAX_BYTES: the largest dataset a worker reads
         description="largest uploaded file (bytes of the JSONL itself); a larger upload gets 413",
     )
     max_files_per_tenant: int = Field(
@@ -379,7 +379,7 @@ class Settings(BaseSettings):
         ),
     )
 
-    # Disk space (core.storage): what the artifact folder's disk keeps free. A worker refuses to
+    # Disk space (core.disk.storage): what the artifact folder's disk keeps free. A worker refuses to
     # start a job, or to write a checkpoint, that would leave less (failure code storage_full);
     # an upload that would is answered 507; /readyz and `pdppo_disk_free_bytes` report it.
     min_free_bytes: int = Field(
@@ -487,8 +487,8 @@ class Settings(BaseSettings):
         )
 
     def storage_reserve(self) -> Reserve:
-        """The space kept free on the artifact folder's disk (`core.storage.Reserve`)."""
-        from core.storage import Reserve
+        """The space kept free on the artifact folder's disk (`core.disk.storage.Reserve`)."""
+        from core.disk.storage import Reserve
 
         return Reserve(min_bytes=self.min_free_bytes, ratio=self.min_free_ratio)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core.storage import free_bytes
+from core.disk.storage import free_bytes
 
 PAGE = 4096
 

@@ -55,7 +55,7 @@ from typing import Any
 
 from core.budget import Limits
 from core.distributed import free_port
-from core.storage import Reserve, StorageError
+from core.disk.storage import Reserve, StorageError
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model
 from pdppo.spec import JobSpec
@@ -402,7 +402,7 @@ def error_code(exc: BaseException) -> str:
     """`invalid_input` for data or a model the job may not or cannot read (the user's to fix),
     `storage_full` or `storage_error` for a write the disk refused (`as_storage_error` tells
     them from other errors), `out_of_memory`, else `training_error`."""
-    from core.safe_files import UnsafeFileError
+    from core.disk.safe_files import UnsafeFileError
 
     if isinstance(exc, UnsafeFileError):
         return "invalid_input"

@@ -1,4 +1,4 @@
-"""The job process's side of disk space (`core.storage`): room checked before a job starts, and
+"""The job process's side of disk space (`core.disk.storage`): room checked before a job starts, and
 a failed write told apart from a training error.
 
 A job that would fill the disk half-way through is refused before it loads its model: the first
@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from core.config import TrainConfig
-from core.storage import (
+from core.disk.storage import (
     ADAM_STATES,
     Reserve,
     StorageError,

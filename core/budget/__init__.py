@@ -5,7 +5,7 @@ the kernel OOM-kills loses its running job and every job queued behind it, and a
 for minutes before dying wastes the queue's time. So the API (at submit), `pdppo train --dry-run`
 and the worker (before it loads the model) all call `estimate` and `check` here.
 
-This package itself imports no torch (pydantic config, `core.safe_files`, the standard library)
+This package itself imports no torch (pydantic config, `core.disk.safe_files`, the standard library)
 and `estimate` costs microseconds for a built-in model. (The `core` package's `__init__` does
 import torch; the API already pays that through `core.config`.)
 

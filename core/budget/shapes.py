@@ -26,7 +26,7 @@ from typing import Any
 
 from core.budget.units import MIB
 from core.config import LoraConfig, TinyModelConfig, TrainConfig
-from core.safe_files import open_regular_file
+from core.disk.safe_files import open_regular_file
 
 # The byte tokenizer of builtin:tiny (core/models/tiny.py): 4 specials + 256 bytes + 252 reserved.
 TINY_VOCAB = 512
@@ -86,7 +86,7 @@ def read_safetensors_header(
 
     The format: 8 bytes little-endian header length n, then n bytes of JSON mapping each tensor
     name to {dtype, shape, data_offsets} (plus an optional `__metadata__`). The file is opened
-    by `core.safe_files` (a regular file under `data_roots`, never a FIFO or a device)."""
+    by `core.disk.safe_files` (a regular file under `data_roots`, never a FIFO or a device)."""
     with open_regular_file(path, data_roots, max_bytes=None) as fh:
         head = fh.read(8)
         if len(head) != 8:

@@ -14,7 +14,7 @@ from pathlib import Path
 from core.budget.shapes import ModelShape
 from core.budget.units import MIB
 from core.config import TaskConfig, TrainConfig
-from core.safe_files import iter_lines
+from core.disk.safe_files import iter_lines
 
 # Special tokens a Hugging Face tokenizer may add around a prompt (BOS, a SentencePiece prefix
 # space, ...). On top of one token per UTF-8 byte, which bounds byte-level BPE and SentencePiece
@@ -40,7 +40,7 @@ def _builtin_answer_chars(task: TaskConfig) -> int:
 
 def _longest_jsonl_prompt(path: Path, data_roots: Sequence[str] | None) -> int | None:
     """UTF-8 bytes of the longest prompt of a readable jsonl file of at most MAX_SCAN_BYTES
-    (read line by line through `core.safe_files`); None when that cannot be had."""
+    (read line by line through `core.disk.safe_files`); None when that cannot be had."""
     longest = 0
     try:
         for _, line in iter_lines(path, data_roots, max_bytes=MAX_SCAN_BYTES):

@@ -11,7 +11,7 @@ import torch
 
 from core.config import ModelConfig
 from core.models.base import CausalLM, Tokenizer
-from core.safe_files import open_regular_file
+from core.disk.safe_files import open_regular_file
 
 __all__ = ["CausalLM", "Tokenizer", "final_model_family", "load_model"]
 

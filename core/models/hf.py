@@ -19,7 +19,7 @@ from core.config import ModelConfig
 from core.extras import require
 from core.models.base import CausalLM
 from core.models.local_hf import make_chat_hf, make_tiny_hf
-from core.safe_files import UnsafeFileError, check_model_dir, is_hub_id
+from core.disk.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 
 __all__ = ["HFLM", "HFTokenizer", "make_chat_hf", "make_tiny_hf", "resolve_hf_source"]
 

@@ -11,7 +11,7 @@ checkpointed too), and hands it back; the requeue script (`jobs_worker._REQUEUE`
 A paused job holds no worker and no lease but keeps its place in the tenant's active jobs.
 Resuming puts it back in the queue and the outbox, so it always gets a task.
 
-A job that failed for its disk (`storage_full`, `storage_error`: `core.storage`) kept its
+A job that failed for its disk (`storage_full`, `storage_error`: `core.disk.storage`) kept its
 checkpoints and did nothing wrong of its own, so it may be resumed too, once space is back: the
 one way a finished job changes again. It takes a place in the tenant's active jobs again (so it
 is refused, `limit`, when they are full), loses its error and `finished_at`, and its stream says

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from api.routes import artifacts
-from core.atomic_dir import discard_dir
+from core.disk.atomic_dir import discard_dir
 from pdppo.store.records import JobRecord
 
 

@@ -78,7 +78,7 @@ def two_file_folder(root: Path, fill: bytes) -> Path:
 
 
 def replace_whole(folder: Path) -> None:
-    from core.atomic_dir import write_dir_atomically
+    from core.disk.atomic_dir import write_dir_atomically
 
     def new(tmp: Path) -> None:
         (tmp / "config.json").write_bytes(b"N" * 4_000_000)

@@ -1,4 +1,4 @@
-"""A final model and a checkpoint appear whole or not at all (`core.atomic_dir`).
+"""A final model and a checkpoint appear whole or not at all (`core.disk.atomic_dir`).
 
 The kill tests run the trainer in a child process that SIGKILLs itself in the middle of the
 save, after the first file is written: what a worker killed during the final save leaves. The
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.atomic_dir import discard_dir, replace_dir, write_dir_atomically
+from core.disk.atomic_dir import discard_dir, replace_dir, write_dir_atomically
 from core.checkpoint import list_checkpoints, save_checkpoint
 from core.models.tiny import TinyLM
-from core.storage import StorageFull
+from core.disk.storage import StorageFull
 from core.trainer import train
 from tests.core.trainer_runs import small_config
 
@@ -74,7 +74,7 @@ def test_a_write_that_raises_leaves_the_old_folder_and_no_temporary_one(tmp_path
         (folder / "a.txt").write_text("new, half")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(StorageFull, match="No space left"):  # the disk's, named (core.storage)
+    with pytest.raises(StorageFull, match="No space left"):  # the disk's, named (core.disk.storage)
         write_dir_atomically(final, fails)
     assert (final / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]

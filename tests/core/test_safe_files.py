@@ -1,4 +1,4 @@
-"""core.safe_files: a path under a data root can still be a FIFO, a device, a socket, a symlink out
+"""core.disk.safe_files: a path under a data root can still be a FIFO, a device, a socket, a symlink out
 of the root or a huge file with no newline; none of them may block, exhaust or leak."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-import core.safe_files as safe_files
+import core.disk.safe_files as safe_files
 from core.models.hf import resolve_hf_source
-from core.safe_files import (
+from core.disk.safe_files import (
     UnsafeFileError,
     check_model_dir,
     is_hub_id,

@@ -15,7 +15,7 @@ import core.checkpoint
 import core.run
 import core.trainer
 from core.checkpoint import list_checkpoints
-from core.storage import (
+from core.disk.storage import (
     Reserve,
     StorageError,
     StorageFull,
@@ -162,7 +162,7 @@ def test_storage_failure_tells_the_disk_from_other_errors(
 def test_a_final_model_that_does_not_fit_is_storage_full_and_leaves_no_folder(
     disk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The final save (`core.atomic_dir.write_dir_atomically`): refused up front on its
+    """The final save (`core.disk.atomic_dir.write_dir_atomically`): refused up front on its
     estimate, and midway (an estimate of 0) the disk's error is StorageFull too, not the
     trainer's RuntimeError; neither leaves final/ or final.tmp."""
     cfg = small_config(steps=1, checkpoint_every=0)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from core.storage import remove_quietly, require_free, writing
+from core.disk.storage import remove_quietly, require_free, writing
 
 TMP_SUFFIX = ".tmp"
 _DISCARDED = ".discarded-"
@@ -35,7 +35,7 @@ def write_dir_atomically(final: Path, write: Callable[[Path], object], needed: i
     the temporary folder is removed (or left for the next call, which removes it first).
     `needed`: the bytes it will take, refused up front (StorageFull) when the disk, less its
     reserve, has not got them; a disk error midway comes out as StorageFull / StorageError too
-    (`core.storage`), so a full disk is not reported as the trainer's own error."""
+    (`core.disk.storage`), so a full disk is not reported as the trainer's own error."""
     final = Path(final)
     tmp = final.with_name(final.name + TMP_SUFFIX)
     remove_quietly(tmp)  # a killed writer's

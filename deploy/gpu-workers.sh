@@ -50,7 +50,7 @@ stop() {
 }
 trap 'stop 0' TERM INT
 
-# The workers share the container's cores: each job's torch threads are its share (core/threads.py).
+# The workers share the container's cores: each job's torch threads are its share (core/process/threads.py).
 export PDPPO_WORKER_JOBS_AT_ONCE="${PDPPO_WORKER_JOBS_AT_ONCE:-$(( ${#gpus[@]} / per ))}"
 
 for ((first = 0; first < ${#gpus[@]}; first += per)); do

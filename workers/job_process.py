@@ -101,7 +101,7 @@ class JobOptions:
     out_dir: str
     resume: bool
     memory_limit_bytes: int  # RLIMIT_AS for CPU jobs; 0: none
-    torch_threads: int | None  # PDPPO_JOB_THREADS; None: a share of the cores (`core.threads`)
+    torch_threads: int | None  # PDPPO_JOB_THREADS; None: a share of the cores (`core.process.threads`)
     log_level: str
     data_roots: tuple[str, ...]  # local models and datasets only from here (empty: none)
     limits: Limits  # the job's queue's budget, checked again here: the API may not see files
@@ -306,11 +306,11 @@ def _train(
 
 
 def _threads(options: JobOptions, size: int, publisher: EventPublisher) -> int:
-    """torch threads of each rank (`core.threads`: torch's default, every core in every
+    """torch threads of each rank (`core.process.threads`: torch's default, every core in every
     process, oversubscribes), set here for rank 0 and said in the job's log."""
     import torch
 
-    from core.threads import asked_threads, own_cores, share_cores
+    from core.process.threads import asked_threads, own_cores, share_cores
 
     asked, setting = asked_threads(options.torch_threads, options.threads_setting)
     share = share_cores(own_cores(), options.jobs_at_once, size, asked, setting)

@@ -42,7 +42,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from core.distributed import World, join_group, leave_group
-from core.parent_death import die_with_parent
+from core.process.parent_death import die_with_parent
 from workers.exits import describe_exit
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from core.graders.base import Record, check_unit
 from core.graders.config import GraderConfig
-from core.parent_death import die_with_parent
+from core.process.parent_death import die_with_parent
 
 STARTUP_SECONDS = 60.0
 """How long a new child may take to import the graders (and a plugin's dependencies)."""

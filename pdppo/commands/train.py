@@ -116,12 +116,12 @@ def train(
 
 
 def _threads(nproc: int) -> int | None:
-    """Each process's share of this process's cores (`core.threads`), set here for this one
+    """Each process's share of this process's cores (`core.process.threads`), set here for this one
     (the ranks set it themselves) and said before training starts. One process keeps torch's
     default (every core), unless PDPPO_JOB_THREADS says otherwise: None."""
     import torch
 
-    from core.threads import asked_threads, own_cores, share_cores
+    from core.process.threads import asked_threads, own_cores, share_cores
 
     job_threads = _env_int("PDPPO_JOB_THREADS")
     if nproc == 1 and job_threads is None:
@@ -199,7 +199,7 @@ def _rank_main(
         torch.set_num_threads(threads)  # a spawned process starts with torch's default
 
     from core.distributed import World, join_group, leave_group
-    from core.parent_death import die_with_parent
+    from core.process.parent_death import die_with_parent
 
     # torch's spawn arms SIGINT, which a rank blocked in a collective never acts on: the
     # fresh-clone CI of a81de89 saw both ranks of a killed `pdppo train` outlive it

@@ -1,4 +1,4 @@
-"""The torch threads each training process gets (`core.threads`): a table of cores, jobs at once,
+"""The torch threads each training process gets (`core.process.threads`): a table of cores, jobs at once,
 ranks and settings, with the log line the job shows."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from core.threads import asked_threads, own_cores, share_cores
+from core.process.threads import asked_threads, own_cores, share_cores
 
 
 @pytest.mark.parametrize(

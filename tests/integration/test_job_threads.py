@@ -1,4 +1,4 @@
-"""A job's log says how many torch threads each of its processes got, and why (`core.threads`):
+"""A job's log says how many torch threads each of its processes got, and why (`core.process.threads`):
 the worker's cores (its affinity) over the jobs it runs at once and the job's ranks, or the
 operator's setting; `pdppo train --nproc N` splits the cores between its N processes.
 

@@ -20,7 +20,7 @@ from workers.job_ranks import RankJob, Ranks
 # prints the child's pid, and sleeps.
 PARENT = """
 import multiprocessing, os, pathlib, sys, time
-from core.parent_death import die_with_parent
+from core.process.parent_death import die_with_parent
 
 def child(parent, armed):
     if die_with_parent(parent):
@@ -64,7 +64,7 @@ def _armed_signal(parent: int, sig: int, report: Any) -> None:
     """In a spawned child: arm, then read back the parent-death signal (PR_GET_PDEATHSIG)."""
     import ctypes
 
-    from core.parent_death import die_with_parent
+    from core.process.parent_death import die_with_parent
 
     alive = die_with_parent(parent, sig)
     got = ctypes.c_int(0)

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from core.distributed import World  # noqa: E402  (after the repo root is on the path)
+from core.parallel.distributed import World  # noqa: E402  (after the repo root is on the path)
 
 if TYPE_CHECKING:
     from core.config import TrainConfig
@@ -264,7 +264,7 @@ def data_parallel_group(plan: Plan, sharding: str) -> list[Row]:
     def row() -> dict[str, Figure]:
         import torch.distributed as dist
 
-        from core.distributed import free_port, join_group, leave_group
+        from core.parallel.distributed import free_port, join_group, leave_group
 
         out = Path(plan.work) / name
         join_group(0, 1, free_port(), cuda=plan.device == "cuda")

@@ -381,7 +381,7 @@ class TrainConfig(Strict):
         return self
 
     def _check_sharding(self) -> None:
-        """What a sharded run cannot do yet (`core.sharding`): a second copy of the model, or
+        """What a sharded run cannot do yet (`core.parallel.sharding`): a second copy of the model, or
         adapters over a frozen base."""
         if self.sharding != "fsdp":
             return
@@ -415,7 +415,7 @@ class TrainConfig(Strict):
     def data_parallel_problem(self, processes: int) -> str | None:
         """Why this config cannot train as `processes` data-parallel processes (None: it can).
         Checked by the job spec at submit (`resources.gpus`) and by every run
-        (`core.distributed.check_world`)."""
+        (`core.parallel.distributed.check_world`)."""
         if processes == 1:
             return None
         if self.rollout.prompts_per_step % processes:

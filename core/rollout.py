@@ -374,7 +374,7 @@ def response_projection(
     if lm.output_projection() is None:
         return None
     hidden = _response_outputs(lm, batch, prefix, hidden=True)
-    # read after the forward: a sharded model (`core.sharding`) gathers the layer for it
+    # read after the forward: a sharded model (`core.parallel.sharding`) gathers the layer for it
     projection = lm.output_projection()
     assert projection is not None
     return ProjectedLogits(hidden, projection[0], projection[1], temperature)

@@ -23,14 +23,14 @@ import torch
 from core.callbacks import Phases, TrainerCallback
 from core.checkpoint import save_checkpoint, save_sharded_checkpoint
 from core.config import OptimConfig, TrainConfig
-from core.distributed import World, check_world
+from core.parallel.distributed import World, check_world
 from core.evaluation import StepRollout
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
 from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, generate
 from core.schedule import lr_at
-from core.sharding import gathered, shard
+from core.parallel.sharding import gathered, shard
 from core.silence import SilenceWatch, zero_adv_groups
 from core.steering import changed, steered
 from core.tasks import Example, Task, make_task
@@ -136,7 +136,7 @@ class _Run:
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
-        # FSDP2 over the ranks (`core.sharding`): before the optimizer, which holds the shards
+        # FSDP2 over the ranks (`core.parallel.sharding`): before the optimizer, which holds the shards
         self.sharded = cfg.sharding == "fsdp" and self.world.parallel
         if self.sharded:
             shard(self.lm)

@@ -43,13 +43,13 @@ from core.disk.atomic_dir import discard_dir, write_dir_atomically
 from core.callbacks import TrainerCallback
 from core.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
 from core.config import TrainConfig
-from core.distributed import World
+from core.parallel.distributed import World
 from core.evaluation import RunResults
 from core.rollout import StopRequested
 from core.run import _adamw_kernel, _Run
 from core.run import build_optimizer as build_optimizer  # re-exported: callers import these here
 from core.run import resolve_device as resolve_device
-from core.sharding import full_state, gathered
+from core.parallel.sharding import full_state, gathered
 from core.silence import RunWarning, run_warnings
 from core.update import group_advantages as group_advantages
 
@@ -79,7 +79,7 @@ def train(
 ) -> TrainResult:
     """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
 
-    `world`: this process's rank when the run is data-parallel (`core.distributed`): every rank
+    `world`: this process's rank when the run is data-parallel (`core.parallel.distributed`): every rank
     calls `train` with the same config and out_dir; each trains on its share of every step's
     groups, and rank 0 alone writes (metrics, checkpoints, results, the final model) and reports
     through its callback. A stop is agreed at step boundaries (and between warm-up steps): all
@@ -284,7 +284,7 @@ def _check_finite(metrics: dict[str, float]) -> None:
 
 def _gathered_for_eval(run: _Run) -> AbstractContextManager[None]:
     """A sharded run's weights gathered on every rank when an evaluation may be due at this
-    step (rank 0 alone evaluates, and its forwards must call no collective: `core.sharding`)."""
+    step (rank 0 alone evaluates, and its forwards must call no collective: `core.parallel.sharding`)."""
     cfg, step = run.cfg, run.step
     every = cfg.eval_every
     due = bool(every) and (

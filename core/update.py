@@ -34,14 +34,14 @@ import torch
 from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
-from core.distributed import World
+from core.parallel.distributed import World
 from core.objective.fused import FUSED_ESTIMATORS
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss import PolicyLossOutput, policy_loss
 from core.models.base import CausalLM
 from core.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
-from core.sharding import full_norm, is_sharded
+from core.parallel.sharding import full_norm, is_sharded
 from core.objective.truncation import truncate_to_nucleus
 
 
@@ -72,7 +72,7 @@ def update_policy(
     `should_stop` is asked before every minibatch (True raises `StopRequested`);
     `before_step` is called before every optimizer step (from the first one on, the caller's
     weights hold part of an unfinished step). `world`: this rank's place when the batch is this
-    rank's share of a data-parallel step (`core.distributed`); normalizers, gradients and
+    rank's share of a data-parallel step (`core.parallel.distributed`); normalizers, gradients and
     metrics are then the whole batch's."""
     world = world or World()
     a = cfg.algorithm
@@ -100,7 +100,7 @@ def update_policy(
     # policy each token's own update started from
     offpolicy_sum, offpolicy_tokens = 0.0, 0
     params = [p for _, p in lm.trainable()]
-    sharded = is_sharded(lm)  # FSDP reduces the gradients itself, as a mean: see core.sharding
+    sharded = is_sharded(lm)  # FSDP reduces the gradients itself, as a mean: see core.parallel.sharding
     scale = float(world.size) if sharded else 1.0
     for epoch in range(a.epochs):
         order = torch.randperm(b, generator=shuffle_gen).to(lm.device)

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from core.objective.behavior import BehaviorView
 from core.config import TrainConfig
-from core.distributed import World
+from core.parallel.distributed import World
 from core.rollout import RolloutBatch, StopRequested, left_pad
 
 
@@ -156,7 +156,7 @@ class VLLMEngine:
 
 def leave_groups() -> None:
     """Destroy the groups vLLM built inside this process's torch.distributed world, the
-    world's own included (`core.distributed.leave_group` calls it where a run ends)."""
+    world's own included (`core.parallel.distributed.leave_group` calls it where a run ends)."""
     from vllm.distributed.parallel_state import (
         destroy_distributed_environment,
         destroy_model_parallel,

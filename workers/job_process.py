@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from core.budget import Limits
-from core.distributed import free_port
+from core.parallel.distributed import free_port
 from core.disk.storage import Reserve, StorageError
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model

@@ -1,6 +1,6 @@
 """The other processes of a multi-device job (`resources.gpus: N`), kept by its job process.
 
-A job of N devices trains as N data-parallel processes (`core.distributed`). The job process
+A job of N devices trains as N data-parallel processes (`core.parallel.distributed`). The job process
 (`workers.job_process`) is rank 0: it alone holds the lease's fence, publishes the events and
 hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
 fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a silent
@@ -41,7 +41,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from core.distributed import World, join_group, leave_group
+from core.parallel.distributed import World, join_group, leave_group
 from core.process.parent_death import die_with_parent
 from workers.exits import describe_exit
 
@@ -181,7 +181,7 @@ class Ranks:
 
 @contextlib.contextmanager
 def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterator[Any]:
-    """Rank 0's `core.distributed.World` while ranks 1..size-1 train beside it in processes of
+    """Rank 0's `core.parallel.distributed.World` while ranks 1..size-1 train beside it in processes of
     their own. `on_failure` is called from the watching thread when another rank fails; it must
     end the job process (its main thread may be waiting in a collective that never completes)."""
     import torch.distributed as dist

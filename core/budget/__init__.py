@@ -166,7 +166,7 @@ def estimate(
 ) -> Budget:
     """What the job `cfg` will cost on a worker of `queue` ("cpu" or "gpu"); memory is one
     device's, of `devices` that each train a share of the batch (`resources.gpus`), holding a
-    whole replica or, with `sharding: fsdp`, a shard of the model (`core.sharding`).
+    whole replica or, with `sharding: fsdp`, a shard of the model (`core.parallel.sharding`).
 
     Cheap and side-effect free: no torch, no model loading, no network. It reads only the
     headers and config.json of a local `hf:` model (or one in the Hugging Face cache) and

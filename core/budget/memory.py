@@ -151,7 +151,7 @@ def _memory(
     k = a.top_k
     sequences = r.prompts_per_step * r.group_size // devices  # this device's share
     mb = max(sequences // a.minibatches // cfg.optim.grad_accumulation, 1)  # rows of a forward
-    # sharded (core.sharding): a device keeps 1/devices of the weights, gradients and AdamW
+    # sharded (core.parallel.sharding): a device keeps 1/devices of the weights, gradients and AdamW
     # state; a rollout gathers the whole model on every device
     shards = devices if cfg.sharding == "fsdp" else 1
     new = r.max_new_tokens

@@ -112,7 +112,7 @@ class CausalLM(abc.ABC):
     @property
     def hidden_skips_module(self) -> bool:
         """True where `forward_hidden` calls a submodule (a decoder) rather than `module`
-        itself: FSDP's hooks on the whole module then never run for it (`core.sharding`)."""
+        itself: FSDP's hooks on the whole module then never run for it (`core.parallel.sharding`)."""
         return False
 
     @property
@@ -139,12 +139,12 @@ class CausalLM(abc.ABC):
         """The trained model in its family's own format, loadable without pdppo where possible."""
 
     def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
-        """`save_final` of the weights in `state` (this model's own are sharded, `core.sharding`,
+        """`save_final` of the weights in `state` (this model's own are sharded, `core.parallel.sharding`,
         and `state` is their gathered whole)."""
         raise TypeError(f"{type(self).__name__} cannot save a gathered state")
 
     def blocks(self) -> list[nn.Module]:
-        """The transformer blocks, each a unit of FSDP sharding (`core.sharding`)."""
+        """The transformer blocks, each a unit of FSDP sharding (`core.parallel.sharding`)."""
         raise TypeError(f"{type(self).__name__} cannot be sharded")
 
     @property

@@ -93,7 +93,7 @@ def train(
         raise SystemExit(_dry_run(spec))
     out = Path(out_dir) if out_dir else Path("runs") / (spec.name or Path(spec_path).stem)
 
-    from core.distributed import World, check_world
+    from core.parallel.distributed import World, check_world
 
     nproc = nproc or spec.resources.gpus  # a spec of N devices runs as N processes here too
     try:
@@ -165,7 +165,7 @@ def _data_parallel(
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
-    from core.distributed import free_port
+    from core.parallel.distributed import free_port
 
     port = free_port()
     queue = mp.get_context("spawn").SimpleQueue()
@@ -198,7 +198,7 @@ def _rank_main(
     if threads is not None:
         torch.set_num_threads(threads)  # a spawned process starts with torch's default
 
-    from core.distributed import World, join_group, leave_group
+    from core.parallel.distributed import World, join_group, leave_group
     from core.process.parent_death import die_with_parent
 
     # torch's spawn arms SIGINT, which a rank blocked in a collective never acts on: the

@@ -1,4 +1,4 @@
-"""A data-parallel update (`core.distributed`, `core.update`) on CPU with gloo, world size 2:
+"""A data-parallel update (`core.parallel.distributed`, `core.update`) on CPU with gloo, world size 2:
 each rank trains on half of a rollout batch (whole groups), and the replicas end with the
 parameters and metrics of one process's update on the whole batch."""
 
@@ -24,11 +24,11 @@ from torch.distributed.fsdp import FSDPModule
 from core.callbacks import TrainerCallback
 from core.checkpoint import list_checkpoints
 from core.config import TrainConfig
-from core.distributed import World
+from core.parallel.distributed import World
 from core.models import load_model
 from core.rollout import RolloutBatch, generate
 from core.run import _Run
-from core.sharding import shard
+from core.parallel.sharding import shard
 from core.trainer import build_optimizer, train
 from core.update import group_advantages, update_policy
 from tests.core.trainer_runs import SpreadReward, read_metrics, small_config, strip_timing

@@ -138,7 +138,7 @@ from pathlib import Path
 
 from core.callbacks import TrainerCallback
 from core.config import TrainConfig
-from core.distributed import free_port
+from core.parallel.distributed import free_port
 from core.trainer import train
 from workers import job_ranks
 
@@ -196,7 +196,7 @@ from pathlib import Path
 
 from core.callbacks import TrainerCallback
 from core.config import TrainConfig
-from core.distributed import free_port
+from core.parallel.distributed import free_port
 from core.trainer import train
 from workers import job_ranks
 

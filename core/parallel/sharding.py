@@ -1,5 +1,5 @@
 """FSDP2 (`train.sharding: fsdp`): each rank of a data-parallel run holds 1/N of the weights,
-gradients and optimizer state instead of a whole replica (`core.distributed`).
+gradients and optimizer state instead of a whole replica (`core.parallel.distributed`).
 
 `torch.distributed.fsdp.fully_shard` wraps each transformer block and the whole model: a
 module's weights are gathered for its forward and backward and freed after, and gradients are

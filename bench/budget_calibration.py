@@ -125,7 +125,7 @@ def child(config_json: str) -> None:
     import torch
 
     from core.config import TrainConfig
-    from core.trainer import train
+    from core.training.trainer import train
 
     torch.set_num_threads(1)
     cfg = TrainConfig.model_validate(json.loads(config_json))

@@ -42,7 +42,7 @@ def run_seed(seed: int, out: Path, steps: int | None, eval_samples: int) -> dict
     """One seed of the shipped spec; returns its summary (also written to `out/summary.json`)."""
     import torch
 
-    from core.trainer import train
+    from core.training.trainer import train
     from pdppo.spec import load_spec
 
     torch.set_num_threads(1)

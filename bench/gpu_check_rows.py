@@ -6,7 +6,7 @@ GROUP is `train` (the rows `train` and `memory`: one run measures both), `dp`, `
 `vllm`. A process per group keeps what one row leaves behind out of the next: a CUDA context
 broken by a bad kernel, a process group that never tore down, a hung collective (the parent
 kills it at its timeout), and the allocator's peak, which is per process. Every row drives the
-real trainer (`core.trainer.train`, what `pdppo train` and a worker's job call) on the model
+real trainer (`core.training.trainer.train`, what `pdppo train` and a worker's job call) on the model
 and data the parent built; `run_row` turns an exception into a FAILED row, so one broken path
 does not hide the others.
 """
@@ -161,7 +161,7 @@ def step_figures(plan: Plan, metrics: dict[str, float]) -> dict[str, Figure]:
 
 def _train(plan: Plan, cfg: TrainConfig, out: Path, world: World | None = None) -> dict[str, float]:
     """The run, through the trainer's own entry point; its last step's metrics."""
-    from core.trainer import train
+    from core.training.trainer import train
 
     result = train(cfg, out, world=world)
     if result.step != plan.steps:
@@ -176,7 +176,7 @@ class _FusedProbe:
     full logits without a word where it does not apply."""
 
     def __init__(self) -> None:
-        import core.update
+        import core.training.update
         from core.rollout import response_projection as real
 
         self.calls = 0
@@ -186,7 +186,7 @@ class _FusedProbe:
             self.calls += got is not None
             return got
 
-        cast(Any, core.update).response_projection = counted  # the name its loss calls
+        cast(Any, core.training.update).response_projection = counted  # the name its loss calls
 
 
 def _rss_bytes() -> int:
@@ -207,7 +207,7 @@ def train_group(plan: Plan) -> list[Row]:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     import core.models.hf
-    import core.trainer  # noqa: F401
+    import core.training.trainer  # noqa: F401
 
     cuda = plan.device == "cuda"
     measured: dict[str, float] = {}

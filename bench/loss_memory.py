@@ -185,7 +185,7 @@ def train_child(job: dict[str, Any]) -> dict[str, Any]:
     limit = int(job["limit_gb"] * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     from core.config import TrainConfig
-    from core.trainer import train
+    from core.training.trainer import train
 
     cfg = TrainConfig.model_validate(
         {

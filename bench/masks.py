@@ -87,7 +87,7 @@ def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[d
 
     torch.set_num_threads(1)
     from core.config import TrainConfig
-    from core.trainer import train
+    from core.training.trainer import train
 
     name, seed, cfg, out = job
     out_dir = Path(out) / name.replace(" ", "_") / f"seed{seed}"

@@ -12,7 +12,7 @@ shape: a question and a short answer). Prompts differ in length, so left padding
 `generate_before` (every row prefilled, the KV cache concatenated per token, `torch.multinomial`),
 the full-sequence training forward (a KV cache built, T + 1 logit columns), AdamW's single-tensor
 loop. `after` is the library as it is: `core.rollout.generate`, `core.rollout.response_logits`,
-`core.trainer.build_optimizer`, each distinct prompt tokenized once. Both run in one process,
+`core.training.trainer.build_optimizer`, each distinct prompt tokenized once. Both run in one process,
 interleaved repeat by repeat, so that they see the same machine; medians over the repeats.
 
 Prefill is timed as `generate(max_new_tokens=1)` (a prefill and one sampled token), decode as the
@@ -205,7 +205,7 @@ def build_model(kind: str, workdir: Path) -> CausalLM:
 def make_optimizer(lm: CausalLM, after: bool) -> torch.optim.Optimizer:
     params = [p for _, p in lm.trainable()]
     if after:
-        from core.trainer import build_optimizer
+        from core.training.trainer import build_optimizer
 
         return build_optimizer(params, OptimConfig(lr=1e-6), lm.device)
     return torch.optim.AdamW(params, lr=1e-6)

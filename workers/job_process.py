@@ -84,7 +84,7 @@ EXIT_ORPHANED = 70  # the worker died; nothing was written after it did
 # Imported once by the fork server, so every job process starts with them in memory.
 PRELOAD = [
     "workers.job_process",
-    "core.trainer",
+    "core.training.trainer",
     "core.models",
     "core.tasks",
     "pdppo.spec",
@@ -214,7 +214,7 @@ def _train(
     fence: LeaseFence,
 ) -> dict[str, Any]:
     """Raises `LeaseLost` when the claim loses its lease (and the trainer stops mid-way)."""
-    from core.trainer import resolve_device, train
+    from core.training.trainer import resolve_device, train
 
     try:
         file_paths = _input_files(spec, job, options, publisher)

@@ -7,7 +7,7 @@ fresh interpreters (spawn: CUDA does not survive a fork), each on its own device
 callback: they train their share of every step and write nothing. A stop (cancel, pause, timeout,
 shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary, or the
 next warm-up step (`World.agree`), so all of them stop together and rank 0 writes the checkpoint
-(sharded: every rank its shard), of the warm-up's progress too (`core.warmup`).
+(sharded: every rank its shard), of the warm-up's progress too (`core.training.warmup`).
 
 No rank may outlive the job, and no rank's death may leave the others waiting: a collective
 whose peer is gone waits for the process group's timeout (30 minutes under gloo). So:
@@ -236,9 +236,9 @@ def _train_rank(job: RankJob, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from core.callbacks import TrainerCallback
+    from core.training.callbacks import TrainerCallback
     from core.config import TrainConfig
-    from core.trainer import train
+    from core.training.trainer import train
 
     if job.torch_threads:
         torch.set_num_threads(job.torch_threads)

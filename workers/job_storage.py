@@ -37,7 +37,7 @@ def first_write_bytes(
 ) -> int:
     """Bytes of the next checkpoint the job will write (0 when its model's size is unknown)."""
     from core.budget import model_shape
-    from core.checkpoint import latest_checkpoint
+    from core.training.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(out_dir)
     if latest is not None:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from core.checkpoint import latest_checkpoint
+from core.training.checkpoint import latest_checkpoint
 from pdppo.queues import queue_device
 from pdppo.settings import Settings, get_settings
 from pdppo.spec import JobSpec
@@ -385,7 +385,7 @@ def _conclude(
 
     if outcome == "succeeded":
         extra = {"final_model": result["final_model"]} if result.get("final_model") else {}
-        if result.get("warnings"):  # it learned nothing, say (`core.silence.run_warnings`)
+        if result.get("warnings"):  # it learned nothing, say (`core.training.silence.run_warnings`)
             extra["warnings"] = json.dumps(result["warnings"])
         call("finish", lambda: store.finish(job, "succeeded", extra))
         return _Outcome(f"succeeded at step {result['step']}")

@@ -1,7 +1,7 @@
 """Steering a job: `PATCH /v1/jobs/{id}` changes its settings while it runs; pause and resume.
 
 A change is a JSON merge patch (RFC 7396) of the job spec, limited to what the trainer may change
-between steps (`core.steering.STEERABLE`), validated like a submitted spec (the schema, then the
+between steps (`core.training.steering.STEERABLE`), validated like a submitted spec (the schema, then the
 same admission as `POST /v1/jobs`: a longer run must still fit its queue's token budget), stored
 as the job's cumulative `overrides` and applied by the job at its next step boundary, which says
 so with a `config` event. The store script compares the version the change was computed from, so
@@ -22,7 +22,7 @@ from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.pending_writes import documented_503, pending_write
 from api.schemas import ErrorBody, Job
-from core.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
+from core.training.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord

@@ -1,4 +1,4 @@
-"""The memory estimate: the items `core.trainer` allocates, each blamed on a spec field, and the
+"""The memory estimate: the items `core.training.trainer` allocates, each blamed on a spec field, and the
 peak they make together.
 
 It exists apart because it is the part that mirrors the trainer and is calibrated against it
@@ -183,7 +183,7 @@ def _memory(
         snaps = min(r.staleness + 1, cfg.steps)
         add("snapshots", "persistent", snaps * trainable * twidth, "train.rollout.staleness")
     kl = a.kl_beta > 0
-    if kl and not lora:  # core.reference: a frozen copy of the loaded weights
+    if kl and not lora:  # core.training.reference: a frozen copy of the loaded weights
         add("reference", "persistent", params * width, "train.algorithm.kl_beta")
 
     # the rollout: generation of the whole batch, step by step with a KV cache
@@ -269,7 +269,7 @@ def _memory(
 
 
 def _fused_loss(cfg: TrainConfig, shape: ModelShape) -> bool:
-    """Whether the trainer's loss is fused (`core.update.fused_loss_applies`) on a model known
+    """Whether the trainer's loss is fused (`core.training.update.fused_loss_applies`) on a model known
     to allow it: builtin:tiny; an `hf:` model is counted unfused, an upper bound (its shape
     does not say whether its output layer is a plain projection)."""
     a = cfg.algorithm

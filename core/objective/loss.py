@@ -4,7 +4,7 @@
          + beta * k3(pi_ref(a), pi(a))                          (optional KL to a reference)
 
 summed over the response tokens and divided by a normalizer the caller picks
-(`algorithm.loss_agg`, `core.update`; by default this piece's own token count). The mask `m`
+(`algorithm.loss_agg`, `core.training.update`; by default this piece's own token count). The mask `m`
 and every logged statistic come from one no-grad pass over the detached logits; the only pass
 with a gradient is the fused cross-entropy that yields log pi(a).
 

@@ -3,7 +3,7 @@
 Each rank holds a replica of the model and trains on its own share of the rollout batch, whole
 groups only (advantages are per group, so a rank's groups give the same advantages as the whole
 batch's). Three things make the ranks' update equal to one process's update on the whole batch
-(`core.update`):
+(`core.training.update`):
 
 - normalizers are global: a token sum is divided by the whole minibatch's (or batch's) count,
   summed over the ranks, never by the rank's own;

@@ -12,8 +12,8 @@ besides a training forward needs care, and this module holds it:
   every block once (`gathered`), and the forwards in between call no collective. With vLLM,
   every rank gathers the weights to load them into its engine.
 - **Gradients are summed, not averaged.** Each rank's loss already carries the whole batch's
-  denominator (`core.update`), so the ranks' gradients must be summed. FSDP averages (gloo
-  cannot pre-multiply): `core.update` scales the loss by the world size instead.
+  denominator (`core.training.update`), so the ranks' gradients must be summed. FSDP averages (gloo
+  cannot pre-multiply): `core.training.update` scales the loss by the world size instead.
 - **Checkpoints are sharded** (`torch.distributed.checkpoint`): every rank writes its shard of
   the weights and optimizer state, and a checkpoint loads on any number of ranks, sharded or
   not, one process included.

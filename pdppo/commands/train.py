@@ -145,8 +145,8 @@ def _env_int(name: str) -> int | None:
 def _train(config_json: str, out: Path, resume: bool, quiet: bool, world: Any = None) -> Any:
     """One process's run (rank 0's or the only one's shows the progress bar)."""
     from core.config import TrainConfig
-    from core.trainer import TrainerCallback
-    from core.trainer import train as run_training
+    from core.training.trainer import TrainerCallback
+    from core.training.trainer import train as run_training
 
     config = TrainConfig.model_validate_json(config_json)
     shown = world is None or world.rank == 0
@@ -221,7 +221,7 @@ def _progress(total: int, quiet: bool) -> Any:
     """The progress bar of `pdppo train`, as a TrainerCallback (`.bar` to close)."""
     from tqdm import tqdm
 
-    from core.trainer import TrainerCallback
+    from core.training.trainer import TrainerCallback
     from pdppo.commands.phases import PhaseDisplay
 
     class Progress(TrainerCallback):

@@ -46,7 +46,7 @@ from pdppo.store.retry import _ADD_ONCE, LOG_RECOVERY_WINDOW
 from pdppo.store.stats import COUNT_END, STATS
 
 STARTING_PHASE = json.dumps({"name": "loading model", "done": None, "total": None})
-"""A claimed job's phase until its trainer tells its own (`core.callbacks.PHASES`)."""
+"""A claimed job's phase until its trainer tells its own (`core.training.callbacks.PHASES`)."""
 
 STALE = -1
 """What a fenced script returns for a write whose lease token no longer holds the job's lease."""
@@ -147,7 +147,7 @@ return 1
 _PUBLISH_CHECKPOINT = _fenced(_PUBLISH_CHECKPOINT, lease=3, token=4)
 
 # KEYS: job, events, lease; ARGV: phase json, event data, now, lease token. What a running job
-# is doing (`core.callbacks.PHASES`): the record's `phase` and a `phase` event. Not once-only: a
+# is doing (`core.training.callbacks.PHASES`): the record's `phase` and a `phase` event. Not once-only: a
 # phase may come again (training after each evaluation), and a retried one repeats harmlessly.
 _PUBLISH_PHASE = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end

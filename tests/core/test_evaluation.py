@@ -1,4 +1,4 @@
-"""Held-out evaluation and rollout samples (`core.evaluation`), on the built-in tiny model (CPU).
+"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny model (CPU).
 
 pass@k against hand-computed values and against the binomial formula; metrics recomputed from
 what the grader was really shown; greedy completions against a cache-free argmax decode; the
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-import core.run
+import core.training.run
 from core.config import TaskConfig, TrainConfig
-from core.evaluation import (
+from core.training.evaluation import (
     SAMPLE_TEXT_CHARS,
     Evaluator,
     StepRollout,
@@ -36,7 +36,7 @@ from core.models import CausalLM, load_model
 from core.rollout import StopRequested, generate
 from core.tasks.base import Example, Grades
 from core.tasks.builtin import DigitStringTask
-from core.trainer import TrainerCallback, train
+from core.training.trainer import TrainerCallback, train
 
 DIGITS = ["12", "345", "67", "890", "21", "433"]
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time", "eval_time"}
@@ -307,7 +307,7 @@ def held_out_task(monkeypatch: pytest.MonkeyPatch) -> None:
     def make(cfg: TaskConfig, *args: object, **kwargs: object) -> Any:
         return HeldOutReverse()
 
-    monkeypatch.setattr(core.run, "make_task", make)
+    monkeypatch.setattr(core.training.run, "make_task", make)
 
 
 def run_config(tmp_path: Path, **overrides: Any) -> TrainConfig:

@@ -21,7 +21,7 @@ from core.config import ModelConfig, TrainConfig
 from core.models import CausalLM, Tokenizer, load_model
 from core.models.hf import HFLM, make_tiny_hf
 from core.models.tiny import TinyLM, load_tiny_final
-from core.trainer import train
+from core.training.trainer import train
 
 PROMPTS = ["reverse 123=", "copy 90=", "sort 4312=", "7"]
 TOLERANCE = 1e-6

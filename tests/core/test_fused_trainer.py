@@ -21,8 +21,8 @@ from core.models import CausalLM, load_model
 from core.models.local_hf import make_tiny_hf
 from core.models.tiny import TinyLM
 from core.rollout import RolloutBatch, generate, response_logits, response_projection
-from core.trainer import train
-from core.update import fused_loss_applies
+from core.training.trainer import train
+from core.training.update import fused_loss_applies
 
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time"}
 

@@ -11,7 +11,7 @@ from core import policy_loss, trust_region_mask
 from core.objective.loss import DIRECTION_TOLERANCE
 from core.objective.masks import MASKS, trust_region
 from core.objective.synthetic import Positions, positions, topk_view
-from core.update import loss_normalizer
+from core.training.update import loss_normalizer
 
 
 @pytest.mark.parametrize("mask", MASKS)
@@ -390,7 +390,7 @@ def test_loss_aggregations_by_hand() -> None:
     rmask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     per_seq = loss_normalizer("seq_mean", rmask, torch.arange(2), 1, 1)
     assert isinstance(per_seq, torch.Tensor)
-    per_token = per_seq[:, None].expand_as(rmask)[rmask]  # as core.update expands it
+    per_token = per_seq[:, None].expand_as(rmask)[rmask]  # as core.training.update expands it
     assert per_token.tolist() == [4.0, 4.0, 6.0, 6.0, 6.0]
     seq_mean = policy_loss(logits=logits, normalizer=per_token, **args)
     assert float(seq_mean.loss) == pytest.approx(0.75 * ln2, rel=1e-6)

@@ -13,7 +13,7 @@ import torch
 from core.config import ModelConfig, TrainConfig
 from core.models import load_model
 from core.models.hf import make_tiny_hf
-from core.trainer import train
+from core.training.trainer import train
 
 
 @pytest.fixture(scope="module")

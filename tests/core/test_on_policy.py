@@ -21,7 +21,7 @@ import torch
 from core.config import TrainConfig
 from core.models.local_hf import make_tiny_hf
 from core.rollout import sampling_logprobs
-from core.trainer import train
+from core.training.trainer import train
 from core.objective.truncation import nucleus_keep, truncate_to_nucleus
 
 TOP_PS = [1.0, 0.9, 0.8]

@@ -1,5 +1,5 @@
 """What a run tells its caller it is doing (`TrainerCallback.on_phase`), and the verdict on a run
-that learned nothing (`core.silence.run_warnings`, `TrainResult.warnings`)."""
+that learned nothing (`core.training.silence.run_warnings`, `TrainResult.warnings`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.silence import RunWarning, run_warnings
-from core.trainer import TrainerCallback, train
+from core.training.silence import RunWarning, run_warnings
+from core.training.trainer import TrainerCallback, train
 from tests.core.test_evaluation import held_out_task, run_config
 from tests.core.test_trainer import spread_reward, zero_reward
 from tests.core.trainer_runs import small_config

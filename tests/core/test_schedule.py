@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from core.config import OptimConfig
-from core.schedule import lr_at
+from core.training.schedule import lr_at
 
 
 def optim(**kw: Any) -> OptimConfig:

@@ -16,14 +16,14 @@ import torch.multiprocessing as mp
 import yaml
 from torch.distributed.tensor import DTensor
 
-from core.checkpoint import list_checkpoints, load_checkpoint
+from core.training.checkpoint import list_checkpoints, load_checkpoint
 from core.config import ModelConfig
 from core.parallel.distributed import World
 from core.models import load_model
 from core.models.local_hf import make_chat_hf, make_tiny_hf
 from core.models.tiny import load_tiny_final
 from core.parallel.sharding import gathered, shard
-from core.trainer import build_optimizer
+from core.training.trainer import build_optimizer
 from tests.core.test_data_parallel import (
     config,
     data_parallel,

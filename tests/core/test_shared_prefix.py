@@ -326,7 +326,7 @@ def test_a_training_step_tokenizes_and_prefills_each_prompt_once(
     group's rows sharing them; and its AdamW runs one fused kernel on CPU."""
     from core.config import TrainConfig
     from core.models.tiny import ByteTokenizer
-    from core.trainer import TrainerCallback, _Run
+    from core.training.trainer import TrainerCallback, _Run
 
     cfg = TrainConfig.model_validate(
         {

@@ -1,4 +1,4 @@
-"""Steering a run (`core.steering`, `core.trainer`): a change of the learning rate, the mask's
+"""Steering a run (`core.training.steering`, `core.training.trainer`): a change of the learning rate, the mask's
 thresholds or the step count applies at the next step boundary, shows in that step's metrics,
 is announced once, and survives a stop and resume through the checkpoint."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from core.steering import SteeringError, changed, check_change, leaves, merge_patch, steered
-from core.trainer import TrainerCallback, train
+from core.training.steering import SteeringError, changed, check_change, leaves, merge_patch, steered
+from core.training.trainer import TrainerCallback, train
 from tests.core.trainer_runs import read_metrics, small_config
 
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import core.warmup
-from core.checkpoint import latest_checkpoint
+import core.training.warmup
+from core.training.checkpoint import latest_checkpoint
 from core.rollout import RolloutBatch
-from core.run import _Run
-from core.trainer import TrainerCallback, train
+from core.training.run import _Run
+from core.training.trainer import TrainerCallback, train
 from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_timing
 
 
@@ -27,13 +27,13 @@ from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_
 def warmup_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per supervised warm-up step trained, in every run of the test."""
     trained: list[int] = []
-    pack = core.warmup._pack  # once per warm-up step: its batch
+    pack = core.training.warmup._pack  # once per warm-up step: its batch
 
     def counted(*args: Any, **kwargs: Any) -> RolloutBatch:
         trained.append(1)
         return pack(*args, **kwargs)
 
-    monkeypatch.setattr(core.warmup, "_pack", counted)
+    monkeypatch.setattr(core.training.warmup, "_pack", counted)
     return trained
 
 
@@ -56,7 +56,7 @@ class StopAt(Recorder):
             frame = frame.f_back
         callers = [code.co_name for code in frames]
         if self.where == "warmup":
-            asked = any(code.co_filename.endswith("core/warmup.py") for code in frames)
+            asked = any(code.co_filename.endswith("core/training/warmup.py") for code in frames)
         elif self.where == "boundary":
             asked = "_train_run" in callers[:2] and "run_step" not in callers
         else:

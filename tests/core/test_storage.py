@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import core.checkpoint
-import core.run
-import core.trainer
-from core.checkpoint import list_checkpoints
+import core.training.checkpoint
+import core.training.run
+import core.training.trainer
+from core.training.checkpoint import list_checkpoints
 from core.disk.storage import (
     Reserve,
     StorageError,
@@ -25,7 +25,7 @@ from core.disk.storage import (
     storage_failure,
     writing,
 )
-from core.trainer import train
+from core.training.trainer import train
 from tests.core.trainer_runs import small_config
 from tests.small_disk import fill, names, small_disk
 
@@ -71,7 +71,7 @@ def test_a_write_that_fails_midway_is_storage_full_and_leaves_no_temp_folder(
 ) -> None:
     """An estimate that is too low (the run state in state.pt is not in it): the disk fills
     during torch.save, whose error hides the errno."""
-    monkeypatch.setattr(core.checkpoint, "checkpoint_bytes", lambda *args: 0, raising=False)
+    monkeypatch.setattr(core.training.checkpoint, "checkpoint_bytes", lambda *args: 0, raising=False)
     fill(disk, leave=300_000)
     with pytest.raises(StorageFull) as raised:
         train(small_config(steps=2, checkpoint_every=2), disk)
@@ -167,13 +167,13 @@ def test_a_final_model_that_does_not_fit_is_storage_full_and_leaves_no_folder(
     trainer's RuntimeError; neither leaves final/ or final.tmp."""
     cfg = small_config(steps=1, checkpoint_every=0)
     # the run's last-step checkpoint (weights and optimizer) would not fit either: skip it
-    monkeypatch.setattr(core.run._Run, "checkpoint", lambda self: None)
+    monkeypatch.setattr(core.training.run._Run, "checkpoint", lambda self: None)
     fill(disk, leave=100_000)  # the tiny model's weights take ~200 kB
     with pytest.raises(StorageFull) as raised:
         train(cfg, disk)
     assert "for final/" in str(raised.value)
     assert not {"final", "final.tmp"} & set(names(disk))
-    monkeypatch.setattr(core.trainer, "_tensor_bytes", lambda tensors: 0)
+    monkeypatch.setattr(core.training.trainer, "_tensor_bytes", lambda tensors: 0)
     with pytest.raises(StorageFull) as raised:
         train(cfg, disk)
     assert raised.value.__cause__ is not None

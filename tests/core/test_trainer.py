@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from core.config import OptimConfig, TrainConfig
 from core.objective.loss import policy_loss
 from core.models import load_model
-from core.schedule import lr_at
-from core.trainer import TrainerCallback, group_advantages, train
+from core.training.schedule import lr_at
+from core.training.trainer import TrainerCallback, group_advantages, train
 from tests.core.trainer_runs import (
     TIMING,
     Recorder,
@@ -144,8 +144,8 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
 ) -> None:
     """β = 0 builds no reference, reports no kl_ref, and trains exactly as a loss call without
     any of the new arguments (the trainer before the penalty existed)."""
-    import core.run as run_module
-    import core.update as update_module
+    import core.training.run as run_module
+    import core.training.update as update_module
 
     # the aggregation the loss had then (token_mean passes a count to minibatches whose token
     # counts differ from batch tokens / minibatches)
@@ -171,7 +171,7 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     b = load_file(str(tmp_path / "old" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    from core.trainer import _Run
+    from core.training.trainer import _Run
 
     run = _Run(cfg, tmp_path / "run", TrainerCallback())
     assert run.reference is None and run.rollout_lm is run.lm  # no module but the policy
@@ -245,7 +245,7 @@ def test_offpolicy_logratio_covers_every_token_of_the_first_epoch(
 ) -> None:
     """Each token counts once, measured by the pass that first trains on it: the first epoch's
     two minibatches (the second one after an update, so off-policy), not the second epoch."""
-    import core.update as update_module
+    import core.training.update as update_module
 
     seen: list[torch.Tensor] = []
 
@@ -274,7 +274,7 @@ def test_offpolicy_logratio_covers_every_token_of_the_first_epoch(
 
 @pytest.fixture
 def spread_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.run as run_module
+    import core.training.run as run_module
 
     real = run_module.make_task
     monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: SpreadReward(real(*a, **kw)))
@@ -282,7 +282,7 @@ def spread_reward(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def zero_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.run as run_module
+    import core.training.run as run_module
 
     real = run_module.make_task
     monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: ZeroReward(real(*a, **kw)))
@@ -336,7 +336,7 @@ def test_silent_run_warns_once_with_what_to_try(tmp_path: Path) -> None:
     cfg = small_config(steps=4, checkpoint_every=0, silent_steps=2)
     cb = Warnings()
     train(cfg, tmp_path, callback=cb)
-    # the early warning once; the verdict at the end is `core.silence.run_warnings`' (test_phases)
+    # the early warning once; the verdict at the end is `core.training.silence.run_warnings`' (test_phases)
     early = [w for w in cb.warnings if not w.startswith("run finished with a warning")]
     assert len(early) == 1 and len(cb.warnings) == 3
     message = early[0]
@@ -356,7 +356,7 @@ def test_silent_run_warns_once_with_what_to_try(tmp_path: Path) -> None:
 
 
 def test_zero_adv_groups_and_the_warning_for_constant_groups() -> None:
-    from core.silence import SilenceWatch, zero_adv_groups
+    from core.training.silence import SilenceWatch, zero_adv_groups
 
     rewards = torch.tensor([1.0, 1.0, 0.5, 0.0, 0.2, 0.2])  # groups of 2: same, differ, same
     assert zero_adv_groups(rewards, 2) == pytest.approx(2 / 3)
@@ -390,7 +390,7 @@ def test_built_in_model_trains_a_chat_jsonl_dataset_through_grade(tmp_path: Path
         task={"name": "jsonl", "path": str(data), "min_len": 2, "max_len": 4},
     )
     seen: list[list[int]] = []
-    import core.run as run_module
+    import core.training.run as run_module
 
     real = run_module.generate
 
@@ -412,7 +412,7 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tmp_path: Path) -> No
     never trains, so after updates it still gives the loaded model's log-probs."""
     from core.models.hf import make_tiny_hf
     from core.rollout import generate, response_logits
-    from core.trainer import _Run
+    from core.training.trainer import _Run
 
     hf = make_tiny_hf(tmp_path / "llama")
     cfg = small_config(
@@ -464,7 +464,7 @@ def test_an_unset_lr_follows_the_model(model: dict[str, Any], lr: float) -> None
 
 def test_the_trainer_uses_the_resolved_lr_of_an_hf_model(tmp_path: Path) -> None:
     from core.models.hf import make_tiny_hf
-    from core.trainer import _Run
+    from core.training.trainer import _Run
 
     hf = make_tiny_hf(tmp_path / "llama")
     data = small_config().model_dump()
@@ -481,7 +481,7 @@ def test_job_model_starts_from_the_saved_final_in_its_family(tmp_path: Path) -> 
     spec's tiny dims) of a builtin:tiny final, a Hugging Face final through HFLM; without a
     folder it says that only a worker can resolve it."""
     from core.models.hf import HFLM, make_tiny_hf
-    from core.trainer import _Run
+    from core.training.trainer import _Run
 
     first = train(small_config(steps=1, checkpoint_every=0), tmp_path / "a")
     assert first.final_model is not None

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from core.checkpoint import latest_checkpoint, list_checkpoints
-from core.schedule import lr_at
-from core.trainer import train
+from core.training.checkpoint import latest_checkpoint, list_checkpoints
+from core.training.schedule import lr_at
+from core.training.trainer import train
 from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_timing
 
 

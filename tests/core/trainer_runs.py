@@ -12,7 +12,7 @@ from typing import Any
 
 from core.config import TrainConfig
 from core.tasks import Example, Grades, Task
-from core.trainer import TrainerCallback
+from core.training.trainer import TrainerCallback
 
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time"}
 """Metrics that measure time: they differ between two runs of the same steps."""

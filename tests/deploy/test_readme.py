@@ -139,7 +139,7 @@ def test_examples_are_valid_job_specs(path: Path) -> None:
 def test_every_metric_the_readme_explains_is_one_the_trainer_reports(tmp_path: Path) -> None:
     import json
 
-    from core.trainer import train
+    from core.training.trainer import train
 
     spec = load_spec(ROOT / "examples" / "smoke.yaml")
     spec.train.steps = 1

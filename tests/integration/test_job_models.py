@@ -11,7 +11,7 @@ import httpx
 import torch
 from safetensors.torch import load_file
 
-from core.trainer import train
+from core.training.trainer import train
 from pdppo.spec import JobSpec
 from tests.integration.conftest import read_events, wait_status
 from tests.integration.stack import Service, smoke_spec

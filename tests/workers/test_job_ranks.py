@@ -136,10 +136,10 @@ SLOW_WATCH = """
 import multiprocessing, os, signal, sys, time
 from pathlib import Path
 
-from core.callbacks import TrainerCallback
+from core.training.callbacks import TrainerCallback
 from core.config import TrainConfig
 from core.parallel.distributed import free_port
-from core.trainer import train
+from core.training.trainer import train
 from workers import job_ranks
 
 config_json, out, slow = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -194,10 +194,10 @@ DATA_PARALLEL = """
 import json, sys, time
 from pathlib import Path
 
-from core.callbacks import TrainerCallback
+from core.training.callbacks import TrainerCallback
 from core.config import TrainConfig
 from core.parallel.distributed import free_port
-from core.trainer import train
+from core.training.trainer import train
 from workers import job_ranks
 
 config_json, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -1,8 +1,8 @@
 """One run's state between steps and one RL step: the model, its optimizer, the rollout copy or
-vLLM engine, the generators, the steering (`core.steering`), and checkpointing all of it.
+vLLM engine, the generators, the steering (`core.training.steering`), and checkpointing all of it.
 
-`core.trainer` drives it: the loop, stops, evaluations and what a resumed run owes. Kept apart so
-that each module reads in one sitting; `core.trainer` re-exports what callers used from it.
+`core.training.trainer` drives it: the loop, stops, evaluations and what a resumed run owes. Kept apart so
+that each module reads in one sitting; `core.training.trainer` re-exports what callers used from it.
 """
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from core.callbacks import Phases, TrainerCallback
-from core.checkpoint import save_checkpoint, save_sharded_checkpoint
+from core.training.callbacks import Phases, TrainerCallback
+from core.training.checkpoint import save_checkpoint, save_sharded_checkpoint
 from core.config import OptimConfig, TrainConfig
 from core.parallel.distributed import World, check_world
-from core.evaluation import StepRollout
+from core.training.evaluation import StepRollout
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
-from core.reference import ReferencePolicy
+from core.training.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, generate
-from core.schedule import lr_at
+from core.training.schedule import lr_at
 from core.parallel.sharding import gathered, shard
-from core.silence import SilenceWatch, zero_adv_groups
-from core.steering import changed, steered
+from core.training.silence import SilenceWatch, zero_adv_groups
+from core.training.steering import changed, steered
 from core.tasks import Example, Task, make_task
-from core.update import group_advantages, update_policy
-from core.warmup import Warmup
+from core.training.update import group_advantages, update_policy
+from core.training.warmup import Warmup
 
 if TYPE_CHECKING:
     from core.vllm_engine import VLLMEngine
@@ -109,7 +109,7 @@ class _Run:
         self.world = world or World()
         check_world(cfg, self.world)
         self.cfg = cfg
-        # steering (`core.steering`): the config the run started with, and the cumulative
+        # steering (`core.training.steering`): the config the run started with, and the cumulative
         # change applied to it (version 0: none); checkpointed, so a resumed run keeps it
         self.start_cfg = cfg
         self.config_version = 0
@@ -119,7 +119,7 @@ class _Run:
         self.phases = Phases(callback)  # what the run is doing, for the caller to show
         self.phases.enter("loading model")
         # asked inside a step (every token, every minibatch); ranks must stop together, so with
-        # several a stop waits for the step boundary, where they agree on it (core.trainer)
+        # several a stop waits for the step boundary, where they agree on it (core.training.trainer)
         self.inner_stop = callback.should_stop if not self.world.parallel else self._heard
 
         self.device = resolve_device(cfg.device)
@@ -142,7 +142,7 @@ class _Run:
             shard(self.lm)
         params = [p for _, p in self.lm.trainable()]
         self.optimizer = build_optimizer(params, cfg.optim, self.device)
-        self.warm = Warmup(cfg, self.lm)  # the supervised warm-up's progress (`core.warmup`)
+        self.warm = Warmup(cfg, self.lm)  # the supervised warm-up's progress (`core.training.warmup`)
         self.prompt_rng = random.Random(cfg.seed)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
@@ -229,7 +229,7 @@ class _Run:
         """The run's checkpoint: rank 0's alone (the other ranks hold the same replica), or,
         sharded, every rank's shard; the folder on rank 0, None on the others. Stopped during
         the warm-up, it is step 0's with the warm-up's optimizer in the RL optimizer's place
-        (`core.checkpoint.warmup_unfinished`), and meta.json's `warmup` says how far it got."""
+        (`core.training.checkpoint.warmup_unfinished`), and meta.json's `warmup` says how far it got."""
         meta: dict[str, Any] = {
             "config": self.cfg.model_dump(mode="json"),
             "model": self.cfg.model.name,
@@ -258,7 +258,7 @@ class _Run:
     # -- warm-up ------------------------------------------------------------------------
 
     def warmup(self) -> bool:
-        """The rest of the supervised warm-up the task asks for (`core.warmup`); False if
+        """The rest of the supervised warm-up the task asks for (`core.training.warmup`); False if
         stopped midway (with several ranks, all of them, at the same warm-up step: they agree
         on a stop), checkpointed then, so that a resumed run goes on from that step."""
         if self.warm.finished:
@@ -368,7 +368,7 @@ class _Run:
         return list({**dict(lm.inference_weights()), **stale}.items())
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """The step's optimizer updates (`core.update`); `dirty` from the first one on. A stop
+        """The step's optimizer updates (`core.training.update`); `dirty` from the first one on. A stop
         heard between minibatches that keeps the work (`TrainerCallback.stop_keeps_work`)
         lets the step finish, and the loop checkpoints it at the step boundary, where the stop
         is asked again; one that does not raises `StopRequested` at once."""

@@ -14,7 +14,7 @@ own nucleus plus the sampled token, so that the penalty is exactly 0 before the 
 The reference's log-probs are computed once per step, for the whole rollout batch, under
 no_grad and in chunks of one micro-batch (its forward pass costs no more memory than the
 update's); the reference never changes, so the epochs and minibatches of a step share them.
-Where the policy's loss is fused (`core.update.fused_loss_applies`) they come from the hidden
+Where the policy's loss is fused (`core.training.update.fused_loss_applies`) they come from the hidden
 states and the output projection in vocabulary chunks too (`core.objective.fused`), by the same
 arithmetic as the policy's log pi(a).
 """

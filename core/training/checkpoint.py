@@ -67,7 +67,7 @@ def checkpoint_step(path: Path) -> int:
 
 
 def warmup_unfinished(path: Path) -> bool:
-    """A checkpoint of a run stopped during its supervised warm-up (`core.warmup`): its
+    """A checkpoint of a run stopped during its supervised warm-up (`core.training.warmup`): its
     optimizer is the warm-up's. Older checkpoints, which say nothing of it, never are."""
     warmup = _meta(path).get("warmup") or {"done": 0, "total": 0}
     return int(warmup["done"]) < int(warmup["total"])

@@ -1,4 +1,4 @@
-"""The hooks a caller of `core.trainer.train` gets: progress, checkpoints, logs, evaluations,
+"""The hooks a caller of `core.training.trainer.train` gets: progress, checkpoints, logs, evaluations,
 samples, and the stop question asked inside every step."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.evaluation import Sample
+from core.training.evaluation import Sample
 
 
 class TrainerCallback:
@@ -31,7 +31,7 @@ class TrainerCallback:
         self.on_log(f"warning: {message}")
 
     def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        """The held-out evaluation of the policy after step `step` (`core.evaluation`); after
+        """The held-out evaluation of the policy after step `step` (`core.training.evaluation`); after
         that step's `on_step` and before its checkpoint."""
 
     def on_samples(self, step: int, samples: list[Sample]) -> None:
@@ -54,7 +54,7 @@ class TrainerCallback:
         return True
 
     def config_update(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest change of the run's steerable settings (`core.steering`): its version and
+        """The newest change of the run's steerable settings (`core.training.steering`): its version and
         the cumulative merge patch over the config the run started with, or None. Asked at
         every step boundary; like `should_stop` it must not wait on the network."""
         return None

@@ -1,7 +1,7 @@
 """One step's optimizer updates on its rollout batch: GRPO advantages, then epochs x minibatches
 AdamW steps, each minibatch's gradient accumulated over micro-batches.
 
-Apart from the loop (`core.trainer`) because it is the part that the knobs of the update shape:
+Apart from the loop (`core.training.trainer`) because it is the part that the knobs of the update shape:
 minibatches and epochs (off-policy updates), gradient accumulation (`optim.grad_accumulation`)
 and the KL penalty's reference log-probs (`algorithm.kl_beta`).
 
@@ -39,7 +39,7 @@ from core.objective.fused import FUSED_ESTIMATORS
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss import PolicyLossOutput, policy_loss
 from core.models.base import CausalLM
-from core.reference import ReferencePolicy
+from core.training.reference import ReferencePolicy
 from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
 from core.parallel.sharding import full_norm, is_sharded
 from core.objective.truncation import truncate_to_nucleus

@@ -1,0 +1,12 @@
+"""The training loop and its parts, from a `TrainConfig` to a trained model on disk.
+
+`trainer`: `train()`, the entry point (`pdppo train`, a worker's job); `run`: one run's state and
+its steps; `update`: one optimizer step over a batch of rollouts; `warmup`: the steps before
+training proper; `reference`: the reference policy of the KL penalty; `evaluation`: held-out
+evaluations; `checkpoint`: saving and resuming; `schedule`: learning-rate and other schedules;
+`steering`: what a user may change while a job runs; `silence`: telling early that a run learns
+nothing; `callbacks`: the hooks a caller of `train()` gets.
+
+Imports: any other package of `core` (this is the top of the tree); nothing imports it from
+inside `core` except `core.training` itself.
+"""

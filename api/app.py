@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Match
 from api.dashboard import mount_dashboard
 from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.docs import mount_docs
-from api.events import EventHub, freeze_startup_heap, redis_driver_info
+from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.limits import BodySizeLimit
 from api.observability import PrometheusMiddleware
 from api.pending_writes import unavailable_response

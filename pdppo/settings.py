@@ -292,7 +292,7 @@ class Settings(BaseSettings):
         ),
     )
 
-    # Event streams under load (api.events): past either limit GET /v1/jobs/{id}/events answers
+    # Event streams under load (api.streaming.events): past either limit GET /v1/jobs/{id}/events answers
     # 429 with Retry-After. Per API process (`pdppo serve --workers N` allows N times as many).
     sse_max_streams: int = Field(
         default=2000,

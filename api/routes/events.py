@@ -11,11 +11,11 @@ from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from api.cancel import cancel_until_done
+from api.streaming.cancel import cancel_until_done
 from api.deps import HubDep, JobDep, SettingsDep, TenantDep
-from api.events import Slot, StreamLimitReached
+from api.streaming.events import Slot, StreamLimitReached
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
-from api.sse_stream import job_events
+from api.streaming.sse_stream import job_events
 from pdppo.store.events import EventId, EventIdError, parse_event_id
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class EventStream(StreamingResponse):
             try:
                 await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                cancel_until_done(pump)  # its store calls can lose a cancel (`api.cancel`)
+                cancel_until_done(pump)  # its store calls can lose a cancel (`api.streaming.cancel`)
                 gone.cancel()
                 await asyncio.wait({pump, gone})  # raises nothing of theirs
             if not gone.cancelled():

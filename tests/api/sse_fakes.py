@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from api.events import EventHub
-from api.sse_frames import Batch
+from api.streaming.events import EventHub
+from api.streaming.sse_frames import Batch
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore
 from pdppo.store.events import EncodedPage, parse_event_id

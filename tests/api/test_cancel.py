@@ -1,4 +1,4 @@
-"""Cancelling a task that may be inside a Redis call (`api.cancel`): a cancel that Python 3.11's
+"""Cancelling a task that may be inside a Redis call (`api.streaming.cancel`): a cancel that Python 3.11's
 `asyncio.wait_for` drops must not leave the task running. The real Redis case is in
 tests/integration/test_redis_cancel.py; the event streams' and feeds' cases in
 test_sse_close.py."""
@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import sys
 
-from api.cancel import CANCEL_AGAIN_SECONDS, cancel_until_done
+from api.streaming.cancel import CANCEL_AGAIN_SECONDS, cancel_until_done
 
 
 async def _loses_one_cancel(started: asyncio.Event) -> None:

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from api.events import BACKLOG_PAGE, EventHub
-from api.sse_stream import _ended
+from api.streaming.events import BACKLOG_PAGE, EventHub
+from api.streaming.sse_stream import _ended
 from pdppo.store.events import EncodedPage, parse_event_id
 from tests.api.sse_fakes import (
     Entry,

@@ -1,6 +1,6 @@
 """An event stream and a job's feed end when they are told to even when a cancel is lost in a
 Redis call (Python 3.11's `asyncio.wait_for` inside redis-py drops one now and then, see
-`api.cancel`): the stream gives its admission place back, the feed its connection."""
+`api.streaming.cancel`): the stream gives its admission place back, the feed its connection."""
 
 from __future__ import annotations
 

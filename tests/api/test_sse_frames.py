@@ -8,7 +8,7 @@ import json
 import pytest
 from sse_starlette import ServerSentEvent
 
-from api.sse_frames import WRITE_BYTES, Batch, encode, frames_after, pieces
+from api.streaming.sse_frames import WRITE_BYTES, Batch, encode, frames_after, pieces
 from pdppo.store.events import EventIdError, parse_event_id
 from tests.api.sse_fakes import Entry, entries, event_ids
 

@@ -14,22 +14,22 @@ from typing import Any
 import pytest
 import redis
 
-from api.events import StreamLimitReached
-from api.sse_frames import Batch, Turns
+from api.streaming.events import StreamLimitReached
+from api.streaming.sse_frames import Batch, Turns
 from tests.api.sse_fakes import FakeEvents, entries, hub_of, hub_over
 
 
 def test_a_storms_end_tidies_memory_once_2_seconds_later(monkeypatch: pytest.MonkeyPatch) -> None:
     """200 streams open at once, then down to a quarter of them: one tidy-up (a full GC and
     malloc_trim) 2 s later, and none for the streams that end after it."""
-    import api.events
+    import api.streaming.events
 
     hub, _ = hub_over([])
     tidied: list[float] = []
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
-        monkeypatch.setattr(api.events, "_tidy", lambda: tidied.append(loop.time()))
+        monkeypatch.setattr(api.streaming.events, "_tidy", lambda: tidied.append(loop.time()))
         slots = [hub.admit(f"tenant{n % 7}") for n in range(200)]
         for slot in slots[:149]:
             slot.release()
@@ -51,7 +51,7 @@ def test_a_storms_end_tidies_memory_once_2_seconds_later(monkeypatch: pytest.Mon
 def test_the_redis_driver_info_is_resolved_once() -> None:
     """Every pool gets the same object: redis-py would otherwise read its own package metadata
     for each connection it opens, on the event loop."""
-    from api.events import redis_driver_info
+    from api.streaming.events import redis_driver_info
 
     assert redis_driver_info() is redis_driver_info()
 
@@ -111,7 +111,7 @@ def test_freezing_the_startup_heap_makes_full_collections_10x_rarer_only() -> No
     full pass comes 10x later, and what was alive is frozen out of the collector's sight."""
     code = (
         "import gc; before = gc.get_threshold()\n"
-        "from api.events import freeze_startup_heap; freeze_startup_heap()\n"
+        "from api.streaming.events import freeze_startup_heap; freeze_startup_heap()\n"
         "print(before, gc.get_threshold(), gc.get_freeze_count() > 10000)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -189,7 +189,7 @@ def test_a_subscriber_holds_at_most_its_limit_but_always_one_batch() -> None:
     """A slow subscriber is cut off (`put` is False) once a batch would take it past `limit`
     events behind; a batch larger than the limit still goes to one that is caught up, or a
     burst would cut off every subscriber, fast ones too."""
-    from api.events import Subscriber
+    from api.streaming.events import Subscriber
 
     slow = Subscriber(limit=5, until=(0, 0))
     assert slow.put(Batch.of(entries(1, 3)))
@@ -233,7 +233,7 @@ def test_a_feed_retries_redis_errors_paced_and_says_so_once_per_outage(
     """Twelve failed reads, one that works, two more failures: the retries wait 0.5 s more at
     each failure up to 5 s, and start again at 0.5 s after Redis came back; each outage is one
     warning (the retries are debug lines) and its end one info line."""
-    import api.events
+    import api.streaming.events
 
     slept: list[float] = []
     real_sleep = asyncio.sleep
@@ -246,13 +246,13 @@ def test_a_feed_retries_redis_errors_paced_and_says_so_once_per_outage(
     hub = hub_of(FakeEvents([]), stream_client=outage)
 
     async def scenario() -> None:
-        monkeypatch.setattr(api.events.asyncio, "sleep", sleep)
+        monkeypatch.setattr(api.streaming.events.asyncio, "sleep", sleep)
         async with hub.subscribe("job"):
             while outage.script:
                 await real_sleep(0.001)
             await real_sleep(0.01)
 
-    with caplog.at_level(logging.DEBUG, logger="api.events"):
+    with caplog.at_level(logging.DEBUG, logger="api.streaming.events"):
         asyncio.run(scenario())
     assert slept == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.0, 5.0, 0.5, 1.0]
     feed_lines = [(r.levelname, r.getMessage()) for r in caplog.records if "sse feed" in r.msg]
@@ -288,7 +288,7 @@ def test_a_feed_that_fails_ends_its_subscribers_streams_and_says_why(
         async with hub.subscribe("job") as first, hub.subscribe("job") as second:
             return await asyncio.wait_for(asyncio.gather(first.take(), second.take()), 5)
 
-    with caplog.at_level(logging.ERROR, logger="api.events"):
+    with caplog.at_level(logging.ERROR, logger="api.streaming.events"):
         assert asyncio.run(scenario()) == [None, None]
     failed = [
         r for r in caplog.records if r.getMessage() == "sse feed job failed; closing its streams"

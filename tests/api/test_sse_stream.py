@@ -1,4 +1,4 @@
-"""One client's event stream (`api.sse_stream.job_events`) without a server: where it starts,
+"""One client's event stream (`api.streaming.sse_stream.job_events`) without a server: where it starts,
 how a Redis error ends it, a job that ends while the stream looks at it, and when the first ping
 of an idle stream comes. The integration tests (`tests/integration/test_event_ids.py`,
 `test_sse_feeds.py`) show the same through a real API and Redis."""
@@ -13,9 +13,9 @@ from typing import Any, cast
 import pytest
 import redis.exceptions
 
-from api.events import BACKLOG_PAGE
-from api.sse_frames import PING
-from api.sse_stream import job_events
+from api.streaming.events import BACKLOG_PAGE
+from api.streaming.sse_frames import PING
+from api.streaming.sse_stream import job_events
 from pdppo.store import JobRecord
 from pdppo.store.events import EncodedPage
 from tests.api.sse_fakes import (
@@ -59,7 +59,7 @@ def test_a_redis_error_ends_a_stream_cleanly_after_what_it_sent(
 
     total = BACKLOG_PAGE + 5
     hub = hub_of(FailingSecondRead(entries(1, total, done_at=total)))
-    with caplog.at_level(logging.WARNING, logger="api.sse_stream"):
+    with caplog.at_level(logging.WARNING, logger="api.streaming.sse_stream"):
         chunk = asyncio.run(drain(_stream(hub, FakeJob(terminal=True))))
     assert event_ids(chunk) == [f"{n}-0" for n in range(1, BACKLOG_PAGE + 1)]
     assert [r.getMessage() for r in caplog.records] == [

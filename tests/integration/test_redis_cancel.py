@@ -1,6 +1,6 @@
 """A Redis call can lose a cancel, and `cancel_until_done` ends its task all the same: against
 a real Redis, through a client built as the API builds its own (a socket timeout, so each
-command's write goes through `asyncio.wait_for`; see `api.cancel`)."""
+command's write goes through `asyncio.wait_for`; see `api.streaming.cancel`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from api.cancel import CANCEL_AGAIN_SECONDS, cancel_until_done
-from api.events import redis_driver_info
+from api.streaming.cancel import CANCEL_AGAIN_SECONDS, cancel_until_done
+from api.streaming.events import redis_driver_info
 from pdppo.settings import Settings
 from tests.integration.stack import REDIS_DATABASES, RedisServer
 

@@ -13,7 +13,7 @@ import time
 import redis
 import redis.asyncio as aioredis
 
-from api.events import EventHub, Subscriber
+from api.streaming.events import EventHub, Subscriber
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore, events_key
 from tests.integration.stack import REDIS_DATABASES, RedisServer

@@ -1,5 +1,5 @@
 """One job's event stream for one client: its backlog, then live batches from the job's feed,
-with no gap and no duplicate, ending with `done` (see `api/events.py` for how the hub reads and
+with no gap and no duplicate, ending with `done` (see `api/streaming/events.py` for how the hub reads and
 shares them)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import redis.asyncio as aredis
 
-from api.events import EventHub
-from api.sse_frames import PING, frames_after, pieces
+from api.streaming.events import EventHub
+from api.streaming.sse_frames import PING, frames_after, pieces
 from pdppo.store import JobRecord
 from pdppo.store.events import EventId
 

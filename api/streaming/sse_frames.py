@@ -1,7 +1,7 @@
 """SSE frames as the event streams send them: each stream entry encoded once (`encode`), read
 together in batches shared by every subscriber, cut into writes of WRITE_BYTES, and the turns
 that keep a thousand replaying subscribers from writing in one pass of the event loop (`Turns`).
-See `api/events.py` for the hub that reads them and `api/sse_stream.py` for one stream."""
+See `api/streaming/events.py` for the hub that reads them and `api/streaming/sse_stream.py` for one stream."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def frames_after(
 ) -> tuple[bytes, EventId, bool]:
     """The frames of `batches` after `last`, joined, up to `done`; and the new `last`. A `done`
     at or before `last` still goes out unless it is the client's own id (see
-    `api.sse_stream._ended`): only a client ahead of the stream can meet one."""
+    `api.streaming.sse_stream._ended`): only a client ahead of the stream can meet one."""
     if len(batches) == 1 and batches[0].frames and batches[0].frames[0].id > last:
         batch = batches[0]  # the usual case: share the batch's chunk as it is
         return batch.chunk, batch.last or last, batch.done

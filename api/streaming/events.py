@@ -33,7 +33,7 @@ no time left for anything else (health checks took seconds). So:
   already acted on, and a client that drops ids below its last would drop the `done` too.
 - Memory and pauses: see `freeze_startup_heap` (GC) and `_tidy` (after a storm).
 
-Frames, batches and turns are in `api/sse_frames.py`; one client's stream in `api/sse_stream.py`.
+Frames, batches and turns are in `api/streaming/sse_frames.py`; one client's stream in `api/streaming/sse_stream.py`.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ import redis.asyncio as aredis
 from prometheus_client import Counter
 from redis.driver_info import DriverInfo
 
-from api.cancel import cancel_until_done
+from api.streaming.cancel import cancel_until_done
 from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
-from api.sse_frames import Batch, Entry, Frame, Page, Turns, encode
+from api.streaming.sse_frames import Batch, Entry, Frame, Page, Turns, encode
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore, events_key
 from pdppo.store.events import AsyncEventStore, EventId, parse_event_id
@@ -390,7 +390,7 @@ class EventHub:
             del self.feeds[feed.job_id]
             SSE_FEEDS.set(len(self.feeds))
         if feed.task is not None and feed.task is not asyncio.current_task():
-            cancel_until_done(feed.task)  # its XREAD can lose a cancel (`api.cancel`)
+            cancel_until_done(feed.task)  # its XREAD can lose a cancel (`api.streaming.cancel`)
 
     async def _run(self, feed: Feed) -> None:
         key = events_key(feed.job_id)

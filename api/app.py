@@ -42,8 +42,8 @@ from api.dashboard import mount_dashboard
 from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.docs import mount_docs
 from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
-from api.limits import BodySizeLimit
-from api.observability import PrometheusMiddleware
+from api.http.limits import BodySizeLimit
+from api.http.observability import PrometheusMiddleware
 from api.pending_writes import unavailable_response
 from api.publisher import TaskPublisher
 from api.routes import artifacts, events, files, health, jobs, results, steering, storage

@@ -246,7 +246,7 @@ async def receive_upload(
     UploadRefused (400, 413, 422) when the body is not a valid upload form or the file is past
     `max_file_bytes`, 507 when the disk fills up; whatever was written is removed first,
     whatever went wrong (a refused form, a dropped connection, the body limit of
-    `api.limits`, a full disk)."""
+    `api.http.limits`, a full disk)."""
     boundary = _boundary(request)
     try:
         writer = await anyio.to_thread.run_sync(storage.new_upload, tenant, max_file_bytes)
@@ -314,5 +314,5 @@ async def drain(request: Request, limit: int = DRAIN_BYTES) -> None:
             if read > limit:
                 return
     except (HTTPException, ClientDisconnect, RuntimeError, OSError):
-        # past the body limit (api.limits), the stream already consumed, or the client gone
+        # past the body limit (api.http.limits), the stream already consumed, or the client gone
         return

@@ -314,7 +314,7 @@ class Settings(BaseSettings):
         ),
     )
 
-    # HTTP limits of `pdppo serve` (api.http_limits): a client that sends too slowly, a huge
+    # HTTP limits of `pdppo serve` (api.http.http_limits): a client that sends too slowly, a huge
     # header or one connection too many is answered and cut off; the others keep being served.
     http_header_timeout_seconds: float = Field(
         default=10.0,

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api import service_metrics
+from api.http import service_metrics
 from api.deps import SettingsDep, StoreDep, require_metrics_token
 from api.disk import disk_detail, disk_metrics
 from api.schemas import Health

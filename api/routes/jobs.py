@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.observability import JOBS_SUBMITTED
+from api.http.observability import JOBS_SUBMITTED
 from api.pending_writes import documented_503, pending_write
 from api.routes.storage import QUOTA_RESPONSE, refuse_over_quota
 from api.schemas import (

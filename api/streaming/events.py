@@ -56,7 +56,7 @@ from prometheus_client import Counter
 from redis.driver_info import DriverInfo
 
 from api.streaming.cancel import cancel_until_done
-from api.observability import SSE_FEEDS, SSE_SUBSCRIBERS
+from api.http.observability import SSE_FEEDS, SSE_SUBSCRIBERS
 from api.streaming.sse_frames import Batch, Entry, Frame, Page, Turns, encode
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore, events_key

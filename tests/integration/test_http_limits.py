@@ -3,7 +3,7 @@ header gets 431, connections past the limit get 503 at once, and meanwhile every
 served: requests, an event stream that lives longer than any timeout, an upload at a fair speed.
 
 Every test talks to a real `pdppo serve` over real sockets: the limits live in the HTTP protocol
-(`api.http_limits`), below anything an in-process client would reach.
+(`api.http.http_limits`), below anything an in-process client would reach.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The service's state as `/metrics` renders it (`api.service_metrics`), read from a real Redis:
+"""The service's state as `/metrics` renders it (`api.http.service_metrics`), read from a real Redis:
 known jobs, workers and counters give known values, label sets stay bounded, and a stalled
 Redis gives a prompt scrape that says the read failed."""
 
@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aredis
 from prometheus_client.parser import text_string_to_metric_families
 
-from api import service_metrics
+from api.http import service_metrics
 from pdppo.settings import Settings
 from pdppo.store import JobStore, job_key
 from pdppo.store.jobs_api import AsyncJobStore

@@ -45,7 +45,7 @@ from pdppo.settings import Settings, get_settings
 
 LINGER_SECONDS = 2.0
 """How long a refused client's further bytes are read and dropped before the close."""
-PROTOCOL = "api.http_limits:LimitedH11Protocol"
+PROTOCOL = "api.http.http_limits:LimitedH11Protocol"
 RETRY_AFTER_SECONDS = 1
 
 

@@ -48,7 +48,7 @@ from api.pending_writes import unavailable_response
 from api.publisher import TaskPublisher
 from api.routes import artifacts, events, files, health, jobs, results, steering, storage
 from api.schemas import ErrorBody, ValidationErrorBody
-from api.uploads import FORM_OVERHEAD_BYTES
+from api.storage.uploads import FORM_OVERHEAD_BYTES
 from pdppo import __version__
 from pdppo.settings import Settings, get_settings
 from pdppo.store import AsyncJobStore

@@ -14,7 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.convert import steps_csv
 from api.deps import JobDep, SettingsDep, StoreDep
 from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
-from api.tarstream import open_snapshot, tar_stream
+from api.storage.tarstream import open_snapshot, tar_stream
 from pdppo.store import JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])

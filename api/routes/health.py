@@ -1,4 +1,4 @@
-"""Liveness, readiness (Redis reachable; a low disk is reported, not unready: `api.disk`) and
+"""Liveness, readiness (Redis reachable; a low disk is reported, not unready: `api.storage.disk`) and
 Prometheus metrics; no API key needed.
 
 `/metrics` takes the operators' `PDPPO_METRICS_TOKEN` when one is set; it stays out of the
@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.http import service_metrics
 from api.deps import SettingsDep, StoreDep, require_metrics_token
-from api.disk import disk_detail, disk_metrics
+from api.storage.disk import disk_detail, disk_metrics
 from api.schemas import Health
 from pdppo.store import AsyncJobStore
 

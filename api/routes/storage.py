@@ -29,7 +29,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from api.deps import JobDep, SettingsDep, StoreDep, TenantDep
 from api.schemas import ErrorBody, JobCounts, StorageBytes, Usage
-from api.uploads import drain
+from api.storage.uploads import drain
 from pdppo.disk_usage import DiskUsage, measure, remove_job_dir
 from pdppo.settings import Settings
 from pdppo.store import now_iso, tenant_jobs_key

@@ -9,7 +9,7 @@ only ever changed by renaming it as a whole:
   data, or not there at all);
 - it is removed by renaming it away first (`discard_dir`), then deleting the renamed copy: a
   reader that opened it by its name before the rename has it whole, one that comes after finds
-  nothing (`api.tarstream` checks the name still leads to the folder it opened).
+  nothing (`api.storage.tarstream` checks the name still leads to the folder it opened).
 
 `os.rename` cannot replace a non-empty folder, so `replace_dir` renames the old one away first:
 for a moment the name leads nowhere, which a reader takes for "not there" (never for a mix).

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from api.tarstream import open_snapshot, tar_stream
+from api.storage.tarstream import open_snapshot, tar_stream
 
 
 def make_folder(root: Path) -> Path:

@@ -15,7 +15,7 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from api.uploads import Upload, UploadRefused, clean_filename, receive_upload
+from api.storage.uploads import Upload, UploadRefused, clean_filename, receive_upload
 from core.config import TaskConfig
 from pdppo.files import (
     FileStorage,

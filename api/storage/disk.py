@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from api.uploads import drain
+from api.storage.uploads import drain
 from core.disk.storage import disk_total, free_bytes
 from pdppo.files import FILES_DIR
 from pdppo.settings import Settings
@@ -39,7 +39,7 @@ def folders(settings: Settings) -> dict[str, Path]:
 async def refuse_without_room(request: Request, settings: Settings, framing_bytes: int) -> None:
     """507 before reading the body when the upload's declared size (Content-Length less the
     form's framing) would leave less than the reserve free; a body of unknown size (chunked)
-    is checked as it is written instead (`api.uploads`)."""
+    is checked as it is written instead (`api.storage.uploads`)."""
     declared = request.headers.get("content-length", "")
     if not declared.isdigit():
         return

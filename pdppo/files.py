@@ -49,7 +49,7 @@ INPUTS_DIR = "inputs"
 
 
 def file_id_of(sha256: str) -> str:
-    """`file-` and the first 32 hex digits of the sha256 (`core.config_task.FILE_ID_RE`)."""
+    """`file-` and the first 32 hex digits of the sha256 (`core.config.task.FILE_ID_RE`)."""
     return "file-" + sha256[:32]
 
 

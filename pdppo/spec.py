@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.config import TrainConfig
-from core.config_types import FINITE, NO_CONTROL_CHARS
+from core.config.types import FINITE, NO_CONTROL_CHARS
 from pdppo.queues import MAX_DEVICES, job_queue
 
 __all__ = ["JobSpec", "Resources", "SpecError", "load_spec"]

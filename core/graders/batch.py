@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from core.graders.base import Grader, Record, check_unit
 from core.graders.build import Multi, build_grader
-from core.graders.config import GraderConfig
+from core.config.graders import GraderConfig
 from core.graders.server import GradingServer, Outcome
 
 log = logging.getLogger(__name__)

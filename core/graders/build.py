@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.graders.base import Grader, Record, Scored
-from core.graders.config import (
+from core.config.graders import (
     GraderConfig,
     JsonSchemaGrader,
     LengthPenaltyGrader,

@@ -13,7 +13,7 @@ from typing import Any
 
 from core.extras import require
 from core.graders.base import Grader, Record, field_value, text_field
-from core.graders.config import MathGrader, NumericGrader
+from core.config.graders import MathGrader, NumericGrader
 
 NUMBER = re.compile(
     r"""

@@ -21,7 +21,7 @@ from numbers import Real
 from typing import Any
 
 from core.graders.base import Grader, Record
-from core.graders.config import PluginGrader
+from core.config.graders import PluginGrader
 
 ENTRY_POINT_GROUP = "pdppo.graders"
 

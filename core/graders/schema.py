@@ -8,7 +8,7 @@ from typing import Any
 
 from core.extras import require
 from core.graders.base import Grader, Record, field_value
-from core.graders.config import JsonSchemaGrader
+from core.config.graders import JsonSchemaGrader
 
 MAX_CACHED_VALIDATORS = 256
 """Validators kept per process, by schema text: a batch holds a few distinct schemas, each

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core.graders.base import Record, check_unit
-from core.graders.config import GraderConfig
+from core.config.graders import GraderConfig
 from core.process.parent_death import die_with_parent
 
 STARTUP_SECONDS = 60.0

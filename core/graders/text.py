@@ -6,7 +6,7 @@ import re
 from functools import lru_cache
 
 from core.graders.base import Grader, Record, text_field
-from core.graders.config import LengthPenaltyGrader, RegexGrader, StringCheckGrader
+from core.config.graders import LengthPenaltyGrader, RegexGrader, StringCheckGrader
 
 
 class StringCheck(Grader):

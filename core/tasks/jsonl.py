@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from core.config import TaskConfig
 from core.graders import BatchGrader
-from core.graders.config import GraderConfig, RegexGrader
+from core.config.graders import GraderConfig, RegexGrader
 from core.disk.safe_files import DEFAULT_MAX_BYTES, DEFAULT_MAX_LINE_BYTES, iter_lines
 from core.tasks.base import Example, Grades, Task
 from core.tasks.records import numbered_records, to_example

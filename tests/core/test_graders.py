@@ -22,7 +22,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
-from core.graders.config import GraderConfig
+from core.config.graders import GraderConfig
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
 
@@ -354,7 +354,7 @@ import sys, types
 core = types.ModuleType("core"); core.__path__ = ["core"]; sys.modules["core"] = core  # no torch
 from pydantic import TypeAdapter
 from core.graders import GradingServer
-from core.graders.config import GraderConfig
+from core.config.graders import GraderConfig
 cfg = TypeAdapter(GraderConfig).validate_python({"type": "regex", "pattern": "(a+)+$"})
 server = GradingServer(cfg, 600.0)
 server.grade([("a", {})])

@@ -112,7 +112,7 @@ FEATURES = [
     ),
     (
         "from core.graders import build_grader\n"
-        "from core.graders.config import MathGrader\n"
+        "from core.config.graders import MathGrader\n"
         "build_grader(MathGrader(type='math'))\n",
         ("math_verify",),
         "task.grader (math) needs the math extra: pip install 'pdppo[math]' "
@@ -120,7 +120,7 @@ FEATURES = [
     ),
     (
         "from core.graders import build_grader\n"
-        "from core.graders.config import JsonSchemaGrader\n"
+        "from core.config.graders import JsonSchemaGrader\n"
         "build_grader(JsonSchemaGrader(type='json_schema'))\n",
         ("jsonschema",),
         "task.grader (json_schema) needs the jsonschema extra: pip install 'pdppo[jsonschema]' "

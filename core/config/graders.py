@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.config_types import FINITE, CleanStr
+from core.config.types import FINITE, CleanStr
 
 FieldName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z_][\w.-]*$")]
 """A record field a grader reads (`answer`, `tests`, `schema`, ...)."""

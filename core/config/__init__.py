@@ -1,5 +1,10 @@
 """The trainer's typed configuration: every knob of a run, validated before any tensor exists.
 
+The package: `TrainConfig` and its run-level sections here; the model's section in `model`, the
+task's in `task`, the graders a task declares in `graders`, and the validated value types every
+section shares in `types`. Imports: pydantic, and nothing else from `core` (the API and the
+client validate specs with it, and every other package reads it).
+
 Plain pydantic (no torch import) so that the API can validate a job spec without loading the
 trainer. Groups mirror the parts of a run: which model, which task, how rollouts are sampled (and
 how far the behavior policy drifts from the trained one), which trust-region mask, the optimizer,
@@ -25,15 +30,15 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, model_validator
 
 # the model and task sections live in modules of their own; every section stays importable here
-from core.config_model import JOB_ID_RE as JOB_ID_RE
-from core.config_model import LoraConfig as LoraConfig
-from core.config_model import ModelConfig as ModelConfig
-from core.config_model import TinyModelConfig as TinyModelConfig
-from core.config_task import FILE_ID_RE as FILE_ID_RE
-from core.config_task import MAX_PATH_CHARS as MAX_PATH_CHARS
-from core.config_task import TaskConfig as TaskConfig
-from core.config_task import TaskName as TaskName
-from core.config_types import (
+from core.config.model import JOB_ID_RE as JOB_ID_RE
+from core.config.model import LoraConfig as LoraConfig
+from core.config.model import ModelConfig as ModelConfig
+from core.config.model import TinyModelConfig as TinyModelConfig
+from core.config.task import FILE_ID_RE as FILE_ID_RE
+from core.config.task import MAX_PATH_CHARS as MAX_PATH_CHARS
+from core.config.task import TaskConfig as TaskConfig
+from core.config.task import TaskName as TaskName
+from core.config.types import (
     FINITE,
     FiniteFloat,
     Strict,

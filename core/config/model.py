@@ -11,8 +11,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from core.config_task import MAX_PATH_CHARS
-from core.config_types import CleanStr, FiniteFloat, Strict, _no_control_chars
+from core.config.task import MAX_PATH_CHARS
+from core.config.types import CleanStr, FiniteFloat, Strict, _no_control_chars
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What `job:<id>` accepts as an id (the API's ids are 24 hex digits)."""

@@ -1,7 +1,7 @@
 """Validated value types shared by every config model: finite numbers, clean strings.
 
-Kept apart from `core.config` so that config models in other modules (`core.graders.config`) can
-use them without an import cycle.
+Kept apart from `core.config`'s `__init__` so that the sections in other modules
+(`core.config.graders`, `.model`, `.task`) can use them without an import cycle.
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ def vllm_group(plan: Plan) -> list[Row]:
     """Row 4: rollouts sampled by an in-process vLLM engine, given the weights every step."""
 
     def row() -> dict[str, Figure]:
-        from core.vllm_engine import vllm_available
+        from core.rollout.vllm_engine import vllm_available
 
         if not vllm_available():
             raise Skipped("vllm not installed")

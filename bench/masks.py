@@ -15,7 +15,7 @@ resamples of the seeds). An interval that holds 0 is no evidence either way.
 
     python bench/masks.py --seeds 16 --steps 80 --workers 2 --out runs/bench-masks
 
-`--engine vllm` samples with vLLM instead (`core.vllm_engine`, the `vllm` extra): the real
+`--engine vllm` samples with vLLM instead (`core.rollout.vllm_engine`, the `vllm` extra): the real
 engine's kernels and top-K view against the trainer, on a Llama built locally (heads of 64, as
 vLLM's CPU kernels need), fp32 rollouts, so the mismatch is the engine's and the staleness'.
 The `exact` variant needs full rows of mu, which vLLM does not return, and is left out.

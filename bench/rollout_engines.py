@@ -1,5 +1,5 @@
 """Rollout throughput and peak memory of the two engines, `hf` (pdppo's own KV-cache loop,
-`core.rollout.generate`) and `vllm` (`core.vllm_engine`), on the same model, prompts and
+`core.rollout.generate`) and `vllm` (`core.rollout.vllm_engine`), on the same model, prompts and
 sampling settings, side by side in one run.
 
 The model is a Llama built here (`core.models.local_hf.make_chat_hf`, heads of 64 dimensions,
@@ -91,7 +91,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         return int(batch.response_mask.sum())
 
     if args.engine == "vllm":
-        from core.vllm_engine import VLLMEngine
+        from core.rollout.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(str(args.model), cfg, max_model_len=None)
     once(0)  # warm-up

@@ -99,7 +99,7 @@ class RolloutConfig(Strict):
             "What samples the rollouts: 'hf', the trainer's own KV-cache loop, or 'vllm', a vLLM "
             "engine in the job's process (the `vllm` extra; hf: models), given the trained "
             "weights (LoRA merged in) before every rollout and returning its top-K view of "
-            "what it sampled (core.vllm_engine)."
+            "what it sampled (core.rollout.vllm_engine)."
         ),
     )
     vllm_memory: FiniteFloat = Field(

@@ -6,7 +6,7 @@ pad ids, the trainable parameters, and saving in the family's own format.
 
 The `group_size` completions of a prompt share it: a model whose cache can be indexed by row
 (`shares_prefix`) runs each distinct prompt once and gives its keys and values to every row of
-its group (`expand_cache`), in generation and in the training forward (`core.prefix`); decoding
+its group (`expand_cache`), in generation and in the training forward (`core.rollout.prefix`); decoding
 drops finished rows from its cache (`select_cache`). Other models run every row in full.
 """
 
@@ -170,7 +170,7 @@ class CausalLM(abc.ABC):
 
     def inference_weights(self) -> list[tuple[str, Tensor]]:
         """The whole policy as (name, tensor) pairs in its checkpoint's names, for an inference
-        engine that loads it in place (`core.vllm_engine`); detached, not copied."""
+        engine that loads it in place (`core.rollout.vllm_engine`); detached, not copied."""
         return [(n, p.detach()) for n, p in self.module.named_parameters()]
 
     def snapshot(self) -> dict[str, Tensor]:

@@ -143,7 +143,7 @@ class HFLM(CausalLM):
             source = resolve_hf_source(cfg.name, data_roots)
         else:
             source = check_model_dir(str(folder), None, what=f"model.name={cfg.name!r}")
-        self.source = source  # what a vLLM rollout engine loads too (core.vllm_engine)
+        self.source = source  # what a vLLM rollout engine loads too (core.rollout.vllm_engine)
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         # transformers renamed `torch_dtype` to `dtype` (4.56); older releases ignore `dtype`
         dtype_arg = "dtype" if _transformers_at_least("4.56") else "torch_dtype"

@@ -130,7 +130,7 @@ def leave_group() -> None:
     on several ranks) built its own groups inside it: those go first, or its exit handler
     finds them invalid and fails the process's end."""
     if "vllm.distributed.parallel_state" in sys.modules:
-        from core.vllm_engine import leave_groups
+        from core.rollout.vllm_engine import leave_groups
 
         leave_groups()
     if dist.is_initialized():

@@ -38,7 +38,7 @@ from core.training.update import group_advantages, update_policy
 from core.training.warmup import Warmup
 
 if TYPE_CHECKING:
-    from core.vllm_engine import VLLMEngine
+    from core.rollout.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +488,7 @@ def _batch_stats(world: World, ro: _Rollout, zero_adv: float, group_size: int) -
 
 def _vllm_engine(lm: CausalLM, cfg: TrainConfig, world: World) -> VLLMEngine:
     """The vLLM engine for `lm`, loading what it was loaded from (`HFLM.source`)."""
-    from core.vllm_engine import VLLMEngine, vllm_available
+    from core.rollout.vllm_engine import VLLMEngine, vllm_available
 
     source = getattr(lm, "source", None)
     if source is None:

@@ -1,4 +1,4 @@
-"""Each prompt once for all the rows that hold it: in the training forward (`core.prefix`) the
+"""Each prompt once for all the rows that hold it: in the training forward (`core.rollout.prefix`) the
 logits and the gradients of every trainable parameter equal the full forward's (1e-5 relative,
 fp32), for `builtin:tiny` and the Hugging Face Llama family (full weights and LoRA), with left
 padding, groups split across minibatches and answers of different lengths; generation prefills
@@ -19,7 +19,7 @@ from core.config import ModelConfig, TinyModelConfig
 from core.models import CausalLM, load_model
 from core.models.hf import make_tiny_hf
 from core.models.tiny import TinyLM
-from core.prefix import distinct_rows
+from core.rollout.prefix import distinct_rows
 from core.rollout import (
     RolloutBatch,
     generate,

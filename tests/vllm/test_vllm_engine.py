@@ -20,7 +20,7 @@ from core.config import LoraConfig, TrainConfig
 from core.models.hf import HFLM
 from core.models.local_hf import make_chat_hf
 from core.rollout import RolloutBatch, StopRequested, response_logits, sampling_logprobs
-from core.vllm_engine import VLLMEngine
+from core.rollout.vllm_engine import VLLMEngine
 
 TEMPERATURE = 0.7
 TOP_K = 5

@@ -1,5 +1,10 @@
 """The rollout engine: batched sampling with a KV cache that records what an engine would expose.
 
+The package: this engine (`generate`, `RolloutBatch`) here; `prefix`: a prompt's keys and values
+shared by its group's rows; `vllm_engine`: the same batches sampled by vLLM. Imports:
+`core.objective` (the behavior view), `core.models`, `core.config`, `core.parallel` (vLLM's
+ranks); not the training loop.
+
 For every generated token it keeps the `BehaviorView` a production engine returns (vLLM
 `logprobs=K`): the sampled token's log-prob and the top-K ids and log-probs of the sampling
 distribution, with the sampled token forced into the top-K row when it is missing. Full log-probs
@@ -12,7 +17,7 @@ token t of every row sits at column P + t and is predicted by the logits at colu
 
 What a step costs (issue 11, bench/step_breakdown.py): the `group_size` rows of a prompt share it,
 so `generate` prefills each distinct prompt once and the training forward (`response_logits`)
-runs it once per minibatch (`core.prefix`); decoding writes one column per token into a
+runs it once per minibatch (`core.rollout.prefix`); decoding writes one column per token into a
 preallocated cache, drops finished rows, reads nothing back from a GPU but every `SYNC_EVERY`
 tokens, and samples by inverse CDF (`sample_tokens`).
 """
@@ -29,7 +34,7 @@ from torch import Tensor
 from core.objective.behavior import BehaviorView
 from core.objective.lazy_logits import ProjectedLogits
 from core.models.base import CausalLM
-from core.prefix import distinct_rows, shared_prefix_logits
+from core.rollout.prefix import distinct_rows, shared_prefix_logits
 
 
 class StopRequested(Exception):
@@ -354,7 +359,7 @@ def response_logits(
     """The trained policy's fp32 logits (N, V) at the response tokens, scaled like sampling.
 
     `prefix="full"` runs every row whole (the reference, and the path of models that cannot
-    share); `"shared"` runs each distinct prompt once for the rows that hold it (`core.prefix`:
+    share); `"shared"` runs each distinct prompt once for the rows that hold it (`core.rollout.prefix`:
     the same logits and gradients up to fp32 rounding); `"auto"` shares whenever the model can,
     even in a batch of distinct prompts (no slower there), so that every minibatch and
     micro-batch of a step takes the same path and rounds the same way."""

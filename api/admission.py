@@ -1,8 +1,8 @@
 """Admission: every reason the API refuses a job spec, shared by `POST /v1/jobs`,
 `POST /v1/jobs:validate` and `PATCH /v1/jobs/{id}` (a steered spec is admitted again).
 
-Beyond the spec's schema (FastAPI, from `JobSpec`): the local paths it names (`api.storage.paths`), the
-uploaded files and earlier job's model it names (the tenant's own only), the server's timeout,
+Beyond the spec's schema (FastAPI, from `JobSpec`): the local paths it names (`api.storage.paths`),
+the uploaded files and earlier job's model it names (the tenant's own only), the server's timeout,
 device and rollout-engine limits, and its budget (`core.budget`: memory, parameters and tokens
 against the queue's `PDPPO_MAX_*` limits), so that one spec cannot take a shared worker down.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import anyio
 
-from api.storage.paths import forbidden_paths
 from api.schemas import SpecProblem
+from api.storage.paths import forbidden_paths
 from core.budget import Budget, Limits, check, estimate
 from pdppo.files import spec_file_ids
 from pdppo.job_models import FIELD as JOB_MODEL_FIELD

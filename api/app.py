@@ -41,7 +41,6 @@ from starlette.routing import BaseRoute, Match
 from api.dashboard import mount_dashboard
 from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.docs import mount_docs
-from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
 from api.http.limits import BodySizeLimit
 from api.http.observability import PrometheusMiddleware
 from api.pending_writes import unavailable_response
@@ -49,6 +48,7 @@ from api.publisher import TaskPublisher
 from api.routes import artifacts, events, files, health, jobs, results, steering, storage
 from api.schemas import ErrorBody, ValidationErrorBody
 from api.storage.uploads import FORM_OVERHEAD_BYTES
+from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
 from pdppo import __version__
 from pdppo.settings import Settings, get_settings
 from pdppo.store import AsyncJobStore

@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.streaming.events import EventHub
 from api.publisher import TaskPublisher
+from api.streaming.events import EventHub
 from pdppo.settings import Settings
 from pdppo.store import AsyncFileStore, AsyncJobStore, FileRecord, JobRecord
 

@@ -10,8 +10,8 @@ The model is a Llama built on this machine with random weights (no hub download)
 128,256 (untied output layer), saved to a temporary folder and trained as `hf:<folder>`, with a
 character tokenizer. Its prompts are 64 digits; the reward is 1 when a completion contains a
 token whose id ends in 77, which a random policy draws in about 3 of 4 completions, so the
-groups' advantages are not all zero. Each row runs the real trainer (`core.training.trainer.train`) for
-`--steps` steps in a process of its own (`bench/gpu_check_rows.py`) and reports the last:
+groups' advantages are not all zero. Each row runs the real trainer (`core.training.trainer.train`)
+for `--steps` steps in a process of its own (`bench/gpu_check_rows.py`) and reports the last:
 
 - `train`: RL steps with the predictive mask and the fused loss (`fused_pieces` counts the loss
   pieces that took the fused path), rollouts by the trainer's own engine. tokens/s is completion

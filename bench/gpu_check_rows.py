@@ -6,8 +6,8 @@ GROUP is `train` (the rows `train` and `memory`: one run measures both), `dp`, `
 `vllm`. A process per group keeps what one row leaves behind out of the next: a CUDA context
 broken by a bad kernel, a process group that never tore down, a hung collective (the parent
 kills it at its timeout), and the allocator's peak, which is per process. Every row drives the
-real trainer (`core.training.trainer.train`, what `pdppo train` and a worker's job call) on the model
-and data the parent built; `run_row` turns an exception into a FAILED row, so one broken path
+real trainer (`core.training.trainer.train`, what `pdppo train` and a worker's job call) on the
+model and data the parent built; `run_row` turns an exception into a FAILED row, so one broken path
 does not hide the others.
 """
 

@@ -1,4 +1,5 @@
-"""Peak memory and time of the policy loss + its backward, fused (`core.objective.fused`) against unfused.
+"""Peak memory and time of the policy loss + its backward, fused (`core.objective.fused`) against
+unfused.
 
 For N tokens of hidden size H and vocabularies V (32k Llama 2, 128k Llama 3, 152k Qwen 2), each
 measurement runs in a fresh subprocess: random hidden states (N, H) and output projection

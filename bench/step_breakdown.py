@@ -12,8 +12,8 @@ shape: a question and a short answer). Prompts differ in length, so left padding
 `generate_before` (every row prefilled, the KV cache concatenated per token, `torch.multinomial`),
 the full-sequence training forward (a KV cache built, T + 1 logit columns), AdamW's single-tensor
 loop. `after` is the library as it is: `core.rollout.generate`, `core.rollout.response_logits`,
-`core.training.trainer.build_optimizer`, each distinct prompt tokenized once. Both run in one process,
-interleaved repeat by repeat, so that they see the same machine; medians over the repeats.
+`core.training.trainer.build_optimizer`, each distinct prompt tokenized once. Both run in one
+process, interleaved repeat by repeat, so that they see the same machine; medians over the repeats.
 
 Prefill is timed as `generate(max_new_tokens=1)` (a prefill and one sampled token), decode as the
 rest of a full `generate` (all its other tokens). Times are CPU time of the main thread (one
@@ -38,10 +38,10 @@ from typing import TypeVar
 
 import torch
 
-from core.objective.behavior import BehaviorView
 from core.config import ModelConfig, OptimConfig
 from core.models import CausalLM, load_model
 from core.models.base import Tokenizer
+from core.objective.behavior import BehaviorView
 from core.rollout import (
     RolloutBatch,
     generate,

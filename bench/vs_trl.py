@@ -8,7 +8,8 @@ optimizer update per step (one minibatch, one epoch, no KL term and so no refere
 the same constant learning rate, gradients clipped at norm 1, advantages normalised by the
 group's reward std (pdppo's `algorithm.normalize_std`, TRL's default `scale_rewards="group"`).
 Both score a completion with the same check: pdppo's own grader (`core.graders.build_grader`),
-which TRL's reward function calls. pdppo runs through its public entry, `core.training.trainer.train`.
+which TRL's reward function calls. pdppo runs through its public entry,
+`core.training.trainer.train`.
 
 Tasks (`--task`), 110 single-digit sums and differences each, graded `string_check` `contains`
 (the answer's digit anywhere in the completion): `short`, such as `3+4=` (5 prompt tokens with the

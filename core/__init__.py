@@ -3,8 +3,8 @@
 Imports no web or queue code; `api/` and `workers/` build on it. Without torch (the client
 install, `pip install pdppo`), importing `core` still works and so do its torch-free modules
 (`core.config`, `core.budget`: `pdppo submit --dry-run` prints `core.budget`'s report); the names
-below then say which extra brings torch. (Not lazy when torch is there: `core.objective.divergence` is
-both a module and a function, and an import of the module would shadow a lazy function.)
+below then say which extra brings torch. (Not lazy when torch is there: `core.objective.divergence`
+is both a module and a function, and an import of the module would shadow a lazy function.)
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 earlier jobs.
 
 Where that model is: the earlier job's worker trained into `<artifact_dir>/<id>` (its out_dir,
-`workers.runner.job_dir`) and `core.training.trainer.train` saved the final model into `final/` there, in
-its family's own format (`builtin:tiny`'s safetensors and config.json, or `save_pretrained`).
-The API and every worker mount the same artifact store (`deploy/docker-compose.yml`: the
-`artifacts` volume at /artifacts), so both find it by the job id alone; the `final_model` path
-in the job record is the earlier worker's view of it and is not used.
+`workers.runner.job_dir`) and `core.training.trainer.train` saved the final model into `final/`
+there, in its family's own format (`builtin:tiny`'s safetensors and config.json, or
+`save_pretrained`). The API and every worker mount the same artifact store
+(`deploy/docker-compose.yml`: the `artifacts` volume at /artifacts), so both find it by the job id
+alone; the `final_model` path in the job record is the earlier worker's view of it and is not used.
 
 Who may use it: the same rule, checked twice with the same words. The API checks at submit (a
 422 naming `train.model.name`), the worker again before it loads the model (the record may have

@@ -292,8 +292,9 @@ class Settings(BaseSettings):
         ),
     )
 
-    # Event streams under load (api.streaming.events): past either limit GET /v1/jobs/{id}/events answers
-    # 429 with Retry-After. Per API process (`pdppo serve --workers N` allows N times as many).
+    # Event streams under load (api.streaming.events): past either limit GET /v1/jobs/{id}/events
+    # answers 429 with Retry-After. Per API process (`pdppo serve --workers N` allows N times as
+    # many).
     sse_max_streams: int = Field(
         default=2000,
         ge=1,
@@ -379,8 +380,8 @@ class Settings(BaseSettings):
         ),
     )
 
-    # Disk space (core.disk.storage): what the artifact folder's disk keeps free. A worker refuses to
-    # start a job, or to write a checkpoint, that would leave less (failure code storage_full);
+    # Disk space (core.disk.storage): what the artifact folder's disk keeps free. A worker refuses
+    # to start a job, or to write a checkpoint, that would leave less (failure code storage_full);
     # an upload that would is answered 507; /readyz and `pdppo_disk_free_bytes` report it.
     min_free_bytes: int = Field(
         default=256 * 2**20,

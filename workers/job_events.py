@@ -22,9 +22,9 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any, Protocol
 
+from core.graders.batch import GRADING_COUNTS
 from core.training.checkpoint import checkpoint_step, latest_checkpoint
 from core.training.evaluation import Sample
-from core.graders.batch import GRADING_COUNTS
 from core.training.trainer import TrainerCallback
 from pdppo.store import JobRecord, JobStore, StoreRetry, StoreUnavailable, now_iso
 from pdppo.store.jobs_worker import FencedOut

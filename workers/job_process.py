@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from core.budget import Limits
-from core.parallel.distributed import free_port
 from core.disk.storage import Reserve, StorageError
+from core.parallel.distributed import free_port
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model
 from pdppo.spec import JobSpec
@@ -101,7 +101,8 @@ class JobOptions:
     out_dir: str
     resume: bool
     memory_limit_bytes: int  # RLIMIT_AS for CPU jobs; 0: none
-    torch_threads: int | None  # PDPPO_JOB_THREADS; None: a share of the cores (`core.process.threads`)
+    # PDPPO_JOB_THREADS; None: a share of the cores (`core.process.threads`)
+    torch_threads: int | None
     log_level: str
     data_roots: tuple[str, ...]  # local models and datasets only from here (empty: none)
     limits: Limits  # the job's queue's budget, checked again here: the API may not see files

@@ -1,8 +1,8 @@
 """The other processes of a multi-device job (`resources.gpus: N`), kept by its job process.
 
-A job of N devices trains as N data-parallel processes (`core.parallel.distributed`). The job process
-(`workers.job_process`) is rank 0: it alone holds the lease's fence, publishes the events and
-hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
+A job of N devices trains as N data-parallel processes (`core.parallel.distributed`). The job
+process (`workers.job_process`) is rank 0: it alone holds the lease's fence, publishes the events
+and hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
 fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a silent
 callback: they train their share of every step and write nothing. A stop (cancel, pause, timeout,
 shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary, or the
@@ -181,8 +181,8 @@ class Ranks:
 
 @contextlib.contextmanager
 def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterator[Any]:
-    """Rank 0's `core.parallel.distributed.World` while ranks 1..size-1 train beside it in processes of
-    their own. `on_failure` is called from the watching thread when another rank fails; it must
+    """Rank 0's `core.parallel.distributed.World` while ranks 1..size-1 train beside it in processes
+    of their own. `on_failure` is called from the watching thread when another rank fails; it must
     end the job process (its main thread may be waiting in a collective that never completes)."""
     import torch.distributed as dist
 
@@ -236,8 +236,8 @@ def _train_rank(job: RankJob, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from core.training.callbacks import TrainerCallback
     from core.config import TrainConfig
+    from core.training.callbacks import TrainerCallback
     from core.training.trainer import train
 
     if job.torch_threads:

@@ -11,10 +11,10 @@ from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from api.streaming.cancel import cancel_until_done
 from api.deps import HubDep, JobDep, SettingsDep, TenantDep
-from api.streaming.events import Slot, StreamLimitReached
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
+from api.streaming.cancel import cancel_until_done
+from api.streaming.events import Slot, StreamLimitReached
 from api.streaming.sse_stream import job_events
 from pdppo.store.events import EventId, EventIdError, parse_event_id
 
@@ -55,7 +55,8 @@ class EventStream(StreamingResponse):
             try:
                 await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                cancel_until_done(pump)  # its store calls can lose a cancel (`api.streaming.cancel`)
+                # its store calls can lose a cancel (`api.streaming.cancel`)
+                cancel_until_done(pump)
                 gone.cancel()
                 await asyncio.wait({pump, gone})  # raises nothing of theirs
             if not gone.cancelled():

@@ -1,8 +1,8 @@
 """Files: upload a JSONL dataset, list, get, read back and delete it; a job spec names it by id.
 
-An upload is streamed to disk (`api.storage.uploads`), checked line by line against the dataset record
-schema (`core.tasks.records`, the rules the worker loads it with), and stored once per tenant and
-content (`pdppo.files`: `<artifact_dir>/files/<tenant>/<sha256>.jsonl`): the id is
+An upload is streamed to disk (`api.storage.uploads`), checked line by line against the dataset
+record schema (`core.tasks.records`, the rules the worker loads it with), and stored once per tenant
+and content (`pdppo.files`: `<artifact_dir>/files/<tenant>/<sha256>.jsonl`): the id is
 `file-<first 32 hex of its sha256>`, so uploading the same bytes again answers 200 with the file
 already there (201 is a new file). A file with a bad line is refused whole (422, the first bad
 lines by number), as is one past PDPPO_MAX_FILE_BYTES (413); nothing of a refused upload stays
@@ -28,10 +28,10 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.deps import FileDep, FileStoreDep, SettingsDep, TenantDep
-from api.storage.disk import refuse_without_room
 from api.pending_writes import documented_503, pending_write
 from api.routes.storage import forget_usage, refuse_over_quota
 from api.schemas import ErrorBody, FileList, FileObject
+from api.storage.disk import refuse_without_room
 from api.storage.uploads import UPLOAD_SCHEMA, Upload, UploadRefused, drain, receive_upload
 from pdppo.files import FileStorage, Inspection, describe_problems, file_id_of, inspect_jsonl
 from pdppo.settings import Settings

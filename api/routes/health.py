@@ -1,5 +1,5 @@
-"""Liveness, readiness (Redis reachable; a low disk is reported, not unready: `api.storage.disk`) and
-Prometheus metrics; no API key needed.
+"""Liveness, readiness (Redis reachable; a low disk is reported, not unready: `api.storage.disk`)
+and Prometheus metrics; no API key needed.
 
 `/metrics` takes the operators' `PDPPO_METRICS_TOKEN` when one is set; it stays out of the
 OpenAPI schema, which documents what tenants call.
@@ -12,10 +12,10 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.http import service_metrics
 from api.deps import SettingsDep, StoreDep, require_metrics_token
-from api.storage.disk import disk_detail, disk_metrics
+from api.http import service_metrics
 from api.schemas import Health
+from api.storage.disk import disk_detail, disk_metrics
 from pdppo.store import AsyncJobStore
 
 router = APIRouter(tags=["health"])

@@ -1,11 +1,11 @@
 """Steering a job: `PATCH /v1/jobs/{id}` changes its settings while it runs; pause and resume.
 
 A change is a JSON merge patch (RFC 7396) of the job spec, limited to what the trainer may change
-between steps (`core.training.steering.STEERABLE`), validated like a submitted spec (the schema, then the
-same admission as `POST /v1/jobs`: a longer run must still fit its queue's token budget), stored
-as the job's cumulative `overrides` and applied by the job at its next step boundary, which says
-so with a `config` event. The store script compares the version the change was computed from, so
-two clients changing a job at once never undo each other.
+between steps (`core.training.steering.STEERABLE`), validated like a submitted spec (the schema,
+then the same admission as `POST /v1/jobs`: a longer run must still fit its queue's token budget),
+stored as the job's cumulative `overrides` and applied by the job at its next step boundary, which
+says so with a `config` event. The store script compares the version the change was computed from,
+so two clients changing a job at once never undo each other.
 """
 
 from __future__ import annotations

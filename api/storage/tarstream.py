@@ -8,8 +8,8 @@ The archive is the folder as it was when the download began, whole, even if the 
 replaced or removed while it streams (checkpoints rotate during a run; retention and deletion
 remove folders): every file is opened before the first byte (`open_snapshot`), and an open file
 keeps its bytes after its name is gone. Folders change only by being renamed as a whole
-(`core.disk.atomic_dir`), so a snapshot whose folder still has its name once every file is open holds
-one complete version of it, never a mix of two or a part of one.
+(`core.disk.atomic_dir`), so a snapshot whose folder still has its name once every file is open
+holds one complete version of it, never a mix of two or a part of one.
 """
 
 from __future__ import annotations

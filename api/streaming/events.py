@@ -33,7 +33,8 @@ no time left for anything else (health checks took seconds). So:
   already acted on, and a client that drops ids below its last would drop the `done` too.
 - Memory and pauses: see `freeze_startup_heap` (GC) and `_tidy` (after a storm).
 
-Frames, batches and turns are in `api/streaming/sse_frames.py`; one client's stream in `api/streaming/sse_stream.py`.
+Frames, batches and turns are in `api/streaming/sse_frames.py`; one client's stream in
+`api/streaming/sse_stream.py`.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ import redis.asyncio as aredis
 from prometheus_client import Counter
 from redis.driver_info import DriverInfo
 
-from api.streaming.cancel import cancel_until_done
 from api.http.observability import SSE_FEEDS, SSE_SUBSCRIBERS
+from api.streaming.cancel import cancel_until_done
 from api.streaming.sse_frames import Batch, Entry, Frame, Page, Turns, encode
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore, events_key

@@ -1,7 +1,8 @@
 """SSE frames as the event streams send them: each stream entry encoded once (`encode`), read
 together in batches shared by every subscriber, cut into writes of WRITE_BYTES, and the turns
 that keep a thousand replaying subscribers from writing in one pass of the event loop (`Turns`).
-See `api/streaming/events.py` for the hub that reads them and `api/streaming/sse_stream.py` for one stream."""
+See `api/streaming/events.py` for the hub that reads them and `api/streaming/sse_stream.py` for one
+stream."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One job's event stream for one client: its backlog, then live batches from the job's feed,
-with no gap and no duplicate, ending with `done` (see `api/streaming/events.py` for how the hub reads and
-shares them)."""
+with no gap and no duplicate, ending with `done` (see `api/streaming/events.py` for how the hub
+reads and shares them)."""
 
 from __future__ import annotations
 

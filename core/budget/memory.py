@@ -1,5 +1,5 @@
-"""The memory estimate: the items `core.training.trainer` allocates, each blamed on a spec field, and the
-peak they make together.
+"""The memory estimate: the items `core.training.trainer` allocates, each blamed on a spec field,
+and the peak they make together.
 
 It exists apart because it is the part that mirrors the trainer and is calibrated against it
 (`bench/budget_calibration.py`, against measured peak RSS); when the trainer changes what it
@@ -50,8 +50,8 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OVERHEAD_BYTES: dict[str, int] = {"cpu": 160 * MIB, "cuda": GIB}
 # Chunk of the full-vocabulary passes in core.objective.divergence (CHUNK_ELEMENTS fp32 entries).
 _CHUNK_BYTES = (1 << 21) * 4
-# The fused loss's chunk of logits and widest vocabulary chunk (core.objective.fused: CHUNK_ELEMENTS,
-# VOCAB_CHUNK; this package imports no torch, so they are restated here).
+# The fused loss's chunk of logits and widest vocabulary chunk (core.objective.fused:
+# CHUNK_ELEMENTS, VOCAB_CHUNK; this package imports no torch, so they are restated here).
 _FUSED_CHUNK_BYTES = (1 << 22) * 4
 _FUSED_VOCAB_CHUNK = 4096
 # Python objects per sequence of a rollout (prompt id lists, completions from `tolist()`, the
@@ -269,8 +269,8 @@ def _memory(
 
 
 def _fused_loss(cfg: TrainConfig, shape: ModelShape) -> bool:
-    """Whether the trainer's loss is fused (`core.training.update.fused_loss_applies`) on a model known
-    to allow it: builtin:tiny; an `hf:` model is counted unfused, an upper bound (its shape
+    """Whether the trainer's loss is fused (`core.training.update.fused_loss_applies`) on a model
+    known to allow it: builtin:tiny; an `hf:` model is counted unfused, an upper bound (its shape
     does not say whether its output layer is a plain projection)."""
     a = cfg.algorithm
     return (

@@ -162,8 +162,8 @@ class AlgorithmConfig(Strict):
         default=True,
         description=(
             "Compute the loss from the last hidden states and the output projection in "
-            "vocabulary chunks (core.objective.fused), never holding the [tokens x vocabulary] logits. "
-            "Applies to the binary and topk estimators with top_p 1, on builtin:tiny and "
+            "vocabulary chunks (core.objective.fused), never holding the [tokens x vocabulary] "
+            "logits. Applies to the binary and topk estimators with top_p 1, on builtin:tiny and "
             "Llama/Qwen hf: models; elsewhere the unfused loss runs."
         ),
     )
@@ -386,8 +386,8 @@ class TrainConfig(Strict):
         return self
 
     def _check_sharding(self) -> None:
-        """What a sharded run cannot do yet (`core.parallel.sharding`): a second copy of the model, or
-        adapters over a frozen base."""
+        """What a sharded run cannot do yet (`core.parallel.sharding`): a second copy of the model,
+        or adapters over a frozen base."""
         if self.sharding != "fsdp":
             return
         refused = {

@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from core.config.types import FINITE, NO_CONTROL_CHARS, FiniteFloat, Strict
 from core.config.graders import GraderConfig
+from core.config.types import FINITE, NO_CONTROL_CHARS, FiniteFloat, Strict
 
 MAX_PATH_CHARS = 4096
 """Longest model name or dataset path (Linux PATH_MAX)."""

@@ -18,9 +18,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from core.config.graders import GraderConfig
 from core.graders.base import Grader, Record, check_unit
 from core.graders.build import Multi, build_grader
-from core.config.graders import GraderConfig
 from core.graders.server import GradingServer, Outcome
 
 log = logging.getLogger(__name__)

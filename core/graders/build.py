@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from core.graders.base import Grader, Record, Scored
 from core.config.graders import (
     GraderConfig,
     JsonSchemaGrader,
@@ -14,6 +13,7 @@ from core.config.graders import (
     RegexGrader,
     StringCheckGrader,
 )
+from core.graders.base import Grader, Record, Scored
 from core.graders.numbers import Math, Numeric
 from core.graders.plugins import Plugin
 from core.graders.schema import JsonSchema

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from core.config.graders import MathGrader, NumericGrader
 from core.extras import require
 from core.graders.base import Grader, Record, field_value, text_field
-from core.config.graders import MathGrader, NumericGrader
 
 NUMBER = re.compile(
     r"""

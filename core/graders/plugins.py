@@ -20,8 +20,8 @@ from importlib.metadata import entry_points
 from numbers import Real
 from typing import Any
 
-from core.graders.base import Grader, Record
 from core.config.graders import PluginGrader
+from core.graders.base import Grader, Record
 
 ENTRY_POINT_GROUP = "pdppo.graders"
 

@@ -6,9 +6,9 @@ import json
 from collections import OrderedDict
 from typing import Any
 
+from core.config.graders import JsonSchemaGrader
 from core.extras import require
 from core.graders.base import Grader, Record, field_value
-from core.config.graders import JsonSchemaGrader
 
 MAX_CACHED_VALIDATORS = 256
 """Validators kept per process, by schema text: a batch holds a few distinct schemas, each

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from core.graders.base import Record, check_unit
 from core.config.graders import GraderConfig
+from core.graders.base import Record, check_unit
 from core.process.parent_death import die_with_parent
 
 STARTUP_SECONDS = 60.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from core.graders.base import Grader, Record, text_field
 from core.config.graders import LengthPenaltyGrader, RegexGrader, StringCheckGrader
+from core.graders.base import Grader, Record, text_field
 
 
 class StringCheck(Grader):

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from core.config import ModelConfig
-from core.models.base import CausalLM, Tokenizer
 from core.disk.safe_files import open_regular_file
+from core.models.base import CausalLM, Tokenizer
 
 __all__ = ["CausalLM", "Tokenizer", "final_model_family", "load_model"]
 

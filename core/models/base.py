@@ -6,8 +6,8 @@ pad ids, the trainable parameters, and saving in the family's own format.
 
 The `group_size` completions of a prompt share it: a model whose cache can be indexed by row
 (`shares_prefix`) runs each distinct prompt once and gives its keys and values to every row of
-its group (`expand_cache`), in generation and in the training forward (`core.rollout.prefix`); decoding
-drops finished rows from its cache (`select_cache`). Other models run every row in full.
+its group (`expand_cache`), in generation and in the training forward (`core.rollout.prefix`);
+decoding drops finished rows from its cache (`select_cache`). Other models run every row in full.
 """
 
 from __future__ import annotations
@@ -104,15 +104,17 @@ class CausalLM(abc.ABC):
     def output_projection(self) -> tuple[Tensor, Tensor | None] | None:
         """(weight (V, H), bias (V,) or None), the output layer's own parameters (a tied
         embedding's, a frozen one under LoRA), when `forward`'s logits are exactly
-        `forward_hidden`'s states times them plus the bias: all the fused loss (`core.objective.fused`)
-        needs to never form the logits. None (the default) where they are not (scaled or
-        soft-capped logits, an adapted output layer): the trainer keeps the unfused loss."""
+        `forward_hidden`'s states times them plus the bias: all the fused loss
+        (`core.objective.fused`) needs to never form the logits. None (the default) where they are
+        not (scaled or soft-capped logits, an adapted output layer): the trainer keeps the unfused
+        loss."""
         return None
 
     @property
     def hidden_skips_module(self) -> bool:
         """True where `forward_hidden` calls a submodule (a decoder) rather than `module`
-        itself: FSDP's hooks on the whole module then never run for it (`core.parallel.sharding`)."""
+        itself: FSDP's hooks on the whole module then never run for it
+        (`core.parallel.sharding`)."""
         return False
 
     @property
@@ -139,8 +141,8 @@ class CausalLM(abc.ABC):
         """The trained model in its family's own format, loadable without pdppo where possible."""
 
     def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
-        """`save_final` of the weights in `state` (this model's own are sharded, `core.parallel.sharding`,
-        and `state` is their gathered whole)."""
+        """`save_final` of the weights in `state` (this model's own are sharded,
+        `core.parallel.sharding`, and `state` is their gathered whole)."""
         raise TypeError(f"{type(self).__name__} cannot save a gathered state")
 
     def blocks(self) -> list[nn.Module]:

@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from core.config import ModelConfig
+from core.disk.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 from core.extras import require
 from core.models.base import CausalLM
 from core.models.local_hf import make_chat_hf, make_tiny_hf
-from core.disk.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 
 __all__ = ["HFLM", "HFTokenizer", "make_chat_hf", "make_tiny_hf", "resolve_hf_source"]
 
@@ -31,8 +31,8 @@ against the full forward. Any other `model_type` runs every row in full."""
 
 PROJECTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 """Architectures whose logits are exactly `lm_head(decoder(...).last_hidden_state)`, no scaling
-or soft-capping (Gemma's and Cohere's are not): the fused loss (`core.objective.fused`) computes them
-chunk by chunk from the decoder's states (`HFLM.output_projection`);
+or soft-capping (Gemma's and Cohere's are not): the fused loss (`core.objective.fused`) computes
+them chunk by chunk from the decoder's states (`HFLM.output_projection`);
 tests/core/test_fused_trainer.py checks each one's loss and gradients against the unfused
 path."""
 

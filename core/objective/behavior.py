@@ -18,8 +18,8 @@ class BehaviorView:
     """The behavior policy as seen by the trainer, for N generated tokens.
 
     `topk_ids` must contain the sampled token in each row (engines replace the K-th entry by it
-    when it is missing); `core.objective.divergence` still copes when it does not. Log-probs may be -inf
-    for tokens the engine could not sample (top-p): every estimator floors them.
+    when it is missing); `core.objective.divergence` still copes when it does not. Log-probs may be
+    -inf for tokens the engine could not sample (top-p): every estimator floors them.
     """
 
     token_logprobs: Tensor  # (N,) log mu(a) of the sampled token

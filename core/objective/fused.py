@@ -2,9 +2,9 @@
 
 At the vocabularies of current models (128k-152k) the fp32 logits of a minibatch, with their
 gradient and cross-entropy's log-softmax, are the largest tensors of an RL update. The loss needs
-far less of them (`core.objective.divergence`): per row the log-partition function, the entropy, the mass
-and squares of everything but the sampled token (and but the behavior view's ids), and the logits
-of those few ids. All of it accumulates over vocabulary chunks of `hidden @ weight.T`, so
+far less of them (`core.objective.divergence`): per row the log-partition function, the entropy, the
+mass and squares of everything but the sampled token (and but the behavior view's ids), and the
+logits of those few ids. All of it accumulates over vocabulary chunks of `hidden @ weight.T`, so
 `fused_policy_loss` never holds more than one (rows x columns) chunk, `CHUNK_ELEMENTS` entries:
 
 1. one no-grad pass over the chunks (`projected_stats`) with an online maximum: running sums
@@ -111,9 +111,9 @@ def projected_stats(
     sums: bool = True,
     top_k: int | None = None,
 ) -> tuple[SoftmaxStats, GatheredLogits]:
-    """`core.objective.divergence.softmax_stats` of the projected logits, chunk by chunk, given the sampled
-    `tokens` (N,) (and the view's `view_ids` (N, K): the bucket R's sums), plus the logits at
-    the view's ids and the token (`GatheredLogits`, the token's column last).
+    """`core.objective.divergence.softmax_stats` of the projected logits, chunk by chunk, given the
+    sampled `tokens` (N,) (and the view's `view_ids` (N, K): the bucket R's sums), plus the logits
+    at the view's ids and the token (`GatheredLogits`, the token's column last).
 
     `sums=False` stops at the log-partition function and `rest_mass` (no squares: `sum_sq`
     is then left at 0), all that log pi(a) and its gradient need (the reference policy, the
@@ -315,8 +315,8 @@ def fused_policy_loss(
     normalizer: float | Tensor | None = None,
     temperature: float = 1.0,
 ) -> PolicyLossOutput:
-    """`core.objective.loss.policy_loss` of the logits `(hidden @ weight.T + bias) / temperature`, with
-    hidden states (N, H) and the output projection (V, H) (bias (V,) or None) in place of the
+    """`core.objective.loss.policy_loss` of the logits `(hidden @ weight.T + bias) / temperature`,
+    with hidden states (N, H) and the output projection (V, H) (bias (V,) or None) in place of the
     logits, none of which need be fp32: the same loss, statistics and gradients (in `hidden`,
     `weight` and `bias`, where they require one), without ever holding the (N, V) logits.
 

@@ -1,5 +1,5 @@
-"""Logits that are never held whole: what the fused loss (`core.objective.fused`) passes around instead of
-a (N, V) tensor.
+"""Logits that are never held whole: what the fused loss (`core.objective.fused`) passes around
+instead of a (N, V) tensor.
 
 At LLM vocabularies (128k-152k) the fp32 logits of one minibatch are gigabytes, yet the loss
 reads them through a few numbers per row. Two stand-ins make that explicit:

@@ -4,8 +4,8 @@
          + beta * k3(pi_ref(a), pi(a))                          (optional KL to a reference)
 
 summed over the response tokens and divided by a normalizer the caller picks
-(`algorithm.loss_agg`, `core.training.update`; by default this piece's own token count). The mask `m`
-and every logged statistic come from one no-grad pass over the detached logits; the only pass
+(`algorithm.loss_agg`, `core.training.update`; by default this piece's own token count). The mask
+`m` and every logged statistic come from one no-grad pass over the detached logits; the only pass
 with a gradient is the fused cross-entropy that yields log pi(a).
 
 The KL penalty is GRPO's (and TRL's): per sampled token the k3 estimator of KL(pi || pi_ref),
@@ -36,7 +36,13 @@ from torch import Tensor
 from core.objective.behavior import BehaviorView
 from core.objective.divergence import Estimator, Kind, SoftmaxStats, estimator_stats
 from core.objective.lazy_logits import ProjectedLogits
-from core.objective.masks import Mask, TrustRegion, far_from_behavior, ratio_moves_away, trust_region
+from core.objective.masks import (
+    Mask,
+    TrustRegion,
+    far_from_behavior,
+    ratio_moves_away,
+    trust_region,
+)
 
 DIRECTION_TOLERANCE = 1e-4
 """D below which `direction_disagreement` does not compare the two direction rules.
@@ -119,7 +125,9 @@ def policy_loss(
     ranks lower); kl_ref (with `ref_logprobs`): the mean k3 estimate of KL(pi || pi_ref).
     """
     if isinstance(logits, ProjectedLogits):
-        from core.objective.fused import fused_policy_loss  # core.objective.fused builds on this module
+        from core.objective.fused import (
+            fused_policy_loss,  # core.objective.fused builds on this module
+        )
 
         return fused_policy_loss(
             logits.hidden,

@@ -14,8 +14,8 @@ where the nucleus is computed exactly as the sampler computes it (sort by probab
 smallest prefix whose mass reaches top_p) and the sampled token `a` is added so that
 `log pi_p(a)` stays finite when `pi` has drifted and `a` fell out of its own nucleus. The trust
 region, the importance weight, the loss's gradient (a softmax over N: tokens outside N get
-none) and the KL reference (`core.training.reference`, the reference policy under the same rule) all see
-`pi_p`. On-policy the nucleus of `pi` is the sampler's, so `pi_p = mu`: ratio 1 and D = 0 for
+none) and the KL reference (`core.training.reference`, the reference policy under the same rule) all
+see `pi_p`. On-policy the nucleus of `pi` is the sampler's, so `pi_p = mu`: ratio 1 and D = 0 for
 any top_p. The membership of N is a discrete choice made on detached logits; no gradient flows
 through it, as none flows through the sampler's.
 

@@ -31,9 +31,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from core.models.base import CausalLM
 from core.objective.behavior import BehaviorView
 from core.objective.lazy_logits import ProjectedLogits
-from core.models.base import CausalLM
 from core.rollout.prefix import distinct_rows, shared_prefix_logits
 
 
@@ -359,10 +359,10 @@ def response_logits(
     """The trained policy's fp32 logits (N, V) at the response tokens, scaled like sampling.
 
     `prefix="full"` runs every row whole (the reference, and the path of models that cannot
-    share); `"shared"` runs each distinct prompt once for the rows that hold it (`core.rollout.prefix`:
-    the same logits and gradients up to fp32 rounding); `"auto"` shares whenever the model can,
-    even in a batch of distinct prompts (no slower there), so that every minibatch and
-    micro-batch of a step takes the same path and rounds the same way."""
+    share); `"shared"` runs each distinct prompt once for the rows that hold it
+    (`core.rollout.prefix`: the same logits and gradients up to fp32 rounding); `"auto"` shares
+    whenever the model can, even in a batch of distinct prompts (no slower there), so that every
+    minibatch and micro-batch of a step takes the same path and rounds the same way."""
     return _response_outputs(lm, batch, prefix, hidden=False).float() / temperature
 
 

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from core.objective.behavior import BehaviorView
 from core.config import TrainConfig
+from core.objective.behavior import BehaviorView
 from core.parallel.distributed import World
 from core.rollout import RolloutBatch, StopRequested, left_pad
 

@@ -3,8 +3,8 @@
 Where the records come from: `task.path`, a file on the worker's disk (under its data roots), or
 `task.file`, an uploaded file the worker fetched from its artifact store (`file_paths`, by id; no
 data roots check: the worker put it there). Either way the file is opened through
-`core.disk.safe_files`: a regular file only (never a FIFO or a device), of bounded size, read line by
-line with a bounded line length.
+`core.disk.safe_files`: a regular file only (never a FIFO or a device), of bounded size, read line
+by line with a bounded line length.
 
 Every record is read and checked when the task is built, so a bad dataset fails before any
 training, with its line number: the record schema, and then the fields the grader will read (a
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core.config import TaskConfig
-from core.graders import BatchGrader
 from core.config.graders import GraderConfig, RegexGrader
 from core.disk.safe_files import DEFAULT_MAX_BYTES, DEFAULT_MAX_LINE_BYTES, iter_lines
+from core.graders import BatchGrader
 from core.tasks.base import Example, Grades, Task
 from core.tasks.records import numbered_records, to_example
 

@@ -1,5 +1,5 @@
-"""The hooks a caller of `core.training.trainer.train` gets: progress, checkpoints, logs, evaluations,
-samples, and the stop question asked inside every step."""
+"""The hooks a caller of `core.training.trainer.train` gets: progress, checkpoints, logs,
+evaluations, samples, and the stop question asked inside every step."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ class TrainerCallback:
         self.on_log(f"warning: {message}")
 
     def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        """The held-out evaluation of the policy after step `step` (`core.training.evaluation`); after
-        that step's `on_step` and before its checkpoint."""
+        """The held-out evaluation of the policy after step `step` (`core.training.evaluation`);
+        after that step's `on_step` and before its checkpoint."""
 
     def on_samples(self, step: int, samples: list[Sample]) -> None:
         """A few prompt/completion/reward triples of step `step`'s rollout, after `on_step`."""
@@ -54,8 +54,8 @@ class TrainerCallback:
         return True
 
     def config_update(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest change of the run's steerable settings (`core.training.steering`): its version and
-        the cumulative merge patch over the config the run started with, or None. Asked at
+        """The newest change of the run's steerable settings (`core.training.steering`): its version
+        and the cumulative merge patch over the config the run started with, or None. Asked at
         every step boundary; like `should_stop` it must not wait on the network."""
         return None
 

@@ -33,9 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.disk.atomic_dir import discard_dir, replace_dir
+from core.disk.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
 from core.models.base import CausalLM
 from core.parallel.sharding import DCP_DIR, is_sharded, load_sharded, save_sharded
-from core.disk.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
 
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -140,9 +140,10 @@ def save_sharded_checkpoint(
     meta: dict[str, Any],
     keep: int | None = None,
 ) -> Path | None:
-    """A checkpoint of a sharded run (`core.parallel.sharding`), written by every rank together: each its
-    shard of the weights and optimizer state under dcp/, rank 0 the rest (and the rename that
-    makes it complete, once all shards are in). Returns the folder on rank 0, None elsewhere."""
+    """A checkpoint of a sharded run (`core.parallel.sharding`), written by every rank together:
+    each its shard of the weights and optimizer state under dcp/, rank 0 the rest (and the rename
+    that makes it complete, once all shards are in). Returns the folder on rank 0, None
+    elsewhere."""
     import torch.distributed as dist
 
     final = checkpoint_dir(out_dir, step)

@@ -1,22 +1,23 @@
 """The reference policy of the KL penalty (`algorithm.kl_beta`): the model as it was loaded.
 
-The penalty (`core.objective.loss`) needs `log pi_ref(a)` of every sampled token. The reference is the
-policy before any update of this run, format warm-up included, so that it is the same whether the
-run is fresh or resumed from a checkpoint (a resumed run rebuilds it by loading the model again;
+The penalty (`core.objective.loss`) needs `log pi_ref(a)` of every sampled token. The reference is
+the policy before any update of this run, format warm-up included, so that it is the same whether
+the run is fresh or resumed from a checkpoint (a resumed run rebuilds it by loading the model again;
 nothing of it is checkpointed):
 
 - with LoRA, the base model with its adapters disabled: no copy, the base weights never train;
 - otherwise a frozen copy of the weights, in the training dtype, made before the first update.
 
-With top-p sampling the reference is truncated like the trained policy (`core.objective.truncation`): its
-own nucleus plus the sampled token, so that the penalty is exactly 0 before the first update.
+With top-p sampling the reference is truncated like the trained policy
+(`core.objective.truncation`): its own nucleus plus the sampled token, so that the penalty is
+exactly 0 before the first update.
 
 The reference's log-probs are computed once per step, for the whole rollout batch, under
 no_grad and in chunks of one micro-batch (its forward pass costs no more memory than the
 update's); the reference never changes, so the epochs and minibatches of a step share them.
-Where the policy's loss is fused (`core.training.update.fused_loss_applies`) they come from the hidden
-states and the output projection in vocabulary chunks too (`core.objective.fused`), by the same
-arithmetic as the policy's log pi(a).
+Where the policy's loss is fused (`core.training.update.fused_loss_applies`) they come from the
+hidden states and the output projection in vocabulary chunks too (`core.objective.fused`), by the
+same arithmetic as the policy's log pi(a).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.objective.fused import projected_token_logprobs
 from core.models.base import CausalLM
-from core.rollout import RolloutBatch, response_logits, response_projection
+from core.objective.fused import projected_token_logprobs
 from core.objective.truncation import truncate_to_nucleus
+from core.rollout import RolloutBatch, response_logits, response_projection
 
 
 class ReferencePolicy:
@@ -77,8 +78,8 @@ class ReferencePolicy:
                     logits = response_logits(self.lm, part, temperature)  # (N_part, V) fp32
             if proj is None:
                 logits = truncate_to_nucleus(logits, part.tokens, top_p)
-                # the same expression as the policy's log pi(a) in core.objective.loss: equal weights,
-                # equal values, so the penalty is exactly 0 before the first update
+                # the same expression as the policy's log pi(a) in core.objective.loss: equal
+                # weights, equal values, so the penalty is exactly 0 before the first update
                 logp = -F.cross_entropy(logits, part.tokens, reduction="none")
             out[idx[0] : idx[-1] + 1][part.response_mask] = logp
         return out

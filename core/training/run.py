@@ -1,8 +1,9 @@
 """One run's state between steps and one RL step: the model, its optimizer, the rollout copy or
 vLLM engine, the generators, the steering (`core.training.steering`), and checkpointing all of it.
 
-`core.training.trainer` drives it: the loop, stops, evaluations and what a resumed run owes. Kept apart so
-that each module reads in one sitting; `core.training.trainer` re-exports what callers used from it.
+`core.training.trainer` drives it: the loop, stops, evaluations and what a resumed run owes. Kept
+apart so that each module reads in one sitting; `core.training.trainer` re-exports what callers used
+from it.
 """
 
 from __future__ import annotations
@@ -20,20 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from core.training.callbacks import Phases, TrainerCallback
-from core.training.checkpoint import save_checkpoint, save_sharded_checkpoint
 from core.config import OptimConfig, TrainConfig
-from core.parallel.distributed import World, check_world
-from core.training.evaluation import StepRollout
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
-from core.training.reference import ReferencePolicy
-from core.rollout import RolloutBatch, StopRequested, generate
-from core.training.schedule import lr_at
+from core.parallel.distributed import World, check_world
 from core.parallel.sharding import gathered, shard
+from core.rollout import RolloutBatch, StopRequested, generate
+from core.tasks import Example, Task, make_task
+from core.training.callbacks import Phases, TrainerCallback
+from core.training.checkpoint import save_checkpoint, save_sharded_checkpoint
+from core.training.evaluation import StepRollout
+from core.training.reference import ReferencePolicy
+from core.training.schedule import lr_at
 from core.training.silence import SilenceWatch, zero_adv_groups
 from core.training.steering import changed, steered
-from core.tasks import Example, Task, make_task
 from core.training.update import group_advantages, update_policy
 from core.training.warmup import Warmup
 
@@ -136,13 +137,15 @@ class _Run:
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
-        # FSDP2 over the ranks (`core.parallel.sharding`): before the optimizer, which holds the shards
+        # FSDP2 over the ranks (`core.parallel.sharding`): before the optimizer, which holds the
+        # shards
         self.sharded = cfg.sharding == "fsdp" and self.world.parallel
         if self.sharded:
             shard(self.lm)
         params = [p for _, p in self.lm.trainable()]
         self.optimizer = build_optimizer(params, cfg.optim, self.device)
-        self.warm = Warmup(cfg, self.lm)  # the supervised warm-up's progress (`core.training.warmup`)
+        # the supervised warm-up's progress (`core.training.warmup`)
+        self.warm = Warmup(cfg, self.lm)
         self.prompt_rng = random.Random(cfg.seed)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
@@ -229,7 +232,8 @@ class _Run:
         """The run's checkpoint: rank 0's alone (the other ranks hold the same replica), or,
         sharded, every rank's shard; the folder on rank 0, None on the others. Stopped during
         the warm-up, it is step 0's with the warm-up's optimizer in the RL optimizer's place
-        (`core.training.checkpoint.warmup_unfinished`), and meta.json's `warmup` says how far it got."""
+        (`core.training.checkpoint.warmup_unfinished`), and meta.json's `warmup` says how far it
+        got."""
         meta: dict[str, Any] = {
             "config": self.cfg.model_dump(mode="json"),
             "model": self.cfg.model.name,
@@ -368,8 +372,8 @@ class _Run:
         return list({**dict(lm.inference_weights()), **stale}.items())
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """The step's optimizer updates (`core.training.update`); `dirty` from the first one on. A stop
-        heard between minibatches that keeps the work (`TrainerCallback.stop_keeps_work`)
+        """The step's optimizer updates (`core.training.update`); `dirty` from the first one on. A
+        stop heard between minibatches that keeps the work (`TrainerCallback.stop_keeps_work`)
         lets the step finish, and the loop checkpoints it at the step boundary, where the stop
         is asked again; one that does not raises `StopRequested` at once."""
 

@@ -7,24 +7,26 @@ How this departs from the textbook GRPO loop, on purpose:
   several minibatch updates per rollout batch;
 - the loss is DPPO's `- A * sg(min(pi/mu, c)) * m * log pi(a)` with the configured mask, not the
   PPO clipped objective; GRPO's KL penalty to the initial policy (k3) is optional
-  (`algorithm.kl_beta`, `core.training.reference`) and off by default: β = 0 builds no reference model;
-- the learning rate is a pure function of the step (`core.training.schedule`), so a resumed run needs no
-  scheduler state; a minibatch may be split into `optim.grad_accumulation` micro-batches whose
-  gradients add up to the unsplit one (token sums over the whole minibatch's token count);
+  (`algorithm.kl_beta`, `core.training.reference`) and off by default: β = 0 builds no reference
+  model;
+- the learning rate is a pure function of the step (`core.training.schedule`), so a resumed run
+  needs no scheduler state; a minibatch may be split into `optim.grad_accumulation` micro-batches
+  whose gradients add up to the unsplit one (token sums over the whole minibatch's token count);
 - an optional format warm-up (supervised, random content) runs once before RL when the task asks.
 
 A stop (`TrainerCallback.should_stop`) keeps the work done: between steps or during a rollout
 (rewound to the step boundary before it) the last completed step is checkpointed; during the
-warm-up, the warm-up steps done are (step 0's checkpoint, `core.training.warmup`); between two minibatch
-updates the step is finished first and checkpointed, unless the callback's `stop_keeps_work`
-says False (a cancel: the partial update is discarded, the latest checkpoint kept). A resumed run
-goes on from exactly there and equals an uninterrupted one bit for bit (tests/core).
+warm-up, the warm-up steps done are (step 0's checkpoint, `core.training.warmup`); between two
+minibatch updates the step is finished first and checkpointed, unless the callback's
+`stop_keeps_work` says False (a cancel: the partial update is discarded, the latest checkpoint
+kept). A resumed run goes on from exactly there and equals an uninterrupted one bit for bit
+(tests/core).
 
 One step = one rollout batch (prompts_per_step x group_size completions) followed by
 epochs x minibatches optimizer updates. Metrics are flat floats, one JSON line per step. A run's
-state and its step live in `core.training.run`; this module is the loop around them (stops, evaluations,
-checkpoints, resume, steering at step boundaries). The final model, like a checkpoint, is
-written under a temporary name, fsync'ed and renamed whole (`core.disk.atomic_dir`): a run killed
+state and its step live in `core.training.run`; this module is the loop around them (stops,
+evaluations, checkpoints, resume, steering at step boundaries). The final model, like a checkpoint,
+is written under a temporary name, fsync'ed and renamed whole (`core.disk.atomic_dir`): a run killed
 while saving it leaves no `final/`.
 """
 
@@ -39,17 +41,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.config import TrainConfig
 from core.disk.atomic_dir import discard_dir, write_dir_atomically
+from core.parallel.distributed import World
+from core.parallel.sharding import full_state, gathered
+from core.rollout import StopRequested
 from core.training.callbacks import TrainerCallback
 from core.training.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
-from core.config import TrainConfig
-from core.parallel.distributed import World
 from core.training.evaluation import RunResults
-from core.rollout import StopRequested
 from core.training.run import _adamw_kernel, _Run
-from core.training.run import build_optimizer as build_optimizer  # re-exported: callers import these here
+from core.training.run import (
+    build_optimizer as build_optimizer,  # re-exported: callers import these here
+)
 from core.training.run import resolve_device as resolve_device
-from core.parallel.sharding import full_state, gathered
 from core.training.silence import RunWarning, run_warnings
 from core.training.update import group_advantages as group_advantages
 
@@ -62,7 +66,8 @@ class TrainResult:
     step: int  # last completed step
     stopped: bool  # True when the callback asked to stop before `config.steps`
     final_model: Path | None  # out_dir/final, written only when the run completed
-    # what a completed run learned nothing from (`core.training.silence.run_warnings`); rank 0's alone
+    # what a completed run learned nothing from (`core.training.silence.run_warnings`); rank 0's
+    # alone
     warnings: list[RunWarning] = field(default_factory=list)
 
 
@@ -79,8 +84,8 @@ def train(
 ) -> TrainResult:
     """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
 
-    `world`: this process's rank when the run is data-parallel (`core.parallel.distributed`): every rank
-    calls `train` with the same config and out_dir; each trains on its share of every step's
+    `world`: this process's rank when the run is data-parallel (`core.parallel.distributed`): every
+    rank calls `train` with the same config and out_dir; each trains on its share of every step's
     groups, and rank 0 alone writes (metrics, checkpoints, results, the final model) and reports
     through its callback. A stop is agreed at step boundaries (and between warm-up steps): all
     ranks stop together, and the checkpoint keeps what they trained (see the module docstring).
@@ -284,7 +289,8 @@ def _check_finite(metrics: dict[str, float]) -> None:
 
 def _gathered_for_eval(run: _Run) -> AbstractContextManager[None]:
     """A sharded run's weights gathered on every rank when an evaluation may be due at this
-    step (rank 0 alone evaluates, and its forwards must call no collective: `core.parallel.sharding`)."""
+    step (rank 0 alone evaluates, and its forwards must call no collective:
+    `core.parallel.sharding`)."""
     cfg, step = run.cfg, run.step
     every = cfg.eval_every
     due = bool(every) and (

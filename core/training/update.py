@@ -1,9 +1,9 @@
 """One step's optimizer updates on its rollout batch: GRPO advantages, then epochs x minibatches
 AdamW steps, each minibatch's gradient accumulated over micro-batches.
 
-Apart from the loop (`core.training.trainer`) because it is the part that the knobs of the update shape:
-minibatches and epochs (off-policy updates), gradient accumulation (`optim.grad_accumulation`)
-and the KL penalty's reference log-probs (`algorithm.kl_beta`).
+Apart from the loop (`core.training.trainer`) because it is the part that the knobs of the update
+shape: minibatches and epochs (off-policy updates), gradient accumulation
+(`optim.grad_accumulation`) and the KL penalty's reference log-probs (`algorithm.kl_beta`).
 
 How token losses add up is `algorithm.loss_agg` (`loss_normalizer`): `token_mean` (DAPO: every
 response token of the rollout batch weighs the same, each of the M minibatches dividing its
@@ -18,8 +18,8 @@ gradient either way. Where the normalizer is the piece's own token count (one pi
 minibatch or `minibatch_token_mean`) the loss keeps its own denominator: bit for bit the path
 without the knobs.
 
-With top-p sampling the trained policy is the truncated one (`core.objective.truncation`), so that the
-ratio and the divergence compare like with like.
+With top-p sampling the trained policy is the truncated one (`core.objective.truncation`), so that
+the ratio and the divergence compare like with like.
 
 With `algorithm.fused_loss` (`fused_loss_applies`) the loss gets the final hidden states and
 the output projection instead of the logits (`core.rollout.response_projection`) and never
@@ -34,15 +34,15 @@ import torch
 from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
-from core.parallel.distributed import World
+from core.models.base import CausalLM
 from core.objective.fused import FUSED_ESTIMATORS
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss import PolicyLossOutput, policy_loss
-from core.models.base import CausalLM
-from core.training.reference import ReferencePolicy
-from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
-from core.parallel.sharding import full_norm, is_sharded
 from core.objective.truncation import truncate_to_nucleus
+from core.parallel.distributed import World
+from core.parallel.sharding import full_norm, is_sharded
+from core.rollout import RolloutBatch, StopRequested, response_logits, response_projection
+from core.training.reference import ReferencePolicy
 
 
 def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool) -> Tensor:
@@ -100,7 +100,8 @@ def update_policy(
     # policy each token's own update started from
     offpolicy_sum, offpolicy_tokens = 0.0, 0
     params = [p for _, p in lm.trainable()]
-    sharded = is_sharded(lm)  # FSDP reduces the gradients itself, as a mean: see core.parallel.sharding
+    # FSDP reduces the gradients itself, as a mean: see core.parallel.sharding
+    sharded = is_sharded(lm)
     scale = float(world.size) if sharded else 1.0
     for epoch in range(a.epochs):
         order = torch.randperm(b, generator=shuffle_gen).to(lm.device)
@@ -188,9 +189,10 @@ def loss_normalizer(
 def fused_loss_applies(cfg: TrainConfig) -> bool:
     """`algorithm.fused_loss` where the fused loss computes what the unfused one does: the
     `binary` and `topk` estimators (`exact` and `topk_tail` need whole rows of mu or pi), and
-    no top-p truncation (the nucleus needs each row's sorted probabilities, `core.objective.truncation`).
-    The model must have a plain output projection too (`CausalLM.output_projection`); where
-    any of it fails the unfused loss runs, with the same results up to fp32 rounding."""
+    no top-p truncation (the nucleus needs each row's sorted probabilities,
+    `core.objective.truncation`). The model must have a plain output projection too
+    (`CausalLM.output_projection`); where any of it fails the unfused loss runs, with the same
+    results up to fp32 rounding."""
     a = cfg.algorithm
     return a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
 
@@ -217,7 +219,8 @@ def _piece_loss(
         logits = response_projection(lm, mb, cfg.rollout.temperature)
     if logits is None:
         logits = response_logits(lm, mb, cfg.rollout.temperature)  # (N, V) fp32, with grad
-        # top-p: the trained policy is the truncated sampler (core.objective.truncation); top_p 1 skips it
+        # top-p: the trained policy is the truncated sampler (core.objective.truncation); top_p 1
+        # skips it
         logits = truncate_to_nucleus(logits, mb.tokens, cfg.rollout.top_p)
     return policy_loss(
         logits=logits,

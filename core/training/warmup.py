@@ -1,10 +1,10 @@
 """The supervised warm-up before RL, run once at the start of a run when the task asks.
 
-Apart from the RL loop (`core.training.trainer`) because it shares nothing with it but the model: its own
-optimizer, its own RNG stream (seed + 3). A stop between two of its steps is checkpointed by
-the run (`core.training.run`) as step 0, with this optimizer in the RL optimizer's place and `state()`
-(the steps done, the RNG) in the run state, so that a resumed run continues the warm-up where it
-stopped, bit for bit, and one whose warm-up had finished never runs it again.
+Apart from the RL loop (`core.training.trainer`) because it shares nothing with it but the model:
+its own optimizer, its own RNG stream (seed + 3). A stop between two of its steps is checkpointed by
+the run (`core.training.run`) as step 0, with this optimizer in the RL optimizer's place and
+`state()` (the steps done, the RNG) in the run state, so that a resumed run continues the warm-up
+where it stopped, bit for bit, and one whose warm-up had finished never runs it again.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from core.objective.behavior import BehaviorView
-from core.training.callbacks import TrainerCallback
 from core.config import TrainConfig
-from core.objective.fused import projected_token_logprobs
 from core.models import CausalLM
 from core.models.base import encode_example
+from core.objective.behavior import BehaviorView
+from core.objective.fused import projected_token_logprobs
 from core.rollout import RolloutBatch, left_pad, response_logits, response_projection
 from core.tasks import Task
+from core.training.callbacks import TrainerCallback
 
 
 class Warmup:

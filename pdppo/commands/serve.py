@@ -29,9 +29,9 @@ def serve(host: str, port: int, workers: int, log_level: str | None) -> None:
         workers=workers,
         log_level=(log_level or settings.log_level).lower(),
         timeout_graceful_shutdown=5,
-        # h11 (api.http.http_limits adds read timeouts and a 431 to uvicorn's h11 protocol), even with
-        # httptools installed: httptools answers a request with a made-up method (or a lowercase
-        # one) with its own 400 before the app sees it, so such requests would go uncounted and
-        # unanswered by the API's error model (tests/integration/test_contract)
+        # h11 (api.http.http_limits adds read timeouts and a 431 to uvicorn's h11 protocol), even
+        # with httptools installed: httptools answers a request with a made-up method (or a
+        # lowercase one) with its own 400 before the app sees it, so such requests would go
+        # uncounted and unanswered by the API's error model (tests/integration/test_contract)
         **uvicorn_options(settings),
     )

@@ -147,8 +147,9 @@ return 1
 _PUBLISH_CHECKPOINT = _fenced(_PUBLISH_CHECKPOINT, lease=3, token=4)
 
 # KEYS: job, events, lease; ARGV: phase json, event data, now, lease token. What a running job
-# is doing (`core.training.callbacks.PHASES`): the record's `phase` and a `phase` event. Not once-only: a
-# phase may come again (training after each evaluation), and a retried one repeats harmlessly.
+# is doing (`core.training.callbacks.PHASES`): the record's `phase` and a `phase` event. Not
+# once-only: a phase may come again (training after each evaluation), and a retried one repeats
+# harmlessly.
 _PUBLISH_PHASE = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'phase', ARGV[1], 'updated_at', ARGV[3])

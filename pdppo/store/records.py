@@ -43,9 +43,11 @@ class JobRecord:
     overrides: dict[str, Any]  # the cumulative change, a merge patch of the spec
     attempts: int
     final_model: str | None
-    # what the job is doing ({name, done, total}, `core.training.callbacks.PHASES`), as its run last said
+    # what the job is doing ({name, done, total}, `core.training.callbacks.PHASES`), as its run last
+    # said
     phase: dict[str, Any] | None = None
-    # what a finished run learned nothing from ([{code, message}], `core.training.silence.run_warnings`)
+    # what a finished run learned nothing from ([{code, message}],
+    # `core.training.silence.run_warnings`)
     warnings: tuple[dict[str, str], ...] = ()
 
     @classmethod

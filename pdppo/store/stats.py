@@ -1,4 +1,5 @@
-"""Service counters and worker beats in Redis, for the API's `/metrics` (`api.http.service_metrics`).
+"""Service counters and worker beats in Redis, for the API's `/metrics`
+(`api.http.service_metrics`).
 
 What an operator watches mostly happens outside the API: workers renew leases, requeue orphans,
 send lost tasks; job processes grade completions; a job ends in whichever process finishes it.

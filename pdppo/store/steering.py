@@ -5,8 +5,8 @@ The job hash holds the cumulative change as `overrides` (a JSON merge patch of t
 so with one `config` event (`Steering.announce`, fenced and once per version like every write of a
 job process). Pausing follows cancelling: a queued job is paused on the spot and leaves the
 outbox; a running one gets `pause_requested`, its worker stops it with a checkpoint where it
-stops, losing no work (`core.training.trainer`: a step in its updates is finished first, the warm-up is
-checkpointed too), and hands it back; the requeue script (`jobs_worker._REQUEUE`) parks it as
+stops, losing no work (`core.training.trainer`: a step in its updates is finished first, the warm-up
+is checkpointed too), and hands it back; the requeue script (`jobs_worker._REQUEUE`) parks it as
 `paused` instead of queueing it.
 A paused job holds no worker and no lease but keeps its place in the tenant's active jobs.
 Resuming puts it back in the queue and the outbox, so it always gets a task.

@@ -1,5 +1,5 @@
-"""Cancelling a task that may be inside a Redis call (`api.streaming.cancel`): a cancel that Python 3.11's
-`asyncio.wait_for` drops must not leave the task running. The real Redis case is in
+"""Cancelling a task that may be inside a Redis call (`api.streaming.cancel`): a cancel that Python
+3.11's `asyncio.wait_for` drops must not leave the task running. The real Redis case is in
 tests/integration/test_redis_cancel.py; the event streams' and feeds' cases in
 test_sse_close.py."""
 

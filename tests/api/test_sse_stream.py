@@ -1,6 +1,6 @@
-"""One client's event stream (`api.streaming.sse_stream.job_events`) without a server: where it starts,
-how a Redis error ends it, a job that ends while the stream looks at it, and when the first ping
-of an idle stream comes. The integration tests (`tests/integration/test_event_ids.py`,
+"""One client's event stream (`api.streaming.sse_stream.job_events`) without a server: where it
+starts, how a Redis error ends it, a job that ends while the stream looks at it, and when the first
+ping of an idle stream comes. The integration tests (`tests/integration/test_event_ids.py`,
 `test_sse_feeds.py`) show the same through a real API and Redis."""
 
 from __future__ import annotations

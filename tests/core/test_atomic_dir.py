@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from core.disk.atomic_dir import discard_dir, replace_dir, write_dir_atomically
-from core.training.checkpoint import list_checkpoints, save_checkpoint
-from core.models.tiny import TinyLM
 from core.disk.storage import StorageFull
+from core.models.tiny import TinyLM
+from core.training.checkpoint import list_checkpoints, save_checkpoint
 from core.training.trainer import train
 from tests.core.trainer_runs import small_config
 

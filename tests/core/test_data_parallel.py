@@ -1,6 +1,6 @@
-"""A data-parallel update (`core.parallel.distributed`, `core.training.update`) on CPU with gloo, world size 2:
-each rank trains on half of a rollout batch (whole groups), and the replicas end with the
-parameters and metrics of one process's update on the whole batch."""
+"""A data-parallel update (`core.parallel.distributed`, `core.training.update`) on CPU with gloo,
+world size 2: each rank trains on half of a rollout batch (whole groups), and the replicas end with
+the parameters and metrics of one process's update on the whole batch."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ import yaml
 from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
+from core.config import TrainConfig
+from core.models import load_model
+from core.parallel.distributed import World
+from core.parallel.sharding import shard
+from core.rollout import RolloutBatch, generate
 from core.training.callbacks import TrainerCallback
 from core.training.checkpoint import list_checkpoints
-from core.config import TrainConfig
-from core.parallel.distributed import World
-from core.models import load_model
-from core.rollout import RolloutBatch, generate
 from core.training.run import _Run
-from core.parallel.sharding import shard
 from core.training.trainer import build_optimizer, train
 from core.training.update import group_advantages, update_policy
 from tests.core.trainer_runs import SpreadReward, read_metrics, small_config, strip_timing
@@ -243,7 +243,8 @@ def test_each_rank_draws_the_steps_prompts_and_keeps_its_share_of_whole_groups(
 def _step_rank(rank: int, size: int, init: str, cfg_json: str, out: str) -> None:
     import core.training.run
 
-    real = core.training.run.make_task  # rewards that vary within groups (a fresh process: patch here)
+    # rewards that vary within groups (a fresh process: patch here)
+    real = core.training.run.make_task
     core.training.run.make_task = lambda *a, **kw: SpreadReward(real(*a, **kw))  # type: ignore[assignment]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)

@@ -21,9 +21,9 @@ from core.objective.divergence import (
     softmax_stats,
 )
 from core.objective.lazy_logits import GatheredLogits
-from core.rollout import sampling_logprobs
 from core.objective.synthetic import Positions, positions, topk_view
 from core.objective.truncation import truncate_to_nucleus
+from core.rollout import sampling_logprobs
 from tests.core.allocations import Allocations
 from tests.core.references import (
     autograd_change,
@@ -378,9 +378,9 @@ def test_change_near_pi_a_one_has_the_float64_sign(shift: float, kind: str, esti
 @pytest.mark.parametrize("estimator", ["exact", "binary", "topk"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_change_of_a_truncated_policy_matches_autograd(kind: str, estimator: str) -> None:
-    """Top-p on both sides (`core.objective.truncation`): pi is 0 outside its nucleus plus the sampled
-    token, mu outside the sampler's, and the nuclei differ. D's terms where pi is floored are
-    constants: the predicted change is still autograd's of the (floored) divergence."""
+    """Top-p on both sides (`core.objective.truncation`): pi is 0 outside its nucleus plus the
+    sampled token, mu outside the sampler's, and the nuclei differ. D's terms where pi is floored
+    are constants: the predicted change is still autograd's of the (floored) divergence."""
     p = positions(48, 300, k=20, gap=1.0, peak=2.0, seed=13)
     assert p.behavior.full_logprobs is not None
     logmu = sampling_logprobs(p.behavior.full_logprobs, 1.0, 0.8)  # the sampler's mu

@@ -1,4 +1,5 @@
-"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny model (CPU).
+"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny model
+(CPU).
 
 pass@k against hand-computed values and against the binomial formula; metrics recomputed from
 what the grader was really shown; greedy completions against a cache-free argmax decode; the
@@ -22,6 +23,10 @@ import torch
 
 import core.training.run
 from core.config import TaskConfig, TrainConfig
+from core.models import CausalLM, load_model
+from core.rollout import StopRequested, generate
+from core.tasks.base import Example, Grades
+from core.tasks.builtin import DigitStringTask
 from core.training.evaluation import (
     SAMPLE_TEXT_CHARS,
     Evaluator,
@@ -32,10 +37,6 @@ from core.training.evaluation import (
     pass_ks,
     pick_samples,
 )
-from core.models import CausalLM, load_model
-from core.rollout import StopRequested, generate
-from core.tasks.base import Example, Grades
-from core.tasks.builtin import DigitStringTask
 from core.training.trainer import TrainerCallback, train
 
 DIGITS = ["12", "345", "67", "890", "21", "433"]

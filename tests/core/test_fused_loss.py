@@ -1,5 +1,5 @@
-"""The fused loss (`core.objective.fused`) against the unfused one on the same logits: loss, mask, every
-statistic and the gradients of the hidden states, the projection and its bias.
+"""The fused loss (`core.objective.fused`) against the unfused one on the same logits: loss, mask,
+every statistic and the gradients of the hidden states, the projection and its bias.
 
 The unfused reference is `policy_loss` on `(hidden.float() @ weight.float().T + bias) / T`,
 materialised and differentiated by autograd; it is tested against float64 formulas in

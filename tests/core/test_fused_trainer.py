@@ -16,10 +16,10 @@ from torch import Tensor
 
 import core.objective.fused as fused_module
 from core.config import ModelConfig, TinyModelConfig, TrainConfig
-from core.objective.loss import policy_loss
 from core.models import CausalLM, load_model
 from core.models.local_hf import make_tiny_hf
 from core.models.tiny import TinyLM
+from core.objective.loss import policy_loss
 from core.rollout import RolloutBatch, generate, response_logits, response_projection
 from core.training.trainer import train
 from core.training.update import fused_loss_applies

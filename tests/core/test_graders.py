@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
 from core.config.graders import GraderConfig
+from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
 

@@ -80,8 +80,8 @@ def reward_gain(out: Path) -> float:
 
 def test_a_short_run_raises_reward_on_every_seed(tmp_path: Path) -> None:
     """Protects the direction of learning: the advantages' sign and centring
-    (`core.training.update.group_advantages`), the policy loss's gradient (`core.objective.loss`) and the update
-    reaching the weights (`core.training.update`, `core.training.trainer`)."""
+    (`core.training.update.group_advantages`), the policy loss's gradient (`core.objective.loss`)
+    and the update reaching the weights (`core.training.update`, `core.training.trainer`)."""
     gains = {seed: reward_gain(run(seed, tmp_path / f"seed-{seed}")) for seed in SEEDS}
     assert min(gains.values()) > LEAST_GAIN, gains
     assert sum(gains.values()) / len(gains) > MEAN_GAIN, gains

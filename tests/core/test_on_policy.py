@@ -3,10 +3,10 @@
 The sampler and the trained policy are the same weights in the same precision, so the trust
 region has nothing to see: no token masked, ratio 1, D at rounding level, and the two direction
 rules never compared (D is below `DIRECTION_TOLERANCE` everywhere). With top-p < 1 this holds
-only because the trained policy is truncated like the sampler (`core.objective.truncation`): compared with
-the untruncated policy, top_p 0.8 read ratio 0.80 and D 0.014 on these untrained models (0.84
-and 0.16, with 31% of tokens masked, after a short warm-up). Built-in model and a locally built
-Hugging Face Llama, a few seconds each.
+only because the trained policy is truncated like the sampler (`core.objective.truncation`):
+compared with the untruncated policy, top_p 0.8 read ratio 0.80 and D 0.014 on these untrained
+models (0.84 and 0.16, with 31% of tokens masked, after a short warm-up). Built-in model and a
+locally built Hugging Face Llama, a few seconds each.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 
 from core.config import TrainConfig
 from core.models.local_hf import make_tiny_hf
+from core.objective.truncation import nucleus_keep, truncate_to_nucleus
 from core.rollout import sampling_logprobs
 from core.training.trainer import train
-from core.objective.truncation import nucleus_keep, truncate_to_nucleus
 
 TOP_PS = [1.0, 0.9, 0.8]
 

@@ -1,5 +1,5 @@
-"""core.disk.safe_files: a path under a data root can still be a FIFO, a device, a socket, a symlink out
-of the root or a huge file with no newline; none of them may block, exhaust or leak."""
+"""core.disk.safe_files: a path under a data root can still be a FIFO, a device, a socket, a symlink
+out of the root or a huge file with no newline; none of them may block, exhaust or leak."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import core.disk.safe_files as safe_files
-from core.models.hf import resolve_hf_source
 from core.disk.safe_files import (
     UnsafeFileError,
     check_model_dir,
@@ -23,6 +22,7 @@ from core.disk.safe_files import (
     open_regular_file,
     path_problem,
 )
+from core.models.hf import resolve_hf_source
 
 
 def finishes(fn: Callable[[], Any], seconds: float = 10.0) -> Any:

@@ -1,5 +1,5 @@
-"""FSDP2 (`train.sharding: fsdp`, `core.parallel.sharding`) on CPU with gloo, world size 2: each rank
-holds half of every weight, gradient and AdamW state. The step is the single-process step, the
+"""FSDP2 (`train.sharding: fsdp`, `core.parallel.sharding`) on CPU with gloo, world size 2: each
+rank holds half of every weight, gradient and AdamW state. The step is the single-process step, the
 checkpoints are sharded and load on any number of processes, and what only rank 0 does
 (evaluate) or every rank does alike (warm up) runs without the ranks waiting on each other."""
 
@@ -16,13 +16,13 @@ import torch.multiprocessing as mp
 import yaml
 from torch.distributed.tensor import DTensor
 
-from core.training.checkpoint import list_checkpoints, load_checkpoint
 from core.config import ModelConfig
-from core.parallel.distributed import World
 from core.models import load_model
 from core.models.local_hf import make_chat_hf, make_tiny_hf
 from core.models.tiny import load_tiny_final
+from core.parallel.distributed import World
 from core.parallel.sharding import gathered, shard
+from core.training.checkpoint import list_checkpoints, load_checkpoint
 from core.training.trainer import build_optimizer
 from tests.core.test_data_parallel import (
     config,
@@ -49,9 +49,9 @@ from tests.integration.stack import REPO
 def test_two_sharded_ranks_take_the_single_process_step(
     tmp_path: Path, model: str, loss_agg: str, fused: bool
 ) -> None:
-    """FSDP2 (`core.parallel.sharding`): each rank holds half of every weight and its optimizer state;
-    gathered, the step is the single-process step on the whole batch (the builtin model, and a
-    Hugging Face Llama whose blocks are its decoder's layers), with the fused loss (which
+    """FSDP2 (`core.parallel.sharding`): each rank holds half of every weight and its optimizer
+    state; gathered, the step is the single-process step on the whole batch (the builtin model, and
+    a Hugging Face Llama whose blocks are its decoder's layers), with the fused loss (which
     reads the output layer outside a forward) and without."""
     cfg = config(loss_agg=loss_agg, fused_loss=fused).model_copy(update={"sharding": "fsdp"})
     if model == "llama":

@@ -1,5 +1,5 @@
-"""Each prompt once for all the rows that hold it: in the training forward (`core.rollout.prefix`) the
-logits and the gradients of every trainable parameter equal the full forward's (1e-5 relative,
+"""Each prompt once for all the rows that hold it: in the training forward (`core.rollout.prefix`)
+the logits and the gradients of every trainable parameter equal the full forward's (1e-5 relative,
 fp32), for `builtin:tiny` and the Hugging Face Llama family (full weights and LoRA), with left
 padding, groups split across minibatches and answers of different lengths; generation prefills
 each distinct prompt once, drops finished rows, and samples exactly the recorded distribution."""
@@ -14,12 +14,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from core.objective.behavior import BehaviorView
 from core.config import ModelConfig, TinyModelConfig
 from core.models import CausalLM, load_model
 from core.models.hf import make_tiny_hf
 from core.models.tiny import TinyLM
-from core.rollout.prefix import distinct_rows
+from core.objective.behavior import BehaviorView
 from core.rollout import (
     RolloutBatch,
     generate,
@@ -28,6 +27,7 @@ from core.rollout import (
     sample_tokens,
     sampling_logprobs,
 )
+from core.rollout.prefix import distinct_rows
 
 GROUP = 4
 PROMPTS = ["12+3=", "reverse 4567=", "x", "copy 89="]  # 6, 14, 2 and 8 tokens with BOS

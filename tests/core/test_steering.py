@@ -1,6 +1,6 @@
-"""Steering a run (`core.training.steering`, `core.training.trainer`): a change of the learning rate, the mask's
-thresholds or the step count applies at the next step boundary, shows in that step's metrics,
-is announced once, and survives a stop and resume through the checkpoint."""
+"""Steering a run (`core.training.steering`, `core.training.trainer`): a change of the learning
+rate, the mask's thresholds or the step count applies at the next step boundary, shows in that
+step's metrics, is announced once, and survives a stop and resume through the checkpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from core.training.steering import SteeringError, changed, check_change, leaves, merge_patch, steered
+from core.training.steering import (
+    SteeringError,
+    changed,
+    check_change,
+    leaves,
+    merge_patch,
+    steered,
+)
 from core.training.trainer import TrainerCallback, train
 from tests.core.trainer_runs import read_metrics, small_config
 

@@ -14,7 +14,6 @@ import torch
 import core.training.checkpoint
 import core.training.run
 import core.training.trainer
-from core.training.checkpoint import list_checkpoints
 from core.disk.storage import (
     Reserve,
     StorageError,
@@ -25,6 +24,7 @@ from core.disk.storage import (
     storage_failure,
     writing,
 )
+from core.training.checkpoint import list_checkpoints
 from core.training.trainer import train
 from tests.core.trainer_runs import small_config
 from tests.small_disk import fill, names, small_disk
@@ -71,7 +71,9 @@ def test_a_write_that_fails_midway_is_storage_full_and_leaves_no_temp_folder(
 ) -> None:
     """An estimate that is too low (the run state in state.pt is not in it): the disk fills
     during torch.save, whose error hides the errno."""
-    monkeypatch.setattr(core.training.checkpoint, "checkpoint_bytes", lambda *args: 0, raising=False)
+    monkeypatch.setattr(
+        core.training.checkpoint, "checkpoint_bytes", lambda *args: 0, raising=False
+    )
     fill(disk, leave=300_000)
     with pytest.raises(StorageFull) as raised:
         train(small_config(steps=2, checkpoint_every=2), disk)

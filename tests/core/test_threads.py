@@ -1,5 +1,5 @@
-"""The torch threads each training process gets (`core.process.threads`): a table of cores, jobs at once,
-ranks and settings, with the log line the job shows."""
+"""The torch threads each training process gets (`core.process.threads`): a table of cores, jobs at
+once, ranks and settings, with the log line the job shows."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from core.config import OptimConfig, TrainConfig
-from core.objective.loss import policy_loss
 from core.models import load_model
+from core.objective.loss import policy_loss
 from core.training.schedule import lr_at
 from core.training.trainer import TrainerCallback, group_advantages, train
 from tests.core.trainer_runs import (
@@ -336,7 +336,8 @@ def test_silent_run_warns_once_with_what_to_try(tmp_path: Path) -> None:
     cfg = small_config(steps=4, checkpoint_every=0, silent_steps=2)
     cb = Warnings()
     train(cfg, tmp_path, callback=cb)
-    # the early warning once; the verdict at the end is `core.training.silence.run_warnings`' (test_phases)
+    # the early warning once; the verdict at the end is `core.training.silence.run_warnings`'
+    # (test_phases)
     early = [w for w in cb.warnings if not w.startswith("run finished with a warning")]
     assert len(early) == 1 and len(cb.warnings) == 3
     message = early[0]

@@ -1,6 +1,7 @@
-"""A job's log says how many torch threads each of its processes got, and why (`core.process.threads`):
-the worker's cores (its affinity) over the jobs it runs at once and the job's ranks, or the
-operator's setting; `pdppo train --nproc N` splits the cores between its N processes.
+"""A job's log says how many torch threads each of its processes got, and why
+(`core.process.threads`): the worker's cores (its affinity) over the jobs it runs at once and the
+job's ranks, or the operator's setting; `pdppo train --nproc N` splits the cores between its N
+processes.
 
 Before, a job ran with torch's default (every core, in every process) and said nothing."""
 

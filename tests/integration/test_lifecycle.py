@@ -75,8 +75,8 @@ def test_checkpoints_and_final_model_download(alice: httpx.Client) -> None:
 
 
 def test_sse_resume_with_last_event_id_has_no_gap_and_no_duplicate(alice: httpx.Client) -> None:
-    """Protects resuming from stored events (`api.streaming.events` backlog after `Last-Event-ID`): the
-    client reconnects only after the job has published the rest of its events and ended, so
+    """Protects resuming from stored events (`api.streaming.events` backlog after `Last-Event-ID`):
+    the client reconnects only after the job has published the rest of its events and ended, so
     every event it gets comes from the stored stream; one resumed a frame late (or early)
     misses (or repeats) an event here. `test_sse_resume_stored.py` resumes a running job."""
     job = alice.post("/v1/jobs", json=smoke_spec(steps=40, checkpoint_every=10)).json()

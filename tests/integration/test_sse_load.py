@@ -153,7 +153,8 @@ def test_stream_limits_answer_429_with_retry_after(make_service: Any) -> None:
         assert "this server has 3 open event streams" in full.read().decode()
 
         # A stream that ends gives its place back, at once: in about 1 run in 12 it used to keep
-        # it until its job ended, a cancel lost in the stream's store call (see `api.streaming.cancel`).
+        # it until its job ended, a cancel lost in the stream's store call (see
+        # `api.streaming.cancel`).
         first.close()
         closed = time.monotonic()
         while (again := stream(alice, alice_job)).status_code == 429:

@@ -1,7 +1,7 @@
 """Resuming a running job's stream after the job has moved on: the events published while the
 client was away come from the stored stream, the later ones live, with no gap and no duplicate
-where the two meet (`api.streaming.events`: a subscriber joins the live feed, then reads the backlog up to
-the feed's cursor).
+where the two meet (`api.streaming.events`: a subscriber joins the live feed, then reads the backlog
+up to the feed's cursor).
 
 `test_lifecycle.py::test_sse_resume_with_last_event_id_has_no_gap_and_no_duplicate` resumes an
 ended job (the stored stream alone).

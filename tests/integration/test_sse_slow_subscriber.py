@@ -1,7 +1,7 @@
 """A subscriber that stops reading gets every event or is cut off cleanly, never a silent gap.
 
-The API keeps at most `PDPPO_SSE_QUEUE_SIZE` live events per subscriber (`api.streaming.events`): one that
-falls further behind is cut off, its stream ending (without `done`) after the events it was
+The API keeps at most `PDPPO_SSE_QUEUE_SIZE` live events per subscriber (`api.streaming.events`):
+one that falls further behind is cut off, its stream ending (without `done`) after the events it was
 handed, and its client resumes with `Last-Event-ID`. What must never happen is the quiet
 alternative, the frames that did not fit dropped while the stream goes on: a client would miss
 steps and never know.
@@ -82,8 +82,8 @@ def slow_client(svc: Service) -> httpx.Client:
 def test_a_slow_subscriber_is_cut_off_cleanly_and_resumes_without_a_gap(
     make_service: Callable[..., Service],
 ) -> None:
-    """Protects `api.streaming.events.Subscriber.put` / `EventHub._dispatch`: a subscriber too far behind
-    is closed (the stream ends after the events it holds), never handed a stream with frames
+    """Protects `api.streaming.events.Subscriber.put` / `EventHub._dispatch`: a subscriber too far
+    behind is closed (the stream ends after the events it holds), never handed a stream with frames
     missing."""
     svc = make_service(PDPPO_SSE_QUEUE_SIZE=str(QUEUE_SIZE))
     svc.start_api()  # no worker: the job stays queued, its stream live; events come from here

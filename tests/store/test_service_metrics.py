@@ -1,5 +1,5 @@
-"""The service's state as `/metrics` renders it (`api.http.service_metrics`), read from a real Redis:
-known jobs, workers and counters give known values, label sets stay bounded, and a stalled
+"""The service's state as `/metrics` renders it (`api.http.service_metrics`), read from a real
+Redis: known jobs, workers and counters give known values, label sets stay bounded, and a stalled
 Redis gives a prompt scrape that says the read failed."""
 
 from __future__ import annotations

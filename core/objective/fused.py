@@ -21,7 +21,8 @@ logits of those few ids. All of it accumulates over vocabulary chunks of `hidden
    The token's own entry 1 - pi_a is the stats pass's sum over the other tokens: written as
    1 - pi_a it is rounding near pi_a = 1 (1e-3 relative at 0.9999, in cross-entropy's
    gradient too), and the most confident tokens are most of a language model's;
-4. the loss arithmetic from log pi(a) on, shared with `core.objective.loss.policy_loss`.
+4. the loss arithmetic from log pi(a) on, shared with `core.objective.loss.policy_loss`
+   (`core.objective.loss_terms`).
 
 Everything is fp32 whatever the dtype of the hidden states and the projection (a bf16 model's):
 each chunk of the projection is cast before its matmul, and its gradient accumulated in fp32
@@ -44,7 +45,7 @@ from torch import Tensor
 from core.objective.behavior import BehaviorView
 from core.objective.divergence import Estimator, Kind, SoftmaxStats
 from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
-from core.objective.loss import PolicyLossOutput, check_loss_inputs, loss_from_logprobs
+from core.objective.loss_terms import PolicyLossOutput, check_loss_inputs, loss_from_logprobs
 from core.objective.masks import Mask, trust_region
 
 CHUNK_ELEMENTS = 1 << 22

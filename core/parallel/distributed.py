@@ -130,11 +130,22 @@ def leave_group() -> None:
     on several ranks) built its own groups inside it: those go first, or its exit handler
     finds them invalid and fails the process's end."""
     if "vllm.distributed.parallel_state" in sys.modules:
-        from core.rollout.vllm_engine import leave_groups
-
-        leave_groups()
+        _leave_vllm_groups()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _leave_vllm_groups() -> None:
+    """Destroy the groups vLLM built inside this process's torch.distributed world, the world's
+    own included. vLLM is imported here only when a run already imported it (`leave_group`
+    checks): the `vllm` extra is optional and its import takes seconds."""
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
 
 
 def _device() -> torch.device:

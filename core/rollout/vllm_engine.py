@@ -154,18 +154,6 @@ class VLLMEngine:
         return _to_batch(rows, top_k, eos_id, pad_id, device)
 
 
-def leave_groups() -> None:
-    """Destroy the groups vLLM built inside this process's torch.distributed world, the
-    world's own included (`core.parallel.distributed.leave_group` calls it where a run ends)."""
-    from vllm.distributed.parallel_state import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-    )
-
-    destroy_model_parallel()
-    destroy_distributed_environment()
-
-
 def _to_batch(
     rows: list[tuple[list[int], Any]], top_k: int, eos_id: int, pad_id: int, device: torch.device
 ) -> RolloutBatch:

@@ -1,9 +1,13 @@
-"""How a job process ended, in words a user can act on, when it could not say so itself."""
+"""How a job process ended, in words a user can act on: the error code of the exception it
+reports (`error_code`, also a rank's), or, when it could not say so itself, of its exit."""
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
+
+from core.disk.storage import StorageError
+from workers.job_storage import storage_code
 
 
 def describe_exit(exitcode: int | None, oom_killed: bool) -> tuple[str, str]:
@@ -59,3 +63,26 @@ def oom_kills() -> int:
         except (OSError, ValueError):
             continue
     return 0
+
+
+def error_code(exc: BaseException) -> str:
+    """`invalid_input` for data or a model the job may not or cannot read (the user's to fix),
+    `storage_full` or `storage_error` for a write the disk refused (`as_storage_error` tells
+    them from other errors), `out_of_memory`, else `training_error`."""
+    from core.disk.safe_files import UnsafeFileError
+
+    if isinstance(exc, UnsafeFileError):
+        return "invalid_input"
+    if isinstance(exc, StorageError):
+        return storage_code(exc)
+    return "out_of_memory" if is_out_of_memory(exc) else "training_error"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch reports a failed host allocation as a RuntimeError, CUDA's as OutOfMemoryError."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text
+    )

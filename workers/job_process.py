@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from core.budget import Limits
-from core.disk.storage import Reserve, StorageError
+from core.disk.storage import Reserve
 from core.parallel.distributed import free_port
 from pdppo.files import FileStorage, InputFileError, job_input_files, spec_file_ids
 from pdppo.job_models import JobModelError, resolve_job_model
@@ -69,13 +69,14 @@ from pdppo.store import (
     store_client,
 )
 from workers.config_watch import ConfigWatch
+from workers.exits import error_code
 
 # EventPublisher and backfill are re-exported: callers that predate the split import them here.
 from workers.job_events import EventPublisher as EventPublisher
 from workers.job_events import JobCallback
 from workers.job_events import backfill as backfill
 from workers.job_ranks import Failure, RankJob, data_parallel
-from workers.job_storage import as_storage_error, refuse_for_storage, storage_code
+from workers.job_storage import as_storage_error, refuse_for_storage
 from workers.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -397,29 +398,6 @@ def _failure_of(exc: Exception, options: JobOptions) -> dict[str, Any]:
     code = error_code(shown)
     log.exception("failed (%s)", code)
     return _failure(code, shown)
-
-
-def error_code(exc: BaseException) -> str:
-    """`invalid_input` for data or a model the job may not or cannot read (the user's to fix),
-    `storage_full` or `storage_error` for a write the disk refused (`as_storage_error` tells
-    them from other errors), `out_of_memory`, else `training_error`."""
-    from core.disk.safe_files import UnsafeFileError
-
-    if isinstance(exc, UnsafeFileError):
-        return "invalid_input"
-    if isinstance(exc, StorageError):
-        return storage_code(exc)
-    return "out_of_memory" if is_out_of_memory(exc) else "training_error"
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch reports a failed host allocation as a RuntimeError, CUDA's as OutOfMemoryError."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and (
-        "can't allocate memory" in text or "out of memory" in text
-    )
 
 
 def _failure(code: str, exc: BaseException) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from typing import Any
 
 from core.parallel.distributed import World, join_group, leave_group
 from core.process.parent_death import die_with_parent
-from workers.exits import describe_exit
+from workers.exits import describe_exit, error_code
 
 log = logging.getLogger(__name__)
 TRACEBACK_CHARS = 4000
@@ -220,7 +220,6 @@ def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
     except BaseException as exc:
         from pathlib import Path
 
-        from workers.job_process import error_code
         from workers.job_storage import as_storage_error
 
         shown = as_storage_error(exc, Path(job.out_dir)) or exc

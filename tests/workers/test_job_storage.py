@@ -11,7 +11,7 @@ import pytest
 from core.budget import model_shape
 from core.disk.storage import StorageError, StorageFull
 from tests.core.trainer_runs import small_config
-from workers.job_process import error_code
+from workers.exits import error_code
 from workers.job_storage import as_storage_error, first_write_bytes
 
 

@@ -27,6 +27,9 @@ import httpx
 from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdppo.client_errors import ApiError as ApiError
+from pdppo.client_errors import _detail_text as _detail_text
+from pdppo.client_errors import _raise_for_status
 from pdppo.client_files import FilesMixin
 from pdppo.client_retry import RetryingWrites
 from pdppo.client_specs import SpecLike as SpecLike
@@ -39,45 +42,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
-class ApiError(Exception):
-    """The server answered, and the answer was an error (4xx/5xx).
-
-    `may_exist`: the jobs or files a write answered with this error may still have created or
-    changed (the server's store stopped answering after it was sent); look them up."""
-
-    def __init__(
-        self,
-        status_code: int,
-        detail: Any,
-        method: str = "",
-        url: str = "",
-        may_exist: builtins.list[str] | None = None,
-    ) -> None:
-        self.status_code = status_code
-        self.detail = detail
-        self.method = method
-        self.url = url
-        self.may_exist = may_exist or []
-        where = f" ({method} {url})" if method else ""
-        super().__init__(f"HTTP {status_code}{where}: {_detail_text(detail)}")
-
-
 class FollowError(Exception):
     """The event stream could not be re-established after repeated attempts."""
-
-
-def _detail_text(detail: Any) -> str:
-    """FastAPI validation errors arrive as a list of dicts; make them one readable line each."""
-    if isinstance(detail, list):
-        parts = []
-        for item in detail:
-            if isinstance(item, dict) and "msg" in item:
-                loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
-                parts.append(f"{loc}: {item['msg']}" if loc else str(item["msg"]))
-            else:
-                parts.append(str(item))
-        return "; ".join(parts)
-    return str(detail)
 
 
 class Progress(BaseModel):
@@ -475,17 +441,3 @@ class _ServerError(Exception):
 
     def __init__(self, status_code: int) -> None:
         super().__init__(f"HTTP {status_code}")
-
-
-def _raise_for_status(response: httpx.Response) -> None:
-    if response.status_code < 400:
-        return
-    try:
-        body = response.json()
-    except ValueError:
-        body = response.text
-    detail: Any = body
-    if isinstance(body, dict):
-        # `detail` is one readable line; a 422's `errors` list is the same, broken down.
-        detail = body.get("detail") or body.get("errors") or body
-    raise ApiError(response.status_code, detail, response.request.method, str(response.url))

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from pdppo.client_errors import ApiError, _detail_text, _raise_for_status
+
 if TYPE_CHECKING:
     from pdppo.client import Job
 
@@ -127,8 +129,6 @@ class RetryingWrites:
         landed when the job, read again, passes it. `hint` ends the error of a write that may
         have landed: what to do about it. `prepare`: more arguments made again for each try (a
         file rewound)."""
-        from pdppo.client import ApiError, _detail_text, _raise_for_status  # it imports this
-
         sent = send_with_retry(
             lambda: self._http.request(method, path, **kwargs, **(prepare() if prepare else {})),
             budget=self.retry_seconds,

@@ -3,8 +3,20 @@
 Imports no web or queue code; `api/` and `workers/` build on it. Without torch (the client
 install, `pip install pdppo`), importing `core` still works and so do its torch-free modules
 (`core.config`, `core.budget`: `pdppo submit --dry-run` prints `core.budget`'s report); the names
-below then say which extra brings torch. (Not lazy when torch is there: `core.objective.divergence`
-is both a module and a function, and an import of the module would shadow a lazy function.)
+below then say which extra brings torch. The names are `core.objective`'s (`core.extras` names
+the missing extra).
+
+Its packages, bottom up (each one's docstring says what it may import; tests/deploy/test_layout.py
+holds them to it and fails on any import circle):
+
+- `config` (the typed job config), `disk` (files on disk), `process` (this OS process),
+  `objective` (the behavior view, divergences, trust-region masks, the loss and its fused form):
+  nothing else from `core`;
+- `graders`, `tasks`, `models`, `budget`: on `config` and `disk`, and on each other in that order;
+- `parallel` (ranks, sharding), then `rollout` (sampling: the built-in engine, prefix sharing,
+  vLLM);
+- `training` (the loop: run, update, warm-up, reference, evaluation, checkpoints, schedule,
+  steering), on all of the above.
 """
 
 from __future__ import annotations

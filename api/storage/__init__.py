@@ -4,5 +4,5 @@
 streamed to disk, never held whole; `tarstream`: a folder as a streamed .tar; `paths`: which
 files on the workers a tenant's job spec may read.
 
-Imports: `core.disk`, `pdppo` (files, settings, spec), `api.http` (the body limit); not the routes.
+Imports: `core.disk`, `pdppo` (files, settings, spec); nothing else from `api` (the routes use it).
 """

@@ -5,5 +5,6 @@
 then live, with no gap and no duplicate; `cancel`: cancelling a task that may be inside a Redis
 call, so that it ends.
 
-Imports: `pdppo` (settings, the store), `api.http` (metrics); not the routes.
+Imports: `pdppo` (settings, the store), `api.http` (its metrics); nothing else from `api` (the
+routes use it).
 """

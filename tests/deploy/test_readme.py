@@ -177,3 +177,12 @@ def test_every_metric_the_docs_explain_is_one_the_trainer_reports(tmp_path: Path
     }
     assert {"reward_mean", "masked_fraction", "direction_disagreement"} <= explained
     assert sorted(explained - reported) == []
+
+
+def test_the_docs_home_says_why_the_predictive_mask_as_readme_does() -> None:
+    """The one passage both carry: the site's home must not drift from the landing page."""
+    readme = README.split("**Why the predictive mask.** ", 1)[1].split("\n\n", 1)[0]
+    home = (ROOT / "docs" / "index.md").read_text()
+    home = home.split("## Why the predictive mask\n\n", 1)[1].split("\n\n", 1)[0]
+    assert "masks a token iff `D(mu, pi) > delta`" in readme
+    assert home == readme.replace("](docs/", "](")

@@ -186,3 +186,12 @@ def test_the_docs_home_says_why_the_predictive_mask_as_readme_does() -> None:
     home = home.split("## Why the predictive mask\n\n", 1)[1].split("\n\n", 1)[0]
     assert "masks a token iff `D(mu, pi) > delta`" in readme
     assert home == readme.replace("](docs/", "](")
+
+
+def test_the_failure_codes_page_lists_every_code_a_job_can_end_with() -> None:
+    from api.service_metrics import FAILURE_CODES
+
+    page = (ROOT / "docs" / "operators" / "limits-and-failures.md").read_text()
+    table = _section("Limits and failures", page, level="#")
+    listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.MULTILINE)
+    assert sorted(listed) == sorted(FAILURE_CODES)

@@ -81,3 +81,23 @@ def test_every_setting_is_a_row_with_its_default_and_description() -> None:
         "int | `3` | a job whose worker died more often than this fails (0: retry forever)"
     )
     assert rows["PDPPO_ROLLOUT_ENGINES"].split(" | ")[1] == "(computed)"
+
+
+def _cells(row: str) -> int:
+    """Cells of a Markdown table row: `|`s not escaped by an odd run of backslashes, less one."""
+    return sum(1 for m in re.finditer(r"(\\*)\|", row) if len(m.group(1)) % 2 == 0) - 1
+
+
+def test_every_table_row_has_as_many_cells_as_its_header(schema: dict[str, Any]) -> None:
+    """A `|` in a description or a type (`int | None`, an enum) must not split its cell."""
+    hooks = _hooks()
+    for page in (hooks.render_http_api(schema), hooks.render_settings(Settings)):
+        width = 0
+        for line in page.splitlines():
+            if not line.startswith("|"):
+                width = 0
+            elif width == 0:
+                width = _cells(line)
+            else:
+                assert _cells(line) == width, line
+    assert _cells(r"| `int \| None` | a \\| b |") == 3

@@ -10,6 +10,7 @@ the routes.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -174,11 +175,21 @@ def render_settings(settings_class: Any) -> str:
 
 
 def _schema() -> dict[str, Any]:
-    from api.app import create_app
-    from pdppo.settings import Settings
+    """The app's schema as the code defines it, whatever this machine's `PDPPO_*` say.
 
-    settings = Settings(redis_url="redis://127.0.0.1:1/0", _env_file=None)  # type: ignore[call-arg]
-    return create_app(settings).openapi()
+    Importing the app builds the Celery app, which reads the settings from the environment; a
+    shell with `PDPPO_ENVIRONMENT=production` and no keys would make that refuse, and the
+    build fail for a reason that has nothing to do with the docs.
+    """
+    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PDPPO_")}
+    try:
+        from api.app import create_app
+        from pdppo.settings import Settings
+
+        settings = Settings(redis_url="redis://127.0.0.1:1/0", _env_file=None)  # type: ignore[call-arg]
+        return create_app(settings).openapi()
+    finally:
+        os.environ.update(saved)
 
 
 def on_files(files: Any, config: Any) -> Any:

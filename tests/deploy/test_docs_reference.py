@@ -7,7 +7,10 @@ These need no MkDocs: they call the hook's renderers on the real app's schema an
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -101,3 +104,22 @@ def test_every_table_row_has_as_many_cells_as_its_header(schema: dict[str, Any])
             else:
                 assert _cells(line) == width, line
     assert _cells(r"| `int \| None` | a \\| b |") == 3
+
+
+def test_the_schema_is_the_codes_whatever_pdppo_variables_this_shell_has(
+    schema: dict[str, Any],
+) -> None:
+    """`PDPPO_ENVIRONMENT=production` without keys makes the settings refuse: not the docs'."""
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('h', 'docs/hooks.py')\n"
+        "hooks = importlib.util.module_from_spec(spec); spec.loader.exec_module(hooks)\n"
+        "print(len(hooks._schema()['paths']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PDPPO_ENVIRONMENT": "production"}
+    env.pop("PDPPO_API_KEYS", None)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout) == len(schema["paths"])

@@ -68,7 +68,7 @@ class JobError(BaseModel):
     code: str = Field(
         description=(
             "e.g. training_error, invalid_input, out_of_memory, storage_full, storage_error, "
-            "timeout, worker_lost (README: Limits and failures)"
+            "timeout, worker_lost (docs: Operators, Limits and failures)"
         )
     )
     message: str = Field(description="what happened, e.g. the exception's type and message")

@@ -63,7 +63,7 @@ FAILURE_CODES = (
     "storage_full",
     "storage_error",
 )
-"""README's failure codes (Limits and failures); `none` for a job that did not fail."""
+"""The failure codes (docs/operators/limits-and-failures.md); `none` for a job that did not fail."""
 LEASE_LOSS_REASONS = ("unreachable", "taken")
 RECONCILER_ACTIONS = ("requeued", "failed", "cancelled", "paused", "task_sent", "task_restored")
 GRADING = ("completions", "errors", "timeouts")

@@ -1,7 +1,9 @@
-"""README claims checked against the code, so the documentation cannot drift silently.
+"""README and docs/ claims checked against the code, so the documentation cannot drift silently.
 
-The quick-start commands, every `pdppo` invocation, every spec example and field, and every
-`PDPPO_` variable the README names must exist as written.
+README's two quick-start commands must be exactly what CI runs; every `pdppo` invocation, every
+spec example and field, and every `PDPPO_` variable that README or a page under docs/ names must
+exist as written, and the metrics page must explain only metrics the trainer reports. (The
+site's own build, links and generated pages: tests/docs.)
 """
 
 from __future__ import annotations
@@ -22,20 +24,23 @@ from pdppo.spec import JobSpec, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+DOC_PAGES = sorted((ROOT / "docs").rglob("*.md"))
+# What a reader can read: the landing page and every page of the site, checked as one text.
+DOCS = "\n".join([README, *(page.read_text() for page in DOC_PAGES)])
 CLIENT_VARS = {"PDPPO_URL", "PDPPO_API_KEY", "PDPPO_DEBUG"}  # read by the client and CLI
 TEST_VARS = {"PDPPO_BROWSER_ARTIFACTS"}  # read by tests/browser (.ci/browser), not the service
 TEST_COMMAND = "python -m pytest -q -n auto --dist worksteal"  # in parallel: tests/conftest.py
 
 
 def _code_blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.DOTALL)
+    return re.findall(rf"```{lang}\n(.*?)```", DOCS, re.DOTALL)
 
 
-def _section(title: str) -> str:
+def _section(title: str, text: str = README, level: str = "##") -> str:
     match = re.search(
-        rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.DOTALL | re.MULTILINE
+        rf"^{level} {re.escape(title)}\n(.*?)(?=^{level} |\Z)", text, re.DOTALL | re.MULTILINE
     )
-    assert match, f"README has no '## {title}' section"
+    assert match, f"no '{level} {title}' section"
     return match.group(1)
 
 
@@ -57,6 +62,25 @@ def test_quick_start_is_two_commands_stack_first_then_tests() -> None:
     assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_is_a_landing_page_that_links_into_the_docs() -> None:
+    """The first screen says what this is and the two commands; the reference is in docs/."""
+    lines = README.splitlines()
+    assert len(lines) <= 200
+    assert lines.index("## Quick start") < 30
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)\)", README))
+    assert {"docs/users/job-spec.md", "docs/operators/deployment.md"} <= linked
+    assert sorted(link for link in linked if not (ROOT / link).is_file()) == []
+    assert (ROOT / "docs" / "dashboard.png").is_file() and "](docs/dashboard.png)" in README
+
+
+def test_getting_started_page_has_readmes_two_commands() -> None:
+    page = (ROOT / "docs" / "users" / "getting-started.md").read_text()
+    readme_block = re.search(r"```bash\n(.*?)```", _section("Quick start"), re.DOTALL)
+    page_block = re.search(r"```bash\n(.*?)```", _section("Quick start", page), re.DOTALL)
+    assert readme_block and page_block
+    assert _commands(page_block.group(1)) == _commands(readme_block.group(1))
+
+
 def _pdppo_invocations() -> list[list[str]]:
     found = []
     for block in _code_blocks("bash"):
@@ -67,28 +91,28 @@ def _pdppo_invocations() -> list[list[str]]:
     return found
 
 
-def test_every_pdppo_command_in_the_readme_exists_with_its_options() -> None:
+def test_every_pdppo_command_in_the_docs_exists_with_its_options() -> None:
     invocations = _pdppo_invocations()
     assert {"dev", "submit", "list", "status", "logs", "cancel"} <= {a[0] for a in invocations}
     for args in invocations:
         command = main.commands.get(args[0])
-        assert command is not None, f"README runs unknown `pdppo {args[0]}`"
+        assert command is not None, f"the docs run unknown `pdppo {args[0]}`"
         rest = args[1:]
         while isinstance(command, click.Group) and rest:  # `pdppo files upload ...`
             sub = command.commands.get(rest[0])
-            assert sub is not None, f"README runs unknown `pdppo {' '.join(args[:2])}`"
+            assert sub is not None, f"the docs run unknown `pdppo {' '.join(args[:2])}`"
             command, rest = sub, rest[1:]
         known = {opt for param in command.params for opt in getattr(param, "opts", [])}
         unknown = [a for a in rest if a.startswith("-") and a not in known]
         assert not unknown, f"`pdppo {' '.join(args)}`: {unknown} unknown"
 
 
-def test_readme_spec_example_is_a_valid_job_spec() -> None:
+def test_every_spec_example_in_the_docs_is_a_valid_job_spec() -> None:
     examples = [yaml.safe_load(b) for b in _code_blocks("yaml")]
     specs = [e for e in examples if isinstance(e, dict) and "train" in e]
-    assert specs, "README shows no job spec"
+    assert len(specs) >= 2, "README and the job spec page each show a job spec"
     for spec in specs:
-        parse_spec(spec, "README")
+        parse_spec(spec, "docs")
 
 
 def _field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
@@ -102,21 +126,21 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
     return paths
 
 
-def test_every_field_the_readme_names_exists() -> None:
+def test_every_field_the_docs_name_exists() -> None:
     fields = _field_paths(JobSpec)
-    named = set(re.findall(r"`((?:train|resources)\.[a-z_.]+[a-z_])", README))
+    named = set(re.findall(r"`((?:train|resources)\.[a-z_.]+[a-z_])", DOCS))
     named |= {
         f"train.{m}"
-        for m in re.findall(r"`((?:rollout|algorithm|task|model|optim)\.[a-z_.]+[a-z_])", README)
+        for m in re.findall(r"`((?:rollout|algorithm|task|model|optim)\.[a-z_.]+[a-z_])", DOCS)
     }
-    assert named, "README names no spec fields"
+    assert {"train.rollout.staleness", "train.algorithm.fused_loss"} <= named
     assert sorted(named - fields) == []
 
 
-def test_every_pdppo_variable_in_the_readme_is_a_setting() -> None:
+def test_every_pdppo_variable_in_the_docs_is_a_setting() -> None:
     """Service variables are `Settings` fields; `PDPPO_DEV_*` tune `pdppo dev`'s supervisor,
     which reads them itself (it runs before any service settings exist)."""
-    named = set(re.findall(r"\bPDPPO_[A-Z_]+[A-Z]", README)) - CLIENT_VARS - TEST_VARS
+    named = set(re.findall(r"\bPDPPO_[A-Z_]+[A-Z]", DOCS)) - CLIENT_VARS - TEST_VARS
     assert all(
         f'"{n}"' in (ROOT / "tests" / "browser" / "conftest.py").read_text() for n in TEST_VARS
     )
@@ -136,7 +160,7 @@ def test_examples_are_valid_job_specs(path: Path) -> None:
     assert spec.train.steps >= 1
 
 
-def test_every_metric_the_readme_explains_is_one_the_trainer_reports(tmp_path: Path) -> None:
+def test_every_metric_the_docs_explain_is_one_the_trainer_reports(tmp_path: Path) -> None:
     import json
 
     from core.training.trainer import train
@@ -145,7 +169,7 @@ def test_every_metric_the_readme_explains_is_one_the_trainer_reports(tmp_path: P
     spec.train.steps = 1
     train(spec.train, tmp_path)
     reported = set(json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0]))
-    table = _section("Reading the metrics")
+    table = (ROOT / "docs" / "users" / "metrics.md").read_text()
     explained = {
         name
         for row in re.findall(r"^\| (.+?) \|", table, re.MULTILINE)
@@ -153,3 +177,21 @@ def test_every_metric_the_readme_explains_is_one_the_trainer_reports(tmp_path: P
     }
     assert {"reward_mean", "masked_fraction", "direction_disagreement"} <= explained
     assert sorted(explained - reported) == []
+
+
+def test_the_docs_home_says_why_the_predictive_mask_as_readme_does() -> None:
+    """The one passage both carry: the site's home must not drift from the landing page."""
+    readme = README.split("**Why the predictive mask.** ", 1)[1].split("\n\n", 1)[0]
+    home = (ROOT / "docs" / "index.md").read_text()
+    home = home.split("## Why the predictive mask\n\n", 1)[1].split("\n\n", 1)[0]
+    assert "masks a token iff `D(mu, pi) > delta`" in readme
+    assert home == readme.replace("](docs/", "](")
+
+
+def test_the_failure_codes_page_lists_every_code_a_job_can_end_with() -> None:
+    from api.service_metrics import FAILURE_CODES
+
+    page = (ROOT / "docs" / "operators" / "limits-and-failures.md").read_text()
+    table = _section("Limits and failures", page, level="#")
+    listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.MULTILINE)
+    assert sorted(listed) == sorted(FAILURE_CODES)

@@ -189,7 +189,7 @@ def test_the_docs_home_says_why_the_predictive_mask_as_readme_does() -> None:
 
 
 def test_the_failure_codes_page_lists_every_code_a_job_can_end_with() -> None:
-    from api.service_metrics import FAILURE_CODES
+    from api.http.service_metrics import FAILURE_CODES
 
     page = (ROOT / "docs" / "operators" / "limits-and-failures.md").read_text()
     table = _section("Limits and failures", page, level="#")

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import yaml
 from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
 from tests.integration.stack import (
     TWO_DEVICES,
+    RedisServer,
     Service,
     job_pids,
     pdppo_command,
@@ -57,6 +58,24 @@ def start(make_service: Callable[..., Service], workers: int = 1) -> Service:
     return svc
 
 
+@pytest.fixture(scope="module")
+def two_devices(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """One 2-device service (API and worker) for the tests here that leave its worker running,
+    each ending its jobs: a worker's start and its first job's fork (its forkserver loads torch
+    and the trainer) cost more CPU than most of these tests' jobs. On a database of its own, as
+    `make_service` picks them (never one used before in this session)."""
+    db = 1 + len(list(tmp_path_factory.getbasetemp().glob("extra*")))
+    svc = Service(redis_server, tmp_path_factory.mktemp("extra"), db=db, env=TWO_DEVICES)
+    try:
+        svc.start_api()
+        svc.start_worker("cpu")
+        yield svc
+    finally:
+        svc.stop()
+
+
 def read_metrics(svc: Service, job_id: str) -> list[dict[str, Any]]:
     path = svc.artifact_dir / job_id / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -73,9 +92,9 @@ def long_job(svc: Service, alice: httpx.Client) -> tuple[str, int, int]:
 
 
 def test_a_two_device_job_streams_the_metrics_of_a_local_two_process_run(
-    make_service: Callable[..., Service], tmp_path: Path
+    two_devices: Service, tmp_path: Path
 ) -> None:
-    svc = start(make_service)
+    svc = two_devices
     spec = two_device_spec(steps=6)
     with svc.client("alice") as alice:
         job = alice.post("/v1/jobs", json=spec)
@@ -114,11 +133,11 @@ def test_a_two_device_job_streams_the_metrics_of_a_local_two_process_run(
 
 
 def test_a_sharded_job_downloads_a_checkpoint_of_every_ranks_shard(
-    make_service: Callable[..., Service], tmp_path: Path
+    two_devices: Service, tmp_path: Path
 ) -> None:
     """train.sharding: fsdp through the service: each rank holds half the model and writes its
     half of every checkpoint; the download has both, and the final model is whole."""
-    svc = start(make_service)
+    svc = two_devices
     spec = two_device_spec(steps=4, checkpoint_every=2)
     spec["train"]["sharding"] = "fsdp"
     with svc.client("alice") as alice:
@@ -139,8 +158,8 @@ def test_a_sharded_job_downloads_a_checkpoint_of_every_ranks_shard(
             assert "model.safetensors" in {Path(n).name for n in tar.getnames()}
 
 
-def test_cancel_stops_every_rank_within_seconds(make_service: Callable[..., Service]) -> None:
-    svc = start(make_service)
+def test_cancel_stops_every_rank_within_seconds(two_devices: Service) -> None:
+    svc = two_devices
     with svc.client("alice") as alice:
         job_id, job_pid, rank = long_job(svc, alice)
         pids = [job_pid, rank]
@@ -158,9 +177,9 @@ def test_cancel_stops_every_rank_within_seconds(make_service: Callable[..., Serv
 
 
 def test_a_rank_killed_with_9_fails_the_job_and_leaves_no_process(
-    make_service: Callable[..., Service],
+    two_devices: Service,
 ) -> None:
-    svc = start(make_service)
+    svc = two_devices
     with svc.client("alice") as alice:
         job_id, job_pid, rank = long_job(svc, alice)
 
@@ -199,9 +218,9 @@ def test_a_worker_killed_with_9_leaves_no_rank_and_the_next_worker_resumes(
 
 
 def test_pause_stops_both_ranks_and_resume_continues_at_the_next_step(
-    make_service: Callable[..., Service],
+    two_devices: Service,
 ) -> None:
-    svc = start(make_service)
+    svc = two_devices
     with svc.client("alice") as alice:
         # only a stop ends it (40 steps took 3 s: a CI run's pause came after the last one);
         # only the pause checkpoints
@@ -256,9 +275,9 @@ def test_a_pause_asked_mid_step_waits_for_the_step_boundary_where_the_ranks_agre
 
 
 def test_timeout_stops_both_ranks_and_keeps_the_checkpoint(
-    make_service: Callable[..., Service],
+    two_devices: Service,
 ) -> None:
-    svc = start(make_service)
+    svc = two_devices
     with svc.client("alice") as alice:
         # The job must time out after its first step: a timeout before it leaves no checkpoint
         # to keep. How long two ranks take to start and step once is measured on a 1-step job
@@ -283,9 +302,9 @@ def test_timeout_stops_both_ranks_and_keeps_the_checkpoint(
 
 
 def test_the_job_process_killed_with_9_takes_its_ranks_with_it(
-    make_service: Callable[..., Service],
+    two_devices: Service,
 ) -> None:
-    svc = start(make_service)
+    svc = two_devices
     with svc.client("alice") as alice:
         job_id, job_pid, rank = long_job(svc, alice)
 

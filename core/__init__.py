@@ -21,8 +21,9 @@ holds them to it and fails on any import circle):
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.extras import MissingExtra
 
@@ -37,15 +38,39 @@ __all__ = [
     "trust_region_mask",
 ]
 
-if importlib.util.find_spec("torch") is not None:
+# Lazy: the API and the CLI import `core.config`, `core.budget` and friends, and an eager import
+# of these names would load torch (about 2 s of CPU) into every `pdppo` process, the API server's
+# and each `pdppo status` included, which never use it.
+_WHERE = {
+    "BehaviorView": "core.objective.behavior",
+    "PolicyLossOutput": "core.objective.loss",
+    "divergence": "core.objective.divergence",
+    "fused_policy_loss": "core.objective.fused",
+    "policy_loss": "core.objective.loss",
+    "predicted_change": "core.objective.divergence",
+    "trust_region": "core.objective.masks",
+    "trust_region_mask": "core.objective.masks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'core' has no attribute {name!r}")
+    if importlib.util.find_spec("torch") is None:
+        raise MissingExtra(f"core.{name}", "worker", "torch")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
     from core.objective.behavior import BehaviorView
     from core.objective.divergence import divergence, predicted_change
     from core.objective.fused import fused_policy_loss
     from core.objective.loss import PolicyLossOutput, policy_loss
     from core.objective.masks import trust_region, trust_region_mask
-else:
-
-    def __getattr__(name: str) -> Any:
-        if name in __all__:
-            raise MissingExtra(f"core.{name}", "worker", "torch")
-        raise AttributeError(f"module 'core' has no attribute {name!r}")

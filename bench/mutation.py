@@ -50,6 +50,7 @@ from bench.mutation_exec import (
     interrupt_all,
     run_mutant,
 )
+from bench.mutation_lua import OPERATORS as LUA_OPERATORS
 from bench.mutation_plan import (
     Config,
     Group,
@@ -57,6 +58,7 @@ from bench.mutation_plan import (
     changed_files,
     describe,
     generate,
+    generate_lua,
     load_config,
     sample,
     split_equivalents,
@@ -146,10 +148,18 @@ def modules_in(
 
 
 def plan_module(
-    config: Config, copy: Path, module: str, args: argparse.Namespace
+    config: Config, copy: Path, module: str, args: argparse.Namespace, lua: bool = False
 ) -> tuple[ModuleRun, list[Mutant]]:
-    mutants, left_out = generate(copy, module, config.operators)
-    kept, equivalents, stale = split_equivalents(copy, mutants, config.equivalents, config.rules)
+    """The module's mutants (of its Lua bodies with `lua`), less the reviewed equivalent ones,
+    sampled, less what `--carry` already killed."""
+    if lua:
+        mutants, left_out = generate_lua(copy, module, config.lua_operators)
+    else:
+        mutants, left_out = generate(copy, module, config.operators)
+    # a Lua group's entries and rules are the Lua operators', a Python group's the others
+    entries = tuple(e for e in config.equivalents if (e.operator in LUA_OPERATORS) == lua)
+    rules = tuple(r for r in config.rules if (r.operator in LUA_OPERATORS) == lua)
+    kept, equivalents, stale = split_equivalents(copy, mutants, entries, rules)
     for entry in stale:
         if entry.file == module:
             print(
@@ -227,7 +237,7 @@ def run_group(
     free: queue.Queue[int] = queue.Queue()
     for index in range(len(copies)):
         free.put(index)
-    reach = {m.key: baseline.tests_for(m.module, m.line) for m in todo}
+    reach = {m.key: baseline.tests_for(m.module, m.anchor or m.line) for m in todo}
     killers = Killers()
     for run in runs:
         for earlier in run.results:  # carried
@@ -330,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             tests = group.quick_tests if args.quick else group.tests
             present = [t for t in tests if (root / t.split("::", 1)[0]).exists()]
             missing = [t for t in tests if t not in present]
-            planned = [plan_module(config, root, m, args) for m in modules]
+            planned = [plan_module(config, root, m, args, group.lua) for m in modules]
             runs = [run for run, _ in planned]
             todo = [m for _, mutants in planned for m in mutants]
             print(f"\n# {group.name}: {', '.join(modules)}")

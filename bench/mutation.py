@@ -237,7 +237,7 @@ def run_group(
     free: queue.Queue[int] = queue.Queue()
     for index in range(len(copies)):
         free.put(index)
-    reach = {m.key: baseline.tests_for(m.module, m.anchor or m.line) for m in todo}
+    reach = {m.key: reaching(baseline, m) for m in todo}
     killers = Killers()
     for run in runs:
         for earlier in run.results:  # carried
@@ -290,6 +290,17 @@ def run_group(
             interrupt_all()  # the queued mutants return at once, the running ones are stopped
             raise
     return reach
+
+
+def reaching(baseline: Baseline, mutant: Mutant) -> list[str]:
+    """The tests that ran the mutant's line, or any of its `anchors` (a Lua mutant's: the lines
+    that run its script), quickest first."""
+    lines = mutant.anchors or (mutant.line,)
+    if len(lines) == 1:
+        return baseline.tests_for(mutant.module, lines[0])
+    found = {t for line in lines for t in baseline.tests_for(mutant.module, line)}
+    position = {t: i for i, t in enumerate(baseline.order)}
+    return sorted(found, key=lambda t: (baseline.call.get(t, 0.0), position.get(t, 0)))
 
 
 def stop_on_signals() -> None:

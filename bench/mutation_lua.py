@@ -16,9 +16,14 @@ becomes n + 1). Numbers used as a subscript (`KEYS[2]`, `ARGV[5]`) are left out:
 reads the wrong key or argument fails every test that runs it, and they are a third of the
 numbers.
 
-Which tests reach a mutant: coverage sees the Python statement that holds the string (run when
-its module is imported), not the Lua lines, so a Lua mutant's `anchor` is that statement's first
-line, and it runs the tests that import its module (in the test process or a server it starts).
+Which tests reach a mutant: coverage sees Python lines, not the Lua in a string. A script runs
+where the module calls what `register_script` made of it (`self._claim = client.register_script(
+_CLAIM)`, then `self._claim(...)`), or of a constant built from it (`_FINISH = COUNT_END +
+_FINISH`, `_PUBLISH_STEP = _fenced(_PUBLISH_STEP, ...)`): those call lines are a Lua mutant's
+`anchors`, and it runs the tests that ran one of them. A body the module never registers itself
+(`stats.COUNT_END`, which other modules' scripts include) is anchored at the statement holding
+it, run at import: the tests that import the module. Callers in other modules are not followed,
+so a mutant may run fewer tests than reach it (a lower kill rate, never a higher one).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ class Site:
     start: int
     end: int
     replacement: str
-    anchor: int  # the first line of the Python statement that holds the string
+    anchors: tuple[int, ...]  # the lines whose coverage says which tests reach it
 
 
 def _lex(text: str, base: int, region: int) -> list[Token]:
@@ -138,6 +143,69 @@ def _statement_lines(source: str) -> list[tuple[int, int]]:
         if isinstance(node, ast.stmt) and node.end_lineno is not None:
             spans.append((node.lineno, node.end_lineno))
     return spans
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _call_lines(source: str) -> dict[tuple[int, int], tuple[int, ...]]:
+    """For each module-level statement or function that defines something (its line span), the
+    first lines of the statements that call a script registered from it, directly or through
+    the constants built from it (see the module's docstring); empty when there is none."""
+    tree = ast.parse(source)
+    defined: dict[str, tuple[int, int]] = {}
+    uses: dict[str, set[str]] = {}  # module-level name -> names its value refers to
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    span = (node.lineno, node.end_lineno or node.lineno)
+                    defined.setdefault(target.id, span)
+                    uses.setdefault(target.id, set()).update(_names(node.value))
+        elif isinstance(node, ast.FunctionDef):
+            defined[node.name] = (node.lineno, node.end_lineno or node.lineno)
+    statements = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
+
+    def first_line(call: ast.Call) -> int:
+        holding = [
+            st.lineno
+            for st in statements
+            if st.lineno <= call.lineno <= (st.end_lineno or st.lineno)
+            and not isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        ]
+        return max(holding) if holding else call.lineno
+
+    out = {}
+    for name, span in defined.items():
+        reached, grown = {name}, True
+        while grown:
+            more = {t for t, refs in uses.items() if refs & reached} - reached
+            reached |= more
+            grown = bool(more)
+        handles: set[str] = set()  # `self._claim` as "._claim", a local `add` as "add"
+        for assign in ast.walk(tree):
+            if not isinstance(assign, ast.Assign) or not isinstance(assign.value, ast.Call):
+                continue
+            func = assign.value.func
+            registers = isinstance(func, ast.Attribute) and func.attr == "register_script"
+            if registers and _names(assign.value) & reached:
+                for target in assign.targets:
+                    if isinstance(target, ast.Attribute):
+                        handles.add(f".{target.attr}")
+                    elif isinstance(target, ast.Name):
+                        handles.add(target.id)
+        lines = set()
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call):
+                called = call.func
+                key = f".{called.attr}" if isinstance(called, ast.Attribute) else None
+                key = called.id if isinstance(called, ast.Name) else key
+                if key in handles:
+                    lines.add(first_line(call))
+        out[span] = tuple(sorted(lines))
+    return out
 
 
 def lua_bodies(source: str) -> list[list[tuple[int, str]]]:
@@ -251,10 +319,15 @@ def sites(source: str, operators: list[str]) -> list[Site]:
     for line in source.splitlines(keepends=True):
         line_starts.append(line_starts[-1] + len(line))
 
-    def anchor(offset: int) -> int:
+    calls = _call_lines(source)
+
+    def anchor(offset: int) -> tuple[int, ...]:
         line = next(n for n, start in enumerate(line_starts[1:], 1) if offset < start)
+        for (first, last), lines in calls.items():
+            if first <= line <= last and lines:
+                return lines
         holding = [s for s in spans if s[0] <= line <= s[1]]
-        return max(holding)[0] if holding else line  # the innermost: it starts last
+        return (max(holding)[0] if holding else line,)  # the innermost: it starts last
 
     bodies = []
     region = 0

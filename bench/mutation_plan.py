@@ -122,7 +122,7 @@ class Mutant:
     col: int
     code: str
     mutated: str = ""  # filled in when known: making it means parsing the module again
-    anchor: int = 0  # the line whose coverage says which tests reach it (0: `line`)
+    anchors: tuple[int, ...] = ()  # the lines whose coverage says which tests reach it (`line`)
 
     @property
     def short_operator(self) -> str:
@@ -333,7 +333,7 @@ def generate_lua(
         line = max(n for n, start in enumerate(starts, 1) if start <= site.start)
         col = site.start - starts[line - 1]
         code = lines[line - 1].strip()
-        mutant = Mutant(module, site.operator, occurrence, line, col, code, anchor=site.anchor)
+        mutant = Mutant(module, site.operator, occurrence, line, col, code, anchors=site.anchors)
         mutants.append(mutant)
     mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
     return mutants, {}

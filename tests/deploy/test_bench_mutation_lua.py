@@ -49,13 +49,26 @@ def fenced(lease: int) -> str:
         f"if ARGV[1] ~= '' and redis.call('GET', KEYS[{lease}]) ~= ARGV[1] then "
         f"return -1 end\\n"
     )
+
+
+class Store:
+    def __init__(self, client: object) -> None:
+        self._claim = client.register_script(_CLAIM)
+
+    def claim(self, job: str) -> object:
+        return self._claim(keys=[job])
 '''
 TEST = """\
-from toy import _CLAIM
+from toy import Store
+
+
+class Client:  # runs no Lua: answers whether the script still says what the test expects
+    def register_script(self, script):
+        return lambda keys: "st ~= 'queued' and st ~= 'running'" in script
 
 
 def test_claim_takes_queued_and_running_jobs_only() -> None:
-    assert "st ~= 'queued' and st ~= 'running'" in _CLAIM
+    assert Store(Client()).claim("j1")
 """
 
 
@@ -124,10 +137,12 @@ def test_what_is_not_a_site(toy: Path) -> None:
 
 def test_a_mutant_is_the_module_with_one_lua_body_changed(toy: Path) -> None:
     """The mutated module still imports (it is Python with one string changed) and holds the
-    changed Lua; each mutant's anchor is the statement holding its string (what coverage sees)."""
+    changed Lua. A mutant's anchors are where its script runs: the line calling what
+    `register_script` made of `_CLAIM`; the fence, which nothing here registers, is anchored at
+    the statement holding it."""
     mutants, _ = generate_lua(toy, "toy.py", ALL)
-    anchors = {m.line: m.anchor for m in mutants}
-    assert anchors == {7: 5, 8: 5, 10: 5, 11: 5, 17: 16, 18: 16}
+    anchors = {m.line: m.anchors for m in mutants}
+    assert anchors == {7: (27,), 8: (27,), 10: (27,), 11: (27,), 17: (16,), 18: (16,)}
     first = mutants[0]
     source = mutate_source(TOY, first.operator, first.occurrence)
     assert source is not None
@@ -166,7 +181,7 @@ def test_a_lua_mutant_runs_the_tests_that_import_its_module(
 
     def outcome(line: int, operator: str) -> str:
         mutant = next(m for m in mutants if (m.line, m.short_operator) == (line, operator))
-        tests = baseline.tests_for("toy.py", mutant.anchor)
+        tests = baseline.tests_for("toy.py", *mutant.anchors)
         assert tests == test
         return run_mutant(toy, mutant, tests, 120, work / "t", confirm=True).outcome
 

@@ -37,7 +37,8 @@ def seed_job(
 ) -> None:
     """The job `job_id` of `tenant` in `status`, with `fields` added to its hash: listed for its
     tenant; active (queued, running, paused) in the tenant's active set; queued in the outbox;
-    running in the running set; an ended one with its `finished_at` (unless `fields` names one).
+    running in the running set; one claimed once with its `started_at`, an ended one with its
+    `finished_at` (unless `fields` names them).
     `lease_token`: the job's lease, held by that token (a running job's worker, or one that has
     ended it and not yet let go)."""
     now = now_iso()
@@ -52,6 +53,8 @@ def seed_job(
         "total_steps": "10",
         "attempts": "0" if status == "queued" else "1",
     }
+    if status != "queued":
+        record["started_at"] = now
     if status not in ACTIVE:
         record["finished_at"] = now
     client.hset(job_key(job_id), mapping={**record, **fields})

@@ -29,7 +29,7 @@ from pdppo.store.keys import (
 from pdppo.store.steering import AsyncSteering
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job
-from tests.store.transitions import COUNTED, JOB, QUEUE, ROWS, STATES, TENANT, TOKEN, Row
+from tests.store.transitions import JOB, QUEUE, ROWS, STATES, TENANT, TOKEN, TRACKED, Row
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +84,9 @@ def indexes(client: redis.Redis) -> str:
 
 
 def counters(client: redis.Redis) -> dict[str, str | None]:
-    values = cast(list[str | None], client.hmget(job_key(JOB), list(COUNTED)))
+    values = cast(list[str | None], client.hmget(job_key(JOB), list(TRACKED)))
     return {
-        **dict(zip(COUNTED, values, strict=True)),
+        **dict(zip(TRACKED, values, strict=True)),
         **cast(dict[str, str | None], client.hgetall(STATS)),
     }
 
@@ -179,7 +179,7 @@ def test_transition(row: Row, r: redis.Redis, shared: RedisServer) -> None:
     after = counters(r)
     changed = sorted(k for k in {*counted, *after} if counted.get(k) != after.get(k))
     if not r.exists(job_key(JOB)):  # deleted: its fields are gone, not changed
-        changed = [k for k in changed if k not in COUNTED]
+        changed = [k for k in changed if k not in TRACKED]
     events = [fields["type"] for _, fields in r.xrange(events_key(JOB))]
     observed = (returns, describe(r), " ".join(events), " ".join(changed), indexes(r))
     expected = (

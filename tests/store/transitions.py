@@ -8,8 +8,8 @@ names what each runs), and what must follow:
   `+expired` once retention expired its artifacts, `+cancel` / `+pause` for a flag set
   (`missing`: no record); `=` the same as seeded;
 - `events`: the types of the entries the request added to the job's stream, in order;
-- `changes`: the counters it changed (hash fields `COUNTED`, and the `ended|queue|status|code`
-  count of `pdppo.store.stats`), sorted;
+- `changes`: the counters and stamps it changed (the hash fields `TRACKED`, and the
+  `ended|queue|status|code` count of `pdppo.store.stats`), sorted;
 - `indexes`: where the job is listed after: `listed` (its tenant's jobs), `active` (its
   tenant's active set), `running` (the running set), `outbox`, `lease` (its lease key),
   `purge` (deleted, its folder to remove); `=` as seeded.
@@ -29,7 +29,10 @@ JOB = "0000000000aa000000000001"
 TENANT = "t"
 QUEUE = "gpu"
 TOKEN = "w1:0123456789abcdef"  # the lease token of the worker that claimed the job
-COUNTED = ("attempts", "config_version", "requeues", "step", "total_steps", "worker_losses")
+TRACKED = (
+    *("attempts", "config_version", "error_message", "finished_at", "requeues", "started_at"),
+    *("step", "total_steps", "worker_losses"),
+)
 
 # state -> (status, extra hash fields, whether TOKEN holds the job's lease)
 STATES: dict[str, tuple[str, dict[str, str], bool]] = {
@@ -42,8 +45,12 @@ STATES: dict[str, tuple[str, dict[str, str], bool]] = {
     "paused": ("paused", {}, False),
     "succeeded": ("succeeded", {}, False),
     "succeeded+lease": ("succeeded", {}, True),  # its worker has not let go of it yet
-    "failed:training_error": ("failed", {"error_code": "training_error"}, False),
-    "failed:storage_full": ("failed", {"error_code": "storage_full"}, False),
+    "failed:training_error": (
+        "failed",
+        {"error_code": "training_error", "error_message": "m"},
+        False,
+    ),
+    "failed:storage_full": ("failed", {"error_code": "storage_full", "error_message": "m"}, False),
     "failed:storage_full+expired": (
         "failed",
         {"error_code": "storage_full", "artifacts_expired_at": "2026-01-01T00:00:00.000Z"},
@@ -70,7 +77,9 @@ def unchanged(request: str, returns: object, *states: str) -> list[Row]:
 
 
 def ended(status: str, code: str = "") -> str:
-    return f"ended|{QUEUE}|{status}|{code}"
+    """The changes of a job's end: its count, its `finished_at`, a failure's message."""
+    message = " error_message" if status == "failed" else ""
+    return f"ended|{QUEUE}|{status}|{code}{message} finished_at"
 
 
 ENDED = ("succeeded", "failed:training_error", "failed:storage_full", "cancelled")
@@ -79,7 +88,7 @@ RUNNING = ("running", "running+cancel", "running+pause", "running+cancel+pause")
 # fmt: off
 ROWS: list[Row] = [
     # claim: a worker takes the job (queued, or running whose lease the caller took over)
-    Row("queued", "claim", True, "running", "status", "attempts", "listed active running"),
+    Row("queued", "claim", True, "running", "status", "attempts started_at", "listed active running"),
     *[Row(s, "claim", True, "=", "", "attempts", "=") for s in RUNNING],
     *unchanged("claim", False, "paused", *ENDED, "missing"),
 
@@ -155,7 +164,7 @@ ROWS: list[Row] = [
     Row("paused", "resume", "queued", "queued", "status", "", "listed active outbox"),
     Row("running+pause", "resume", "withdrawn", "running", "log", "", "="),
     Row("running+cancel+pause", "resume", "withdrawn", "running+cancel", "log", "", "="),
-    Row("failed:storage_full", "resume", "queued", "queued", "log status", "", "listed active outbox"),
+    Row("failed:storage_full", "resume", "queued", "queued", "log status", "error_message finished_at", "listed active outbox"),
     *unchanged("resume", "expired", "failed:storage_full+expired"),
     *unchanged("resume", "already-queued", "queued"),
     *unchanged("resume", "already-running", "running", "running+cancel"),

@@ -135,7 +135,17 @@ async def delete(conn: aredis.Redis, tenant: str) -> str:
     return f"{done.outcome}:{done.status}" if done.status else done.outcome
 
 
+async def create(conn: aredis.Redis, max_active: int) -> str:
+    done = await AsyncJobStore(conn).create(
+        tenant=TENANT, queue=QUEUE, name=None, spec_json="{}", total_steps=10,
+        max_active=max_active, idempotency=None, idempotency_ttl=0, job_id=JOB,
+    )  # fmt: skip
+    return done.outcome
+
+
 REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
+    "create": lambda c, url: on_api(url, lambda a: create(a, 2)),
+    "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
     "claim": lambda c, url: JobStore(c).claim(JOB, "w2"),
     "publish": lambda c, url: publish(c),
     "finish:succeeded": lambda c, url: finish(c, "succeeded"),

@@ -87,6 +87,10 @@ RUNNING = ("running", "running+cancel", "running+pause", "running+cancel+pause")
 
 # fmt: off
 ROWS: list[Row] = [
+    # create (API): a new job under its tenant's quota of 2 active jobs, or of none
+    Row("missing", "create", "created", "queued", "status", "attempts total_steps", "listed active outbox"),
+    *unchanged("create:full", "limit", "missing"),
+
     # claim: a worker takes the job (queued, or running whose lease the caller took over)
     Row("queued", "claim", True, "running", "status", "attempts started_at", "listed active running"),
     *[Row(s, "claim", True, "=", "", "attempts", "=") for s in RUNNING],

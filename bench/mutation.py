@@ -5,6 +5,8 @@
     python bench/mutation.py --sample 5 --seed 1             # 5 seeded mutants per module
     python bench/mutation.py --changed origin/main           # groups a change since REF touched
     python bench/mutation.py --list                          # groups, tests, mutant counts
+    python bench/mutation.py --modules store-lua             # the store's Lua scripts (a group
+                                             # with `lua = true`: bench/mutation_lua.py)
     python bench/mutation.py --modules trust-region --carry run1.json  # after new tests: run
                                              # only what run1.json did not kill, and what is new
 

@@ -16,11 +16,13 @@ pytest.importorskip("coverage")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.mutation_cover import run_baseline  # noqa: E402
+from bench.mutation import reaching  # noqa: E402
+from bench.mutation_cover import Baseline, run_baseline  # noqa: E402
 from bench.mutation_exec import KILLED, SURVIVED, run_mutant  # noqa: E402
 from bench.mutation_lua import mutate_source, sites  # noqa: E402
 from bench.mutation_plan import (  # noqa: E402
     Equivalent,
+    Mutant,
     describe,
     generate,
     generate_lua,
@@ -202,3 +204,17 @@ def test_the_shipped_config_has_a_lua_group_over_the_store_scripts(tmp_path: Pat
     (tmp_path / "bad.toml").write_text(shipped.replace('lua = ["Lua_*"]', 'lua = ["Lua_Nope"]'))
     with pytest.raises(SystemExit, match="'Lua_Nope' matches no Lua operator"):
         load_config(tmp_path / "bad.toml")
+
+
+def test_a_mutant_with_several_anchors_runs_the_tests_of_each_quickest_first() -> None:
+    """A body two methods register (deletion's `_USERS`, in three scripts) is reached by the
+    tests of every calling line, each once."""
+    baseline = Baseline(
+        order=["t::a", "t::b", "t::c", "t::d"],
+        call={"t::a": 3.0, "t::b": 1.0, "t::c": 2.0, "t::d": 0.5},
+        reach={"m.py": {10: {"t::a", "t::b"}, 20: {"t::b", "t::c"}, 30: {"t::d"}}},
+    )
+    lua = Mutant("m.py", "lua/Lua_Eq_NotEq", 0, 5, 0, "x", anchors=(10, 20))
+    assert reaching(baseline, lua) == ["t::b", "t::c", "t::a"]
+    python = Mutant("m.py", "core/NumberReplacer", 0, 30, 0, "y")  # no anchors: its own line
+    assert reaching(baseline, python) == ["t::d"]

@@ -5,6 +5,8 @@
     python bench/mutation.py --sample 5 --seed 1             # 5 seeded mutants per module
     python bench/mutation.py --changed origin/main           # groups a change since REF touched
     python bench/mutation.py --list                          # groups, tests, mutant counts
+    python bench/mutation.py --modules store-lua             # the store's Lua scripts (a group
+                                             # with `lua = true`: bench/mutation_lua.py)
     python bench/mutation.py --modules trust-region --carry run1.json  # after new tests: run
                                              # only what run1.json did not kill, and what is new
 
@@ -50,6 +52,7 @@ from bench.mutation_exec import (
     interrupt_all,
     run_mutant,
 )
+from bench.mutation_lua import OPERATORS as LUA_OPERATORS
 from bench.mutation_plan import (
     Config,
     Group,
@@ -57,6 +60,7 @@ from bench.mutation_plan import (
     changed_files,
     describe,
     generate,
+    generate_lua,
     load_config,
     sample,
     split_equivalents,
@@ -146,10 +150,18 @@ def modules_in(
 
 
 def plan_module(
-    config: Config, copy: Path, module: str, args: argparse.Namespace
+    config: Config, copy: Path, module: str, args: argparse.Namespace, lua: bool = False
 ) -> tuple[ModuleRun, list[Mutant]]:
-    mutants, left_out = generate(copy, module, config.operators)
-    kept, equivalents, stale = split_equivalents(copy, mutants, config.equivalents, config.rules)
+    """The module's mutants (of its Lua bodies with `lua`), less the reviewed equivalent ones,
+    sampled, less what `--carry` already killed."""
+    if lua:
+        mutants, left_out = generate_lua(copy, module, config.lua_operators)
+    else:
+        mutants, left_out = generate(copy, module, config.operators)
+    # a Lua group's entries and rules are the Lua operators', a Python group's the others
+    entries = tuple(e for e in config.equivalents if (e.operator in LUA_OPERATORS) == lua)
+    rules = tuple(r for r in config.rules if (r.operator in LUA_OPERATORS) == lua)
+    kept, equivalents, stale = split_equivalents(copy, mutants, entries, rules)
     for entry in stale:
         if entry.file == module:
             print(
@@ -227,7 +239,7 @@ def run_group(
     free: queue.Queue[int] = queue.Queue()
     for index in range(len(copies)):
         free.put(index)
-    reach = {m.key: baseline.tests_for(m.module, m.line) for m in todo}
+    reach = {m.key: reaching(baseline, m) for m in todo}
     killers = Killers()
     for run in runs:
         for earlier in run.results:  # carried
@@ -282,6 +294,17 @@ def run_group(
     return reach
 
 
+def reaching(baseline: Baseline, mutant: Mutant) -> list[str]:
+    """The tests that ran the mutant's line, or any of its `anchors` (a Lua mutant's: the lines
+    that run its script), quickest first."""
+    lines = mutant.anchors or (mutant.line,)
+    if len(lines) == 1:
+        return baseline.tests_for(mutant.module, lines[0])
+    found = {t for line in lines for t in baseline.tests_for(mutant.module, line)}
+    position = {t: i for i, t in enumerate(baseline.order)}
+    return sorted(found, key=lambda t: (baseline.call.get(t, 0.0), position.get(t, 0)))
+
+
 def stop_on_signals() -> None:
     """SIGINT and SIGTERM stop a run as Ctrl-C does (no new mutant, no server left behind,
     what was scored saved). A run started in the background (`cmd &`, nohup) would otherwise
@@ -330,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             tests = group.quick_tests if args.quick else group.tests
             present = [t for t in tests if (root / t.split("::", 1)[0]).exists()]
             missing = [t for t in tests if t not in present]
-            planned = [plan_module(config, root, m, args) for m in modules]
+            planned = [plan_module(config, root, m, args, group.lua) for m in modules]
             runs = [run for run, _ in planned]
             todo = [m for _, mutants in planned for m in mutants]
             print(f"\n# {group.name}: {', '.join(modules)}")

@@ -26,6 +26,7 @@ from pathlib import Path
 import cosmic_ray.plugins
 from cosmic_ray.mutating import use_mutation
 
+from bench import mutation_lua
 from bench.mutation_contexts import descendants
 from bench.mutation_cover import test_env
 from bench.mutation_plan import Mutant, changed_text, describe
@@ -178,6 +179,17 @@ def _with_bounds(
     return env
 
 
+Applied = contextlib.AbstractContextManager[tuple[str, str | None]]
+
+
+def _applied(path: Path, mutant: Mutant) -> Applied:
+    """The mutant written into `path` for the length of a `with` (a Lua body's or cosmic-ray's)."""
+    if mutation_lua.is_lua(mutant.operator):
+        return mutation_lua.use_lua_mutation(path, mutant.operator, mutant.occurrence)
+    operator = cosmic_ray.plugins.get_operator(mutant.operator)()
+    return use_mutation(path, operator, mutant.occurrence)
+
+
 def run_mutant(
     copy: Path,
     mutant: Mutant,
@@ -195,9 +207,8 @@ def run_mutant(
     not counted)."""
     if not tests:
         return Result(describe(copy, mutant), NOT_COVERED, 0.0, 0, "", "no test runs this line")
-    operator = cosmic_ray.plugins.get_operator(mutant.operator)()
     started = time.monotonic()
-    with use_mutation(copy / mutant.module, operator, mutant.occurrence) as (original, mutated):
+    with _applied(copy / mutant.module, mutant) as (original, mutated):
         if mutated is None:
             return Result(mutant, ERROR, 0.0, 0, "", "cosmic-ray applied no mutation here")
         mutant = replace(mutant, mutated=changed_text(original, mutated))

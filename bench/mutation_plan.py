@@ -32,6 +32,8 @@ import cosmic_ray.plugins
 from cosmic_ray.ast import ast_nodes, get_ast_from_path
 from cosmic_ray.mutating import mutate_code
 
+from bench import mutation_lua
+
 PROVIDER = "core"
 """cosmic-ray's operator provider; operator names in the config leave out its `core/` prefix."""
 NUMBER_REPLACER = f"{PROVIDER}/NumberReplacer"
@@ -50,6 +52,7 @@ class Group:
     tests: tuple[str, ...]
     quick_tests: tuple[str, ...]
     confirm_kills: bool
+    lua: bool = False  # mutate the Lua bodies of its modules (`bench/mutation_lua.py`), not Python
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Config:
     groups: tuple[Group, ...]
     equivalents: tuple[Equivalent, ...]
     rules: tuple[EquivalentRule, ...] = ()
+    lua_operators: tuple[str, ...] = ()  # `[operators] lua`, for the groups with `lua = true`
 
     def group(self, name: str) -> Group:
         for group in self.groups:
@@ -118,6 +122,7 @@ class Mutant:
     col: int
     code: str
     mutated: str = ""  # filled in when known: making it means parsing the module again
+    anchors: tuple[int, ...] = ()  # the lines whose coverage says which tests reach it (`line`)
 
     @property
     def short_operator(self) -> str:
@@ -150,6 +155,7 @@ def load_config(path: Path) -> Config:
                 tests=tests,
                 quick_tests=_strings(table, "quick_tests", where) or tests,
                 confirm_kills=bool(table.get("confirm_kills", False)),
+                lua=bool(table.get("lua", False)),
             )
         )
     equivalents = []
@@ -182,11 +188,16 @@ def load_config(path: Path) -> Config:
     for pattern in operators:
         if not fnmatch.filter(known, pattern):
             raise SystemExit(f"{path}: operators.use: {pattern!r} matches no cosmic-ray operator")
+    lua = _strings(raw.get("operators", {}), "lua", "operators")
+    for pattern in lua:
+        if not fnmatch.filter(list(mutation_lua.OPERATORS), pattern):
+            raise SystemExit(f"{path}: operators.lua: {pattern!r} matches no Lua operator")
     return Config(
         operators=operators,
         groups=tuple(groups),
         equivalents=tuple(equivalents),
         rules=tuple(rules),
+        lua_operators=lua,
     )
 
 
@@ -266,8 +277,11 @@ def describe(root: Path, mutant: Mutant) -> Mutant:
     if mutant.mutated:
         return mutant
     source = (root / mutant.module).read_text()
-    operator = cosmic_ray.plugins.get_operator(mutant.operator)()
-    mutated = mutate_code(source, operator, mutant.occurrence)
+    if mutation_lua.is_lua(mutant.operator):
+        mutated = mutation_lua.mutate_source(source, mutant.operator, mutant.occurrence)
+    else:
+        operator = cosmic_ray.plugins.get_operator(mutant.operator)()
+        mutated = mutate_code(source, operator, mutant.occurrence)
     return replace(mutant, mutated=changed_text(source, mutated) if mutated else "<no mutation>")
 
 
@@ -299,6 +313,30 @@ def generate(
             mutants.append(Mutant(module, name, occurrence, start[0], start[1], code))
     mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
     return mutants, left_out
+
+
+def generate_lua(
+    root: Path, module: str, patterns: tuple[str, ...]
+) -> tuple[list[Mutant], dict[str, int]]:
+    """Every mutant of the Lua bodies `module` embeds (`bench/mutation_lua.py`), under the Lua
+    operators `patterns` select; none is left out here (subscripts are never sites)."""
+    source = (root / module).read_text()
+    lines = source.splitlines()
+    starts = [0]
+    for text in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(text))
+    mutants = []
+    occurrences: dict[str, int] = {}
+    for site in mutation_lua.sites(source, mutation_lua.short_names(patterns)):
+        occurrence = occurrences.get(site.operator, 0)
+        occurrences[site.operator] = occurrence + 1
+        line = max(n for n, start in enumerate(starts, 1) if start <= site.start)
+        col = site.start - starts[line - 1]
+        code = lines[line - 1].strip()
+        mutant = Mutant(module, site.operator, occurrence, line, col, code, anchors=site.anchors)
+        mutants.append(mutant)
+    mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
+    return mutants, {}
 
 
 def split_equivalents(

@@ -280,6 +280,7 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
         "ranks",
         "auth",
         "store",
+        "store-lua",
         "sse",
     }
     for group in config.groups:

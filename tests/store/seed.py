@@ -1,0 +1,69 @@
+"""One way to put a job in a state for the store's tests: its hash and the indexes that state
+implies, as the store's own scripts would have left them.
+
+The scripts read the indexes as much as the hash (a cancel takes a queued job out of the outbox,
+a finish out of the tenant's active set), so a seed that wrote the hash alone would test a state
+the store never reaches. Before this helper each store test file had a seeding function of its
+own (`seed_job`, `seed`, `_job`, `running_job`), each writing a different part of the indexes.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from pdppo.store.keys import (
+    OUTBOX,
+    RUNNING_SET,
+    job_key,
+    lease_key,
+    now_iso,
+    tenant_active_key,
+    tenant_jobs_key,
+)
+
+ACTIVE = ("queued", "running", "paused")
+
+
+def seed_job(
+    client: redis.Redis,
+    job_id: str,
+    status: str,
+    *,
+    tenant: str = "t",
+    queue: str = "cpu",
+    lease_token: str | None = None,
+    spec: str = "{}",
+    **fields: str,
+) -> None:
+    """The job `job_id` of `tenant` in `status`, with `fields` added to its hash: listed for its
+    tenant; active (queued, running, paused) in the tenant's active set; queued in the outbox;
+    running in the running set; one claimed once with its `started_at`, an ended one with its
+    `finished_at` (unless `fields` names them).
+    `lease_token`: the job's lease, held by that token (a running job's worker, or one that has
+    ended it and not yet let go)."""
+    now = now_iso()
+    record = {
+        "id": job_id,
+        "tenant": tenant,
+        "status": status,
+        "queue": queue,
+        "spec": spec,
+        "created_at": now,
+        "updated_at": now,
+        "total_steps": "10",
+        "attempts": "0" if status == "queued" else "1",
+    }
+    if status != "queued":
+        record["started_at"] = now
+    if status not in ACTIVE:
+        record["finished_at"] = now
+    client.hset(job_key(job_id), mapping={**record, **fields})
+    client.zadd(tenant_jobs_key(tenant), {job_id: 0})
+    if status in ACTIVE:
+        client.sadd(tenant_active_key(tenant), job_id)
+    if status == "queued":
+        client.zadd(OUTBOX, {job_id: 0})
+    if status == "running":
+        client.sadd(RUNNING_SET, job_id)
+    if lease_token is not None:
+        client.set(lease_key(job_id), lease_token, px=60_000)

@@ -1,0 +1,39 @@
+"""The outbox's take (`pdppo.store.outbox._TAKE_DUE`) at the edge of due: an entry whose check
+is due exactly now is taken, held and returned with its queue, as `ZRANGEBYSCORE` up to now
+(inclusive) found it; a later one is left as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from pdppo.store import OUTBOX, Outbox
+from tests.integration.stack import RedisServer
+from tests.store.seed import seed_job
+
+
+@pytest.fixture
+def r(server: RedisServer) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(server.url(), decode_responses=True)
+    yield conn
+    conn.close()
+
+
+# the entry's check time, with now = 30 -> what take_due returns, the entry's score after
+CASES = [
+    (29.0, [("j1", "gpu")], 35.0),
+    (30.0, [("j1", "gpu")], 35.0),  # due exactly now
+    (30.5, [], 30.5),
+]
+
+
+@pytest.mark.parametrize(("score", "taken", "after"), CASES)
+def test_an_entry_due_exactly_now_is_taken(
+    r: redis.Redis, score: float, taken: list[tuple[str, str]], after: float
+) -> None:
+    seed_job(r, "j1", "queued", queue="gpu")
+    r.zadd(OUTBOX, {"j1": score})
+    assert Outbox(r).take_due(5.0, now=30.0) == taken
+    assert r.zscore(OUTBOX, "j1") == after

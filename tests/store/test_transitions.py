@@ -1,0 +1,213 @@
+"""The store's state machine against a real redis-server: every row of `tests/store/transitions.py`
+(a job seeded in a state, one request through the store's own methods, what it answers and
+leaves), so that a changed rule in any Lua script that moves a job's state fails a row."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, cast
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from pdppo.store import JobRecord, JobStore
+from pdppo.store.deletion import PURGE_SET, AsyncDeletion
+from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs_worker import FencedOut
+from pdppo.store.keys import (
+    OUTBOX,
+    RUNNING_SET,
+    STATS,
+    events_key,
+    job_key,
+    lease_key,
+    tenant_active_key,
+    tenant_jobs_key,
+)
+from pdppo.store.steering import AsyncSteering
+from tests.integration.stack import RedisServer
+from tests.store.seed import seed_job
+from tests.store.transitions import JOB, QUEUE, ROWS, STATES, TENANT, TOKEN, TRACKED, Row
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the whole table: a row is a few milliseconds of scripts."""
+    server = RedisServer(tmp_path_factory.mktemp("transitions"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(shared: RedisServer) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(shared.url(), decode_responses=True)
+    conn.flushdb()
+    yield conn
+    conn.close()
+
+
+def seed(client: redis.Redis, state: str) -> None:
+    status, fields, leased = STATES[state]
+    if status:
+        token = TOKEN if leased else None
+        seed_job(client, JOB, status, tenant=TENANT, queue=QUEUE, lease_token=token, **fields)
+
+
+def describe(client: redis.Redis) -> str:
+    raw = cast(dict[str, str], client.hgetall(job_key(JOB)))
+    if not raw:
+        return "missing"
+    text = raw["status"]
+    if raw["status"] == "failed" and raw.get("error_code"):
+        text += f":{raw['error_code']}"
+    if raw.get("artifacts_expired_at"):
+        text += "+expired"
+    if raw.get("cancel_requested") == "1":
+        text += "+cancel"
+    if raw.get("pause_requested") == "1":
+        text += "+pause"
+    return text
+
+
+def indexes(client: redis.Redis) -> str:
+    found = [
+        ("listed", client.zscore(tenant_jobs_key(TENANT), JOB) is not None),
+        ("active", bool(client.sismember(tenant_active_key(TENANT), JOB))),
+        ("running", bool(client.sismember(RUNNING_SET, JOB))),
+        ("outbox", client.zscore(OUTBOX, JOB) is not None),
+        ("lease", bool(client.exists(lease_key(JOB)))),
+        ("purge", client.zscore(PURGE_SET, JOB) is not None),
+    ]
+    return " ".join(name for name, there in found if there)
+
+
+def counters(client: redis.Redis) -> dict[str, str | None]:
+    values = cast(list[str | None], client.hmget(job_key(JOB), list(TRACKED)))
+    return {
+        **dict(zip(TRACKED, values, strict=True)),
+        **cast(dict[str, str | None], client.hgetall(STATS)),
+    }
+
+
+def record(client: redis.Redis) -> JobRecord:
+    """The job as a caller holds it (a missing one: as it was before it went)."""
+    found = JobStore(client).get(JOB)
+    if found is not None:
+        return found
+    fields = {"id": JOB, "tenant": TENANT, "status": "succeeded", "spec": "{}"}
+    return JobRecord.from_hash({**fields, "queue": QUEUE, "created_at": "2026-01-01T00:00:00Z"})
+
+
+def on_api(url: str, work: Callable[[aredis.Redis], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        conn = aredis.Redis.from_url(url, decode_responses=True)
+        try:
+            return await work(conn)
+        finally:
+            await conn.aclose()
+
+    return asyncio.run(main())
+
+
+def publish(client: redis.Redis) -> object:
+    try:
+        return JobStore(client).publish_step(JOB, 1, 10, {"loss": 0.5}, lease_token=TOKEN)
+    except FencedOut:
+        return "fenced"
+
+
+def requeue(client: redis.Redis, *, token: str = "", limit: int = 0, expire: bool) -> str:
+    if expire:  # its worker died: nobody renewed the lease
+        client.delete(lease_key(JOB))
+    store = JobStore(client)
+    return store.requeue_if_orphaned(record(client), lease_token=token, max_worker_losses=limit)
+
+
+def finish(client: redis.Redis, status: str) -> bool:
+    extra = {"error_code": "training_error", "error_message": "m"} if status == "failed" else {}
+    return JobStore(client).finish(record(client), status, extra)
+
+
+async def delete(conn: aredis.Redis, tenant: str) -> str:
+    done = await AsyncDeletion(conn).delete_job(JOB, tenant)
+    return f"{done.outcome}:{done.status}" if done.status else done.outcome
+
+
+async def create(conn: aredis.Redis, max_active: int) -> str:
+    done = await AsyncJobStore(conn).create(
+        tenant=TENANT, queue=QUEUE, name=None, spec_json="{}", total_steps=10,
+        max_active=max_active, idempotency=None, idempotency_ttl=0, job_id=JOB,
+    )  # fmt: skip
+    return done.outcome
+
+
+REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
+    "create": lambda c, url: on_api(url, lambda a: create(a, 2)),
+    "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
+    "claim": lambda c, url: JobStore(c).claim(JOB, "w2"),
+    "publish": lambda c, url: publish(c),
+    "finish:succeeded": lambda c, url: finish(c, "succeeded"),
+    "finish:failed": lambda c, url: finish(c, "failed"),
+    "finish:cancelled": lambda c, url: finish(c, "cancelled"),
+    "requeue": lambda c, url: requeue(c, expire=True),
+    "requeue:limit1": lambda c, url: requeue(c, limit=1, expire=True),
+    "requeue:leased": lambda c, url: requeue(c, expire=False),
+    "hand-back": lambda c, url: requeue(c, token=TOKEN, limit=1, expire=False),
+    "cancel": lambda c, url: on_api(url, lambda a: AsyncJobStore(a).cancel(JOB)),
+    "pause": lambda c, url: on_api(url, lambda a: AsyncSteering(a).pause(JOB)),
+    "resume": lambda c, url: on_api(
+        url, lambda a: AsyncSteering(a).resume(JOB, tenant=TENANT, max_active=2)
+    ),
+    "resume:full": lambda c, url: on_api(
+        url, lambda a: AsyncSteering(a).resume(JOB, tenant=TENANT, max_active=0)
+    ),
+    "patch": lambda c, url: on_api(
+        url, lambda a: AsyncSteering(a).patch(JOB, 0, {"lr": 0.1}, 20, "lr 0.1")
+    ),
+    "patch:stale": lambda c, url: on_api(
+        url, lambda a: AsyncSteering(a).patch(JOB, 3, {"lr": 0.1}, 20, "lr 0.1")
+    ),
+    "delete": lambda c, url: on_api(url, lambda a: delete(a, TENANT)),
+    "delete:other-tenant": lambda c, url: on_api(url, lambda a: delete(a, "u")),
+}
+
+
+def test_the_table_names_known_states_and_requests_and_no_row_twice() -> None:
+    assert {row.state for row in ROWS} == set(STATES)
+    assert {row.request for row in ROWS} == set(REQUESTS)
+    keys = [(row.state, row.request) for row in ROWS]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: f"{row.state}-{row.request}")
+def test_transition(row: Row, r: redis.Redis, shared: RedisServer) -> None:
+    seed(r, row.state)
+    state, where, counted = describe(r), indexes(r), counters(r)
+    returns = REQUESTS[row.request](r, shared.url())
+    after = counters(r)
+    changed = sorted(k for k in {*counted, *after} if counted.get(k) != after.get(k))
+    if not r.exists(job_key(JOB)):  # deleted: its fields are gone, not changed
+        changed = [k for k in changed if k not in TRACKED]
+    events = [fields["type"] for _, fields in r.xrange(events_key(JOB))]
+    observed = (returns, describe(r), " ".join(events), " ".join(changed), indexes(r))
+    expected = (
+        row.returns,
+        state if row.after == "=" else row.after,
+        row.events,
+        row.changes,
+        where if row.indexes == "=" else row.indexes,
+    )
+    assert observed == expected
+
+
+def test_the_table_covers_each_request_in_every_state_it_can_meet() -> None:
+    """Claim, cancel, pause, resume, finish, requeue and patch each meet every live state
+    (queued, each running with its flags, paused) and an ended and a missing job."""
+    live = {"queued", "running", "running+cancel+pause", "paused"}
+    for request in ("claim", "cancel", "pause", "resume", "patch", "finish:succeeded"):
+        met = {row.state for row in ROWS if row.request == request}
+        assert live | {"succeeded", "missing"} <= met, request
+    requeue = {row.state for row in ROWS if row.request == "requeue"}
+    assert set(STATES) - {"succeeded+lease", "failed:storage_full+expired"} <= requeue

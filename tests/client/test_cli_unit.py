@@ -241,3 +241,34 @@ def test_eval_and_samples_lines() -> None:
         "  [0.50] r -> c",
     ]
     assert jobs._samples_lines({"samples": "x"}) == ["samples step ?:"]
+
+
+def test_file_and_usage_lines() -> None:
+    from pdppo.client_files import File
+    from pdppo.client_storage import Usage
+    from pdppo.commands.files import _file_line
+    from pdppo.commands.storage import usage_lines
+
+    created = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    f = File(id="file-1", filename="d.jsonl", bytes=1234, records=7, created_at=created)
+    assert _file_line(f) == (
+        "file-1          1234         7  -           d.jsonl  2026-12-05 03:04:05"
+    )
+    assert _file_line(File(id="f", purpose="train")).endswith("  train         ")
+    found = Usage.model_validate(
+        {
+            "tenant": "alice",
+            "jobs": {"queued": 1, "succeeded": 2, "bogus": 9},
+            "files": 3,
+            "bytes": {"files": 100, "artifacts": 300, "total": 400},
+            "quota_bytes": 1600,
+        }
+    )
+    assert usage_lines(found) == [
+        "tenant alice",
+        "jobs: 1 queued, 0 running, 0 paused, 2 succeeded, 0 failed, 0 cancelled",
+        "files: 3",
+        "bytes: 400 of a quota of 1600 (25.0%): 100 of files, 300 of job artifacts",
+    ]
+    unlimited = usage_lines(found.model_copy(update={"quota_bytes": None}))
+    assert unlimited[-1] == "bytes: 400 (no quota): 100 of files, 300 of job artifacts"

@@ -196,3 +196,5 @@ def test_drain_reads_the_rest_of_the_body_up_to_its_limit() -> None:
     exact, exact_calls = counted([b"x" * 10] * 5)
     anyio.run(drain, exact, 30)
     assert exact_calls == [4]  # 30 is not past 30
+
+    anyio.run(drain, disconnecting(b"x" * 20))  # a client gone mid-body: it returns, no error

@@ -66,15 +66,18 @@ def upload(content: bytes, filename: str = "d.jsonl", **data: str) -> dict[str, 
     return {"files": {"file": (filename, content, "application/x-ndjson")}, "data": data}
 
 
-def test_a_file_of_exactly_the_limit_passes_the_body_limit(settings: Settings) -> None:
-    """The body limit of `/v1/files` is the file limit plus FORM_OVERHEAD_BYTES: a file of
-    PDPPO_MAX_FILE_BYTES, with its form around it, is stored; one byte more is the file's 413."""
-    assert FORM_OVERHEAD_BYTES == 1 << 20
+def test_the_body_limit_is_the_file_limit_plus_the_form_overhead(settings: Settings) -> None:
+    """The body limit of `/v1/files` is PDPPO_MAX_FILE_BYTES plus FORM_OVERHEAD_BYTES (1 MiB):
+    a file of exactly PDPPO_MAX_FILE_BYTES, with its form around it, is stored; one byte more is
+    the file's 413; a body past the file and the overhead is refused by its declared length,
+    before it is read."""
     exact = LINE * 300
-    at, past = call(
+    body_limit = MAX_FILE + FORM_OVERHEAD_BYTES
+    at, past, huge = call(
         settings,
         ("alice", "/v1/files", upload(exact, purpose="train")),
         ("alice", "/v1/files", upload(exact + b"\n")),
+        ("alice", "/v1/files", upload(b"x" * (body_limit - 100))),  # the form passes the limit
     )
     assert at.status_code == 201, at.text
     assert (at.json()["bytes"], at.json()["records"], at.json()["purpose"]) == (
@@ -86,6 +89,9 @@ def test_a_file_of_exactly_the_limit_passes_the_body_limit(settings: Settings) -
     assert past.json() == {
         "detail": f"file: larger than the limit of {MAX_FILE} bytes (PDPPO_MAX_FILE_BYTES)"
     }
+    assert huge.status_code == 413
+    assert huge.json() == {"detail": f"request body is larger than the limit of {body_limit} bytes"}
+    assert body_limit == MAX_FILE + (1 << 20)
 
 
 def test_an_empty_file_is_422_and_bad_forms_answer_their_bodies(settings: Settings) -> None:

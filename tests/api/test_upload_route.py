@@ -143,3 +143,47 @@ def test_two_tenants_uploading_the_same_bytes_and_name_each_get_their_own_file(
     alice_list, bob_list = call(settings, ("alice", "/v1/files", {}), ("bob", "/v1/files", {}))
     assert [f["purpose"] for f in alice_list.json()["items"]] == ["train"]
     assert [f["purpose"] for f in bob_list.json()["items"]] == ["eval"]
+
+
+def test_the_storage_quota_to_the_byte_and_each_tenants_usage(settings: Settings) -> None:
+    """PDPPO_MAX_STORAGE_BYTES_PER_TENANT: an upload that takes the tenant exactly to its quota
+    is stored, one byte more is 507 ("would pass"), and a tenant at its quota is refused
+    whatever it sends ("at least"); the other tenant's usage and uploads are its own."""
+    quota = 34 * 10
+    settings = settings.model_copy(update={"max_storage_bytes_per_tenant": quota})
+    first, over, to_quota, at_quota, other, usage, bob_usage = call(
+        settings,
+        ("alice", "/v1/files", upload(LINE * 4)),
+        ("alice", "/v1/files", upload(LINE * 5 + b"\n" * 35)),  # 136 + 205: 1 byte over
+        ("alice", "/v1/files", upload(LINE * 5 + b"\n" * 34)),  # 136 + 204 = 340, the quota
+        ("alice", "/v1/files", upload(b'{"prompt": "x"}\n')),
+        ("bob", "/v1/files", upload(LINE * 4)),
+        ("alice", "/v1/usage", {}),
+        ("bob", "/v1/usage", {}),
+    )
+    assert (first.status_code, to_quota.status_code, other.status_code) == (201, 201, 201)
+    tail = (
+        "its storage quota of 340 bytes (PDPPO_MAX_STORAGE_BYTES_PER_TENANT): delete jobs "
+        "(pdppo delete ID) or files (pdppo files delete ID) first"
+    )
+    assert over.status_code == 507
+    assert over.json() == {
+        "detail": "tenant 'alice' keeps 136 bytes (136 of uploaded files, 0 of job artifacts); "
+        f"this upload would pass {tail}"
+    }
+    assert at_quota.status_code == 507
+    assert at_quota.json() == {
+        "detail": "tenant 'alice' keeps 340 bytes (340 of uploaded files, 0 of job artifacts); "
+        f"that is at least {tail}"
+    }
+    body = usage.json()
+    assert (body["tenant"], body["files"], body["bytes"], body["quota_bytes"]) == (
+        "alice",
+        2,
+        {"files": 340, "artifacts": 0, "total": 340},
+        340,
+    )
+    assert body["jobs"] == dict.fromkeys(
+        ["queued", "running", "paused", "succeeded", "failed", "cancelled"], 0
+    )
+    assert (bob_usage.json()["files"], bob_usage.json()["bytes"]["total"]) == (1, 136)

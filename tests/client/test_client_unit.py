@@ -107,6 +107,14 @@ def test_list_sends_only_the_filters_given_and_iter_jobs_walks_the_pages() -> No
         {"limit": "1", "status": "queued", "cursor": "c1"},
         {"limit": "1", "status": "queued", "cursor": "c2"},
     ]
+    file_pages = [
+        {"items": [{"id": "file-a"}], "next_cursor": "f1"},
+        {"items": [{"id": "file-b"}], "next_cursor": None},  # no cursor ends it too
+    ]
+    transport, seen = scripted([lambda r, p=p: httpx.Response(200, json=p) for p in file_pages])  # type: ignore[misc]
+    with client(transport) as c:
+        assert [f.id for f in c.iter_files(page_size=1)] == ["file-a", "file-b"]
+    assert [dict(r.url.params) for r in seen] == [{"limit": "1"}, {"limit": "1", "cursor": "f1"}]
     last = [{"items": [{"id": "a", "status": "queued"}], "next_cursor": None}]
     transport, seen = scripted([lambda r: httpx.Response(200, json=last[0])])
     with client(transport) as c:

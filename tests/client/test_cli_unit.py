@@ -272,3 +272,56 @@ def test_file_and_usage_lines() -> None:
     ]
     unlimited = usage_lines(found.model_copy(update={"quota_bytes": None}))
     assert unlimited[-1] == "bytes: 400 (no quota): 100 of files, 300 of job artifacts"
+
+
+def closed_url() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # nobody listens once it is closed
+
+
+def test_every_client_command_takes_url_and_key_and_says_what_it_cannot_reach(
+    tmp_path: Any,
+) -> None:
+    """The real commands, run by click, against a port nobody listens on: each takes --url and
+    --api-key (or PDPPO_API_KEY), and says the one line of an unreachable server, exit 2; with
+    no key at all, a usage error naming the variable."""
+    from click.testing import CliRunner
+
+    from pdppo.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1"}\n')
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: x\n")
+    commands = [
+        ["files", "upload", str(data)],
+        ["files", "list"],
+        ["files", "show", "file-1"],
+        ["files", "download", "file-1"],
+        ["files", "delete", "file-1"],
+        ["submit", str(spec)],
+        ["status", "job-1"],
+        ["list"],
+        ["cancel", "job-1"],
+        ["set", "job-1", "steps=3"],
+        ["pause", "job-1"],
+        ["resume", "job-1"],
+        ["logs", "job-1"],
+        ["delete", "job-1"],
+        ["usage"],
+    ]
+    url = closed_url()
+    runner = CliRunner()
+    for args in commands:
+        result = runner.invoke(main, [*args, "--url", url, "--api-key", "k"])
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith(f"Error: cannot reach {url}/"), (args, result.output)
+        assert result.output.endswith("is the server up, and are --url / PDPPO_URL right?\n")
+        by_env = runner.invoke(main, args, env={"PDPPO_URL": url, "PDPPO_API_KEY": "k"})
+        assert by_env.output == result.output, args
+        keyless = runner.invoke(main, args, env={"PDPPO_URL": url, "PDPPO_API_KEY": ""})
+        assert keyless.exit_code == 2, args
+        assert "no API key: pass --api-key or set PDPPO_API_KEY" in keyless.output, args

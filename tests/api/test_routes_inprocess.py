@@ -38,3 +38,21 @@ def test_liveness_and_readiness(settings: Settings) -> None:  # noqa: F811
     assert short.status_code == 200  # a low disk is reported, not unready
     assert short.json()["status"] == "ok"
     assert short.json()["detail"].startswith("disk: low (")
+
+
+def test_why_a_job_has_no_final_model() -> None:
+    from api.routes.artifacts import _has_final_model, _no_final_model
+    from tests.api.test_checkpoint_listing import job
+
+    said = {s: _no_final_model(job(s)) for s in ("succeeded", "queued", "paused", "failed")}
+    assert said == {
+        "succeeded": "job 'j1' has no final model in the artifact store",
+        "queued": "job 'j1' has no final model yet (it is queued)",
+        "paused": "job 'j1' has no final model yet (it is paused)",
+        "failed": "job 'j1' has no final model (it is failed; only a succeeded job has one)",
+    }
+    assert [_has_final_model(job(s)) for s in ("succeeded", "running", "cancelled")] == [
+        True,
+        False,
+        False,
+    ]

@@ -325,3 +325,9 @@ def test_every_client_command_takes_url_and_key_and_says_what_it_cannot_reach(
         keyless = runner.invoke(main, args, env={"PDPPO_URL": url, "PDPPO_API_KEY": ""})
         assert keyless.exit_code == 2, args
         assert "no API key: pass --api-key or set PDPPO_API_KEY" in keyless.output, args
+
+
+def test_a_sample_line_is_cut_at_its_width() -> None:
+    assert jobs._one_line("x" * 40, 40) == "x" * 40
+    assert jobs._one_line("x" * 41, 40) == "x" * 39 + "…"
+    assert jobs._one_line(" a \n b ", 40) == "a b"

@@ -282,9 +282,13 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
         "store",
         "store-lua",
         "sse",
+        "routes",
+        "uploads",
+        "client",
+        "commands",
     }
     for group in config.groups:
-        assert any((ROOT / p).exists() for p in group.modules), group.name
+        assert any(any(ROOT.glob(p)) for p in group.modules), group.name  # globs
         # quick tests are files of the group's or node ids in them, which exist
         for quick in group.quick_tests:
             path, _, node = quick.partition("::")

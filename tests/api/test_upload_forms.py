@@ -2,7 +2,7 @@
 `errors` a client shows (a part without a name, an unknown or repeated field, a purpose at the
 length limit or not UTF-8, a malformed body, a client that hangs up, an empty file, a file bigger
 than one flush), and what `drain` reads of a refused body. Found by the mutation run of
-`api/uploads.py` (bench/mutation.toml, group "uploads"): these lines had no test that told a
+`api/storage/uploads.py` (bench/mutation.toml, group "uploads"): these lines had no test that told a
 changed rule from the right one."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from api.uploads import (
+from api.storage.uploads import (
     DEFAULT_FILENAME,
     FLUSH_BYTES,
     MAX_FIELD_BYTES,

@@ -1,6 +1,6 @@
 """`POST /v1/files` in-process (the real app over ASGI, a real redis-server): the form's own
 limits as the route applies them, an empty file, and two tenants sending the same bytes under
-the same file name. Faster than a started server, so the mutation runs of `api/uploads.py` and
+the same file name. Faster than a started server, so the mutation runs of `api/storage/uploads.py` and
 `api/routes/files.py` can afford it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from api.app import create_app
-from api.uploads import FORM_OVERHEAD_BYTES
+from api.storage.uploads import FORM_OVERHEAD_BYTES
 from pdppo.settings import Settings
 from tests.integration.stack import RedisServer
 

@@ -1,0 +1,188 @@
+"""One run's bookkeeping (`core.run._Run`), tested on the run object itself: how old the policy a
+rollout samples from is (`rollout.staleness`), what a stopped step rewinds, and the step's batch
+statistics. The trainer's own runs (tests/core/test_trainer*.py) only see these through whole
+runs, where a policy one step too old or too young still trains."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import torch
+
+from core.distributed import World
+from core.rollout import RolloutBatch
+from core.run import _as_random_state, _batch_stats, _Rollout, _Run, resolve_device
+from tests.core.trainer_runs import Recorder, small_config
+
+
+def _run(tmp_path: Path, **overrides: Any) -> _Run:
+    return _Run(small_config(**overrides), tmp_path, Recorder())
+
+
+def _mark_weights(run: _Run, value: float) -> None:
+    """Every trainable weight of the policy set to `value`: the policy of one step, told
+    apart from the others by that number."""
+    with torch.no_grad():
+        for _, p in run.lm.trainable():
+            p.fill_(value)
+
+
+def _rollout_value(run: _Run) -> float:
+    """The number the rollout copy holds (one value in every trainable weight)."""
+    params = dict(run.rollout_lm.module.named_parameters())
+    values = {float(params[name].float().flatten()[0]) for name, _ in run.lm.trainable()}
+    assert len(values) == 1
+    return values.pop()
+
+
+@pytest.mark.parametrize("staleness", [1, 2, 3])
+def test_a_rollout_samples_from_the_policy_exactly_staleness_steps_old(
+    tmp_path: Path, staleness: int
+) -> None:
+    run = _run(tmp_path, rollout={"staleness": staleness})
+    assert run.separate_rollout and run.rollout_lm is not run.lm
+    seen = []
+    for step in range(6):
+        _mark_weights(run, float(step))  # the policy after `step` updates
+        run.rollout()
+        seen.append(_rollout_value(run))
+    # the first steps sample from the oldest policy there is, the loaded one's first snapshot
+    assert seen == [float(max(step - staleness, 0)) for step in range(6)]
+    assert len(run.snapshots) == staleness + 1
+
+
+def test_without_staleness_the_rollout_is_the_policy_itself(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    assert not run.separate_rollout and run.rollout_lm is run.lm
+    run.rollout()
+    assert len(run.snapshots) == 0
+
+
+def test_a_low_precision_rollout_without_staleness_samples_the_current_policy(
+    tmp_path: Path,
+) -> None:
+    run = _run(tmp_path, rollout={"dtype": "bfloat16"})
+    assert run.separate_rollout and run.rollout_lm.dtype == torch.bfloat16
+    for step in range(3):
+        _mark_weights(run, float(step))
+        run.rollout()
+        assert _rollout_value(run) == float(step)
+    assert len(run.snapshots) == 1
+
+
+def test_a_rewound_step_draws_the_same_prompts_and_keeps_its_snapshots(tmp_path: Path) -> None:
+    run = _run(tmp_path, rollout={"staleness": 1})
+    _mark_weights(run, 5.0)
+    run.rollout()
+    mark = run._mark()
+    before = [float(s[next(iter(s))].flatten()[0]) for s in run.snapshots]
+    first = run.rollout()
+    _mark_weights(run, 7.0)
+    run.rollout()
+    run._rewind(mark)
+    assert [float(s[next(iter(s))].flatten()[0]) for s in run.snapshots] == before
+    again = run.rollout()
+    assert [e.prompt for e in again.examples] == [e.prompt for e in first.examples]
+    assert again.batch.completions == first.batch.completions
+
+
+def test_state_and_restore_keep_the_snapshots_and_the_steering(tmp_path: Path) -> None:
+    run = _run(tmp_path, rollout={"staleness": 2})
+    for step in range(2):
+        _mark_weights(run, float(step))
+        run.rollout()
+    run.steer(3, {"optim": {"lr": 1e-4}})
+    state = run.state()
+    other = _run(tmp_path / "other", rollout={"staleness": 2})
+    other.restore(state)
+    assert len(other.snapshots) == 2
+    assert other.config_version == 3 and other.cfg.optim.lr == 1e-4
+    assert other.prompt_rng.random() == run.prompt_rng.random()
+    # version 0 (no change) is not applied: the start config stays
+    fresh = _run(tmp_path / "fresh")
+    fresh.restore({**fresh.state(), "steering": {"version": 0, "overrides": {"steps": 9}}})
+    assert fresh.cfg.steps == 4 and fresh.config_version == 0
+
+
+def test_random_states_come_back_as_tuples() -> None:
+    rng = random.Random(3)
+    version, internal, gauss = rng.getstate()
+    state = _as_random_state([version, list(internal), gauss])
+    other = random.Random()
+    other.setstate(state)
+    assert other.random() == rng.random()
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+@dataclass(frozen=True)
+class _TwoRanks(World):
+    """Two ranks that hold the same share: every sum doubles and the maximum is the slower
+    rank's (`other_elapsed`), as the collectives would return them."""
+
+    other_elapsed: float = 0.0
+
+    def sums(self, values: Any) -> list[float]:
+        return [2 * v for v in values]
+
+    def max(self, value: float) -> float:
+        return max(value, self.other_elapsed)
+
+
+def _rollout(rewards: list[float], tokens: list[int], elapsed: float) -> _Rollout:
+    rows = len(rewards)
+    mask = torch.zeros(rows, 4, dtype=torch.bool)
+    for row, n in enumerate(tokens):
+        mask[row, :n] = True
+    batch = cast(RolloutBatch, SimpleNamespace(response_mask=mask))  # all _batch_stats reads
+    grades = {"grader/a": 0.5, "grader_errors": 0.25}
+    return _Rollout(batch, [], torch.tensor(rewards), grades, elapsed)
+
+
+def test_batch_stats_of_one_process() -> None:
+    ro = _rollout([1.0, 0.0, 1.0, 1.0], [4, 2, 3, 3], elapsed=2.0)
+    stats = _batch_stats(World(), ro, zero_adv=0.5, group_size=2)
+    assert stats == {
+        "reward_mean": 0.75,
+        "reward_std": pytest.approx(0.5),
+        "grader/a": 0.5,
+        "grader_errors": 0.25,
+        "zero_adv_groups": 0.5,
+        "response_len": 3.0,
+        "tokens_per_s": 6.0,
+        "rollout_time": 2.0,
+    }
+
+
+def test_batch_stats_over_two_ranks_are_the_whole_batchs() -> None:
+    ro = _rollout([1.0, 0.0, 1.0, 1.0], [4, 2, 3, 3], elapsed=2.0)
+    stats = _batch_stats(_TwoRanks(size=2, other_elapsed=4.0), ro, zero_adv=0.5, group_size=2)
+    # 8 rows, six of them 1: mean 0.75, sample std sqrt((6 - 8 * 0.5625) / 7)
+    assert stats == {
+        "reward_mean": 0.75,
+        "reward_std": pytest.approx(math.sqrt(1.5 / 7)),
+        "grader/a": 0.5,  # the mean of the ranks' means
+        "grader_errors": 0.25,
+        "zero_adv_groups": 0.5,
+        "response_len": 3.0,
+        "tokens_per_s": 24 / 4.0,  # every rank's tokens over the slowest rank's time
+        "rollout_time": 4.0,
+    }
+
+
+def test_batch_stats_of_a_batch_with_no_time() -> None:
+    ro = _rollout([1.0, 0.0], [1, 1], elapsed=0.0)
+    stats = _batch_stats(World(), ro, zero_adv=0.0, group_size=2)
+    assert stats["tokens_per_s"] == pytest.approx(2 / 1e-9)

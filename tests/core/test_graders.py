@@ -22,6 +22,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
+from core.graders.base import check_unit, text_field
 from core.graders.config import GraderConfig
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
@@ -161,6 +162,67 @@ def test_numeric_tolerances_and_extract() -> None:
         build_grader(grader_config({"type": "numeric"})).check({"answer": "1/2"})
     assert not build_grader(grader_config({"type": "numeric"})).isolated
     assert build_grader(grader_config(extract)).isolated
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5, 1.0])
+def test_a_score_in_the_unit_interval_is_kept(value: float) -> None:
+    assert check_unit(value, "g") == value
+
+
+@pytest.mark.parametrize("value", [-0.01, 1.01, float("nan"), float("inf"), -float("inf")])
+def test_a_score_outside_the_unit_interval_is_the_graders_bug(value: float) -> None:
+    with pytest.raises(ValueError, match=r"^g returned .*, not a number in \[0, 1\]$"):
+        check_unit(value, "g")
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (None, "null"),
+        (True, "a boolean"),
+        ([1], "an array"),
+        ({"a": 1}, "an object"),
+        (1j, "complex"),
+    ],
+)
+def test_a_text_field_of_another_kind_is_named(value: object, kind: str) -> None:
+    with pytest.raises(
+        ValueError, match=f"^field 'answer' must be a string or a number, not {kind}$"
+    ):
+        text_field({"answer": value}, "answer")
+    assert text_field({"answer": 4}, "answer") == "4"
+    assert text_field({"answer": 0.5}, "answer") == "0.5"
+
+
+@pytest.mark.parametrize(
+    ("tolerances", "completion", "reference", "expected"),
+    [
+        # on the edge is within: |100.5 - 100| is 0.5 exactly in binary
+        ({"tolerance": 0.5}, "100.5", 100, 1.0),
+        ({"tolerance": 0.5}, "99.5", 100, 1.0),
+        ({"tolerance": 0.5}, "100.5", -100, 0.0),  # the sign counts
+        ({"tolerance": 0.5}, "-100.5", -100, 1.0),
+        # relative to the reference's size, whatever its sign: 1% of -100 is 1
+        ({"relative_tolerance": 0.01}, "-101", -100, 1.0),
+        ({"relative_tolerance": 0.01}, "-99", -100, 1.0),
+        ({"relative_tolerance": 0.01}, "-98.5", -100, 0.0),
+        ({"relative_tolerance": 0.01}, "99", -100, 0.0),
+        ({"relative_tolerance": 0.5}, "0.5", 0, 0.0),  # relative to 0 is exact
+        # either tolerance accepts: 0.9 is within 1% of 100, 0.4 within 0.5
+        ({"tolerance": 0.5, "relative_tolerance": 0.01}, "100.9", 100, 1.0),
+        ({"tolerance": 0.5, "relative_tolerance": 0.001}, "99.6", 100, 1.0),
+        ({"tolerance": 0.5, "relative_tolerance": 0.001}, "99.4", 100, 0.0),
+        # the default: 1e-6 absolute, nothing relative
+        ({}, "1000000.000001", 1_000_000, 0.0),
+        ({}, "3.0000005", 3, 1.0),
+        ({}, "3.000002", 3, 0.0),
+    ],
+)
+def test_numeric_tolerance_edges(
+    tolerances: dict[str, float], completion: str, reference: float, expected: float
+) -> None:
+    spec = {"type": "numeric", **tolerances}
+    assert score(spec, completion, {"answer": reference}) == expected
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+import core.graders.batch
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
 from core.graders.base import check_unit, text_field
+from core.graders.batch import GradingCounts
 from core.graders.config import GraderConfig
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
@@ -303,6 +305,52 @@ def test_in_process_errors_score_0_and_count() -> None:
         graded = batch.grade(["a", "a", "b", "a"], [{"answer": "a"}, {}, {"answer": "a"}, {}])
     assert graded.rewards == [1.0, 0.0, 0.0, 0.0]
     assert graded.metrics == {"grader_errors": 0.5, "grader_timeouts": 0.0}
+
+
+def test_a_failed_items_parts_count_as_0_in_the_part_metrics() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "right": {"type": "string_check"},
+            "short": {"type": "length_penalty", "max_chars": 10},
+        },
+    }
+    with BatchGrader(grader_config(spec), 5.0) as batch:
+        graded = batch.grade(["a", "a"], [{"answer": "a"}, {}])  # the second has no answer
+    assert graded.rewards == [1.0, 0.0]
+    assert graded.metrics == {
+        "grader_errors": 0.5,
+        "grader_timeouts": 0.0,
+        "grader/right": 0.5,
+        "grader/short": 0.5,
+    }
+
+
+def test_grading_counts_are_taken_once() -> None:
+    counts = GradingCounts()
+    assert counts.take() == {"completions": 0, "errors": 0, "timeouts": 0}
+    counts.add(4, 1, 2)
+    counts.add(3, 0, 1)
+    assert counts.take() == {"completions": 7, "errors": 1, "timeouts": 3}
+    assert counts.take() == {"completions": 0, "errors": 0, "timeouts": 0}
+
+
+def test_each_distinct_grader_error_is_logged_once_up_to_a_limit(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core.graders.batch, "MAX_LOGGED_ERRORS", 2)
+    spec = {"type": "string_check", "field": "a"}
+    with (
+        caplog.at_level("WARNING", logger="core.graders.batch"),
+        BatchGrader(grader_config(spec), 5.0) as batch,
+    ):
+        batch.grade(["x", "x", "x"], [{}, {}, {"a": "x"}])  # one message, twice
+        batch.grade(["x", "x", "x"], [{"b": 1}, {"a": None}, {"a": True}])  # and two more
+    prefix = "a completion scored 0: grader error: ValueError: "
+    assert [r.getMessage() for r in caplog.records] == [
+        prefix + "the record has no field 'a', which the grader reads",
+        prefix + "field 'a' must be a string or a number, not null",
+    ]  # the third distinct message is past the limit of 2
 
 
 # -- plugins -----------------------------------------------------------------------------------

@@ -307,6 +307,20 @@ def test_in_process_errors_score_0_and_count() -> None:
     assert graded.metrics == {"grader_errors": 0.5, "grader_timeouts": 0.0}
 
 
+def test_a_sub_grader_without_a_weight_weighs_1() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "right": {"type": "string_check", "operation": "contains"},
+            "short": {"type": "length_penalty", "max_chars": 10},
+        },
+        "weights": {"right": 3.0},
+    }
+    scored = build_grader(grader_config(spec)).grade("4" * 15, {"answer": "4"})  # short: 0.5
+    assert scored.parts == {"right": 1.0, "short": 0.5}
+    assert scored.value == (3 * 1.0 + 1 * 0.5) / 4
+
+
 def test_a_failed_items_parts_count_as_0_in_the_part_metrics() -> None:
     spec = {
         "type": "multi",
@@ -354,6 +368,19 @@ def test_each_distinct_grader_error_is_logged_once_up_to_a_limit(
 
 
 # -- plugins -----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("plugins")
+def test_only_the_grading_server_imports_a_plugin() -> None:
+    spec = grader_config({"type": "plugin", "name": "half"})
+    here = build_grader(spec)  # the trainer's process: the name is checked, nothing imported
+    with pytest.raises(RuntimeError, match="plugin 'half' runs in the grading server only"):
+        here.score("x", {})
+    assert build_grader(spec, load_plugins=True).score("x", {}) == 0.5
+    multi = grader_config({"type": "multi", "graders": {"h": {"type": "plugin", "name": "half"}}})
+    with pytest.raises(RuntimeError, match="runs in the grading server only"):
+        build_grader(multi).score("x", {})
+    assert build_grader(multi, load_plugins=True).score("x", {}) == 0.5
 
 
 @pytest.mark.usefixtures("plugins")

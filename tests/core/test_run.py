@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core.distributed import World
-from core.rollout import RolloutBatch
+from core.rollout import RolloutBatch, generate
 from core.run import _as_random_state, _batch_stats, _Rollout, _Run, resolve_device
 from tests.core.trainer_runs import Recorder, small_config
 
@@ -36,7 +36,7 @@ def _mark_weights(run: _Run, value: float) -> None:
 def _rollout_value(run: _Run) -> float:
     """The number the rollout copy holds (one value in every trainable weight)."""
     params = dict(run.rollout_lm.module.named_parameters())
-    values = {float(params[name].float().flatten()[0]) for name, _ in run.lm.trainable()}
+    values = {float(params[name].detach().float().flatten()[0]) for name, _ in run.lm.trainable()}
     assert len(values) == 1
     return values.pop()
 
@@ -186,3 +186,57 @@ def test_batch_stats_of_a_batch_with_no_time() -> None:
     ro = _rollout([1.0, 0.0], [1, 1], elapsed=0.0)
     stats = _batch_stats(World(), ro, zero_adv=0.0, group_size=2)
     assert stats["tokens_per_s"] == pytest.approx(2 / 1e-9)
+
+
+class _EngineRecorder:
+    """Stands in for the vLLM engine (`core.vllm_engine.VLLMEngine`, tested on a GPU in
+    tests/vllm/) where this file checks what the run hands it: the weights of which policy,
+    and which seed. It samples with `generate` on the run's own model."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.loaded: list[float] = []
+        self.seeds: list[int] = []
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
+        named = dict(weights)
+        assert set(named) == {n for n, _ in self.run.lm.module.named_parameters()}
+        self.loaded.append(float(named[self.run.lm.trainable()[0][0]].flatten()[0]))
+        return 0.25
+
+    def sample(self, ids: list[list[int]], *, group_size: int, seed: int, **kw: Any) -> Any:
+        self.seeds.append(seed)
+        rows = [p for p in ids for _ in range(group_size)]
+        gen = torch.Generator().manual_seed(seed)
+        return generate(self.run.lm, rows, max_new_tokens=kw["max_new_tokens"], generator=gen)
+
+
+def _engine_run(tmp_path: Path, staleness: int) -> tuple[_Run, _EngineRecorder]:
+    run = _run(tmp_path, rollout={"staleness": staleness})
+    engine = _EngineRecorder(run)
+    # as with rollout.engine="vllm": the engine holds the rollout copy, the run none
+    run.engine, run.separate_rollout, run.rollout_lm = cast(Any, engine), False, run.lm
+    return run, engine
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_the_engine_gets_the_policy_exactly_staleness_steps_old(
+    tmp_path: Path, staleness: int
+) -> None:
+    run, engine = _engine_run(tmp_path, staleness)
+    for step in range(5):
+        _mark_weights(run, float(step))
+        ro = run.rollout()
+        assert ro.grade_metrics["weight_sync_time"] == 0.25
+    assert engine.loaded == [float(max(step - staleness, 0)) for step in range(5)]
+    assert len(run.snapshots) == (staleness + 1 if staleness else 0)
+    # the current weights came back after a stale policy was handed over
+    assert _rollout_value(run) == 4.0
+
+
+def test_the_engines_seeds_come_from_the_runs_sampling_stream(tmp_path: Path) -> None:
+    run, engine = _engine_run(tmp_path, 0)
+    for _ in range(3):
+        run.rollout()
+    gen = torch.Generator().manual_seed(run.cfg.seed + 1)  # the sampling stream's seed
+    assert engine.seeds == [int(torch.randint(0, 2**31, (1,), generator=gen)) for _ in range(3)]

@@ -240,3 +240,27 @@ def test_the_engines_seeds_come_from_the_runs_sampling_stream(tmp_path: Path) ->
         run.rollout()
     gen = torch.Generator().manual_seed(run.cfg.seed + 1)  # the sampling stream's seed
     assert engine.seeds == [int(torch.randint(0, 2**31, (1,), generator=gen)) for _ in range(3)]
+
+
+def test_a_stale_lora_policy_is_merged_from_its_own_adapters(tmp_path: Path) -> None:
+    """With LoRA the engine gets the base with the *stale* adapters merged in, and the run
+    keeps training its current adapters."""
+    from core.models.hf import make_tiny_hf
+
+    hf = make_tiny_hf(tmp_path / "llama")
+    run = _run(tmp_path / "run", model={"name": f"hf:{hf}", "lora": {"r": 4, "alpha": 32}})
+    assert run.lm.has_adapters
+    stale = run.lm.snapshot()  # the adapters as loaded: B = 0, the base itself
+    merged_then = {n: t.clone() for n, t in run.lm.inference_weights()}
+    _mark_weights(run, 0.01)  # the adapters trained since
+    now = run.lm.snapshot()
+    assert any(
+        not torch.equal(t, merged_then[n]) for n, t in run.lm.inference_weights()
+    )  # a current merge differs from the stale one
+    handed = dict(run._engine_weights(stale))
+    assert set(handed) == set(merged_then)
+    assert all(torch.equal(handed[n], merged_then[n]) for n in merged_then)
+    assert all(torch.equal(t, now[n]) for n, t in run.lm.snapshot().items())
+    # without a stale snapshot: the current merge
+    current = dict(run._engine_weights(None))
+    assert any(not torch.equal(current[n], merged_then[n]) for n in merged_then)

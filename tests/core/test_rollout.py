@@ -15,6 +15,7 @@ from core.rollout import (
     left_pad,
     position_ids,
     response_logits,
+    response_projection,
     sample_tokens,
     sampling_logprobs,
     topk_view,
@@ -213,4 +214,16 @@ def test_a_generation_ends_at_the_last_token_any_row_is_alive_in() -> None:
     assert max(lengths) == t
     for row, n in zip(batch.completions, lengths, strict=True):
         assert len(row) in (n, n - 1)  # EOS excluded
+        if len(row) == n:  # no EOS: the row ran to the limit
+            assert n == 6
     assert len(batch.behavior) == sum(lengths)
+
+
+def test_the_projection_multiplies_out_to_the_response_logits() -> None:
+    lm = tiny()
+    batch = generate(
+        lm, prompts(lm)[:4], max_new_tokens=4, top_k=3, generator=torch.Generator().manual_seed(2)
+    )
+    proj = response_projection(lm, batch, 2.0)
+    assert proj is not None and proj.hidden.shape == (len(batch.tokens), 32)
+    assert torch.allclose(proj.materialize(), response_logits(lm, batch, 2.0), atol=1e-5)

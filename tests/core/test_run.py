@@ -152,11 +152,11 @@ def _rollout(rewards: list[float], tokens: list[int], elapsed: float) -> _Rollou
 
 
 def test_batch_stats_of_one_process() -> None:
-    ro = _rollout([1.0, 0.0, 1.0, 1.0], [4, 2, 3, 3], elapsed=2.0)
+    ro = _rollout([1.0, 0.0, 0.5, 1.0], [4, 2, 3, 3], elapsed=2.0)
     stats = _batch_stats(World(), ro, zero_adv=0.5, group_size=2)
     assert stats == {
-        "reward_mean": 0.75,
-        "reward_std": pytest.approx(0.5),
+        "reward_mean": 0.625,
+        "reward_std": pytest.approx(math.sqrt(0.6875 / 3)),
         "grader/a": 0.5,
         "grader_errors": 0.25,
         "zero_adv_groups": 0.5,
@@ -167,12 +167,12 @@ def test_batch_stats_of_one_process() -> None:
 
 
 def test_batch_stats_over_two_ranks_are_the_whole_batchs() -> None:
-    ro = _rollout([1.0, 0.0, 1.0, 1.0], [4, 2, 3, 3], elapsed=2.0)
+    ro = _rollout([1.0, 0.0, 0.5, 1.0], [4, 2, 3, 3], elapsed=2.0)
     stats = _batch_stats(_TwoRanks(size=2, other_elapsed=4.0), ro, zero_adv=0.5, group_size=2)
-    # 8 rows, six of them 1: mean 0.75, sample std sqrt((6 - 8 * 0.5625) / 7)
+    # 8 rows summing to 5 (squares: 4.5): mean 0.625, sample std sqrt((4.5 - 8 * 0.625**2) / 7)
     assert stats == {
-        "reward_mean": 0.75,
-        "reward_std": pytest.approx(math.sqrt(1.5 / 7)),
+        "reward_mean": 0.625,
+        "reward_std": pytest.approx(math.sqrt(1.375 / 7)),
         "grader/a": 0.5,  # the mean of the ranks' means
         "grader_errors": 0.25,
         "zero_adv_groups": 0.5,
@@ -264,3 +264,26 @@ def test_a_stale_lora_policy_is_merged_from_its_own_adapters(tmp_path: Path) -> 
     # without a stale snapshot: the current merge
     current = dict(run._engine_weights(None))
     assert any(not torch.equal(current[n], merged_then[n]) for n in merged_then)
+
+
+def test_a_checkpoint_is_announced_with_its_folder(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    run.step = 3
+    path = run.checkpoint()
+    assert path is not None and path.is_dir()
+    assert cast(Recorder, run.cb).checkpoints == [3]
+    other_rank = _Run(
+        small_config(), tmp_path / "rank1", Recorder(), world=_TwoRanks(rank=1, size=2)
+    )
+    assert other_rank.checkpoint() is None  # rank 0 writes the replica
+    assert cast(Recorder, other_rank.cb).checkpoints == []
+
+
+def test_a_warmup_stopped_midway_checkpoints_and_says_so(tmp_path: Path) -> None:
+    run = _Run(small_config(task={"warmup_steps": 3}), tmp_path, Recorder(stop_after=0))
+    assert run.warm.total == 3
+    assert run.warmup() is False
+    assert cast(Recorder, run.cb).checkpoints == [0]
+    assert run.warm.done < 3
+    done = _run(tmp_path / "done")
+    assert done.warm.finished and done.warmup() is True

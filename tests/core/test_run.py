@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core.distributed import World
-from core.rollout import RolloutBatch, generate
+from core.rollout import RolloutBatch, StopRequested, generate
 from core.run import _as_random_state, _batch_stats, _Rollout, _Run, resolve_device
 from tests.core.trainer_runs import Recorder, small_config
 
@@ -287,3 +287,25 @@ def test_a_warmup_stopped_midway_checkpoints_and_says_so(tmp_path: Path) -> None
     assert run.warm.done < 3
     done = _run(tmp_path / "done")
     assert done.warm.finished and done.warmup() is True
+
+
+class _Asked(Recorder):
+    """Always says stop, and counts how often it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__(stop_after=0)
+        self.asked = 0
+
+    def should_stop(self) -> bool:
+        self.asked += 1
+        return True
+
+
+def test_one_process_stops_inside_a_step_and_ranks_at_its_boundary(tmp_path: Path) -> None:
+    single = _Run(small_config(), tmp_path, _Asked())
+    with pytest.raises(StopRequested):
+        single.rollout()
+    ranks_cb = _Asked()
+    ranks = _Run(small_config(), tmp_path / "ranks", ranks_cb, world=_TwoRanks(size=2))
+    assert ranks.inner_stop() is False  # heard (asked), kept for the step boundary
+    assert ranks_cb.asked == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -309,3 +310,37 @@ def test_one_process_stops_inside_a_step_and_ranks_at_its_boundary(tmp_path: Pat
     ranks = _Run(small_config(), tmp_path / "ranks", ranks_cb, world=_TwoRanks(size=2))
     assert ranks.inner_stop() is False  # heard (asked), kept for the step boundary
     assert ranks_cb.asked == 1
+
+
+@pytest.mark.parametrize(("estimator", "full"), [("exact", True), ("topk", False)])
+def test_only_the_exact_estimator_keeps_full_log_probs(
+    tmp_path: Path, estimator: str, full: bool
+) -> None:
+    run = _run(tmp_path, algorithm={"estimator": estimator})
+    view = run.rollout().batch.behavior
+    assert (view.full_logprobs is not None) is full
+
+
+def test_the_engines_sampling_time_is_its_own(tmp_path: Path) -> None:
+    run, _ = _engine_run(tmp_path, 0)
+    t0 = time.perf_counter()
+    ro = run.rollout()
+    assert 0.0 < ro.elapsed <= time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("dirty", [False, True])
+def test_a_stop_during_the_update_rewinds_only_a_step_not_begun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dirty: bool
+) -> None:
+    run = _run(tmp_path)
+    before = run.prompt_rng.getstate()
+
+    def stopped(*args: Any) -> dict[str, float]:
+        run.dirty = dirty  # True: an optimizer step had been taken
+        raise StopRequested("stop")
+
+    monkeypatch.setattr(run, "update", stopped)
+    with pytest.raises(StopRequested):
+        run.run_step()
+    assert (run.prompt_rng.getstate() == before) is not dirty
+    assert run.step == 0

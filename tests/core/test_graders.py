@@ -384,6 +384,23 @@ def test_only_the_grading_server_imports_a_plugin() -> None:
 
 
 @pytest.mark.usefixtures("plugins")
+def test_a_plugins_result_is_clipped_to_the_unit_interval() -> None:
+    def scaled(factor: float) -> float:
+        spec = grader_config({"type": "plugin", "name": "scaled", "options": {"factor": factor}})
+        return build_grader(spec, load_plugins=True).score("abcd", {})
+
+    assert [scaled(f) for f in (-1.0, 0.125, 1.0)] == [0.0, 0.5, 1.0]
+
+
+def test_multi_refuses_weights_of_no_sub_grader_and_a_zero_sum() -> None:
+    graders = {"a": {"type": "string_check"}, "b": {"type": "length_penalty", "max_chars": 5}}
+    with pytest.raises(ValueError, match=r"weights name no sub-grader: \['c'\]"):
+        grader_config({"type": "multi", "graders": graders, "weights": {"c": 1.0}})
+    with pytest.raises(ValueError, match="the weights of the sub-graders sum to 0"):
+        grader_config({"type": "multi", "graders": graders, "weights": {"a": 0.0, "b": 0.0}})
+
+
+@pytest.mark.usefixtures("plugins")
 def test_unknown_plugin_lists_the_installed_ones() -> None:
     assert set(PLUGINS) <= set(installed_plugins())
     spec = {"type": "multi", "graders": {"code": {"type": "plugin", "name": "nope"}}}

@@ -1,5 +1,4 @@
-"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny model
-(CPU).
+"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny model (CPU).
 
 pass@k against hand-computed values and against the binomial formula; metrics recomputed from
 what the grader was really shown; greedy completions against a cache-free argmax decode; the
@@ -28,14 +27,18 @@ from core.rollout import StopRequested, generate
 from core.tasks.base import Example, Grades
 from core.tasks.builtin import DigitStringTask
 from core.training.evaluation import (
+    PASS_REWARD,
     SAMPLE_TEXT_CHARS,
     Evaluator,
+    RunResults,
     StepRollout,
     eval_seed,
+    last_row_step,
     make_sample,
     pass_at_k,
     pass_ks,
     pick_samples,
+    truncate_rows,
 )
 from core.training.trainer import TrainerCallback, train
 
@@ -413,3 +416,66 @@ def test_rows_past_the_checkpoint_are_dropped_on_resume(tmp_path: Path) -> None:
     train(cfg, out, resume=True)
     for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
         assert untimed(rows(out / name)) == untimed(rows(tmp_path / "full" / name))
+
+
+# -- bookkeeping, on known values -----------------------------------------------------------
+
+
+def test_a_pass_is_full_credit_up_to_rounding(tmp_path: Path) -> None:
+    assert PASS_REWARD == 1.0 - 1e-6
+    task = HeldOutReverse()
+    task.grade = lambda examples, completions: Grades(  # type: ignore[method-assign]
+        [1.0 - 1e-6, 1.0 - 2e-6, 1.0, 0.5] * (len(completions) // 4), {}
+    )
+    cfg = run_config(tmp_path, eval_every=1, eval_samples=4)
+    out = Evaluator(cfg, task, tiny(cfg)).evaluate(1)
+    # per prompt: 2 of 4 samples pass (1 - 1e-6 is a pass, 1 - 2e-6 is not)
+    assert out["eval_pass@1"] == pytest.approx(0.5)
+    assert out["eval_pass@2"] == pytest.approx(1 - 1 / 6)  # 1 - C(2,2)/C(4,2)
+    assert out["eval_pass@4"] == 1.0
+    assert out["eval_reward_mean"] == pytest.approx((4 - 3e-6 - 0.5) / 4)
+    assert out["eval_prompts"] == float(len(DIGITS))
+
+
+def test_when_an_evaluation_is_due_and_owed(tmp_path: Path) -> None:
+    cfg = run_config(tmp_path, eval_every=2, steps=5, eval_on_start=False)
+    results = RunResults(cfg, tmp_path, HeldOutReverse(), tiny(cfg), Recorder())
+    assert [s for s in range(-1, 6) if results.eval_due(s)] == [2, 4, 5]
+    started = run_config(tmp_path, eval_every=2, steps=5, eval_on_start=True)
+    with_start = RunResults(started, tmp_path, HeldOutReverse(), tiny(cfg), Recorder())
+    assert [s for s in range(-1, 6) if with_start.eval_due(s)] == [0, 2, 4, 5]
+    with_start.last_eval_step = 2
+    assert [s for s in range(0, 6) if with_start.owes(s)] == [4, 5]
+    with_start.last_eval_step = 1
+    assert with_start.owes(2)
+    plain = RunResults(config(), tmp_path, HeldOutReverse(), tiny(cfg), Recorder())
+    assert plain.evaluator is None
+    assert not any(plain.eval_due(s) for s in range(0, 6))
+
+
+def test_truncating_result_rows_keeps_the_checkpoints_steps(tmp_path: Path) -> None:
+    path = tmp_path / "eval.jsonl"
+    assert last_row_step(path) == -1
+    truncate_rows(path, 3)  # no file: nothing to do
+    assert not path.exists()
+    path.write_text('{"step": 0}\n{"step": 2}\nnot json\n{"x": 1}\n{"step": 3}\n{"step": 4}\n')
+    assert last_row_step(path) == 4
+    truncate_rows(path, 3)
+    assert path.read_text() == '{"step": 0}\n{"step": 2}\n{"step": 3}\n'
+    assert last_row_step(path) == 3
+    truncate_rows(path, -1)
+    assert path.read_text() == ""
+    assert last_row_step(path) == -1
+
+
+def test_a_text_of_exactly_the_limit_is_not_cut() -> None:
+    sample = make_sample(Example("p" * 10, "a" * 9), "c" * 11, 1, chars=10)
+    assert (sample["prompt"], sample["answer"], sample["completion"]) == (
+        "p" * 10,
+        "a" * 9,
+        "c" * 10,
+    )
+    assert sample["truncated"] is True and sample["reward"] == 1.0
+    assert make_sample(Example("p" * 10, "a"), "c", 0.0, chars=10)["truncated"] is False
+    assert make_sample(Example("p", "a" * 11), "c", 0.0, chars=10)["truncated"] is True
+    assert make_sample(Example("p" * 11, "a"), "c", 0.0, chars=10)["truncated"] is True

@@ -21,8 +21,11 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+import core.graders.batch
 from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
+from core.graders.base import check_unit, text_field
+from core.graders.batch import GradingCounts
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
 
@@ -163,6 +166,67 @@ def test_numeric_tolerances_and_extract() -> None:
     assert build_grader(grader_config(extract)).isolated
 
 
+@pytest.mark.parametrize("value", [0.0, 0.5, 1.0])
+def test_a_score_in_the_unit_interval_is_kept(value: float) -> None:
+    assert check_unit(value, "g") == value
+
+
+@pytest.mark.parametrize("value", [-0.01, 1.01, float("nan"), float("inf"), -float("inf")])
+def test_a_score_outside_the_unit_interval_is_the_graders_bug(value: float) -> None:
+    with pytest.raises(ValueError, match=r"^g returned .*, not a number in \[0, 1\]$"):
+        check_unit(value, "g")
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (None, "null"),
+        (True, "a boolean"),
+        ([1], "an array"),
+        ({"a": 1}, "an object"),
+        (1j, "complex"),
+    ],
+)
+def test_a_text_field_of_another_kind_is_named(value: object, kind: str) -> None:
+    with pytest.raises(
+        ValueError, match=f"^field 'answer' must be a string or a number, not {kind}$"
+    ):
+        text_field({"answer": value}, "answer")
+    assert text_field({"answer": 4}, "answer") == "4"
+    assert text_field({"answer": 0.5}, "answer") == "0.5"
+
+
+@pytest.mark.parametrize(
+    ("tolerances", "completion", "reference", "expected"),
+    [
+        # on the edge is within: |100.5 - 100| is 0.5 exactly in binary
+        ({"tolerance": 0.5}, "100.5", 100, 1.0),
+        ({"tolerance": 0.5}, "99.5", 100, 1.0),
+        ({"tolerance": 0.5}, "100.5", -100, 0.0),  # the sign counts
+        ({"tolerance": 0.5}, "-100.5", -100, 1.0),
+        # relative to the reference's size, whatever its sign: 1% of -100 is 1
+        ({"relative_tolerance": 0.01}, "-101", -100, 1.0),
+        ({"relative_tolerance": 0.01}, "-99", -100, 1.0),
+        ({"relative_tolerance": 0.01}, "-98.5", -100, 0.0),
+        ({"relative_tolerance": 0.01}, "99", -100, 0.0),
+        ({"relative_tolerance": 0.5}, "0.5", 0, 0.0),  # relative to 0 is exact
+        # either tolerance accepts: 0.9 is within 1% of 100, 0.4 within 0.5
+        ({"tolerance": 0.5, "relative_tolerance": 0.01}, "100.9", 100, 1.0),
+        ({"tolerance": 0.5, "relative_tolerance": 0.001}, "99.6", 100, 1.0),
+        ({"tolerance": 0.5, "relative_tolerance": 0.001}, "99.4", 100, 0.0),
+        # the default: 1e-6 absolute, nothing relative
+        ({}, "1000000.000001", 1_000_000, 0.0),
+        ({}, "3.0000005", 3, 1.0),
+        ({}, "3.000002", 3, 0.0),
+    ],
+)
+def test_numeric_tolerance_edges(
+    tolerances: dict[str, float], completion: str, reference: float, expected: float
+) -> None:
+    spec = {"type": "numeric", **tolerances}
+    assert score(spec, completion, {"answer": reference}) == expected
+
+
 @pytest.mark.parametrize(
     ("completion", "reference", "expected"),
     [
@@ -243,7 +307,97 @@ def test_in_process_errors_score_0_and_count() -> None:
     assert graded.metrics == {"grader_errors": 0.5, "grader_timeouts": 0.0}
 
 
+def test_a_sub_grader_without_a_weight_weighs_1() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "right": {"type": "string_check", "operation": "contains"},
+            "short": {"type": "length_penalty", "max_chars": 10},
+        },
+        "weights": {"right": 3.0},
+    }
+    scored = build_grader(grader_config(spec)).grade("4" * 15, {"answer": "4"})  # short: 0.5
+    assert scored.parts == {"right": 1.0, "short": 0.5}
+    assert scored.value == (3 * 1.0 + 1 * 0.5) / 4
+
+
+def test_a_failed_items_parts_count_as_0_in_the_part_metrics() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "right": {"type": "string_check"},
+            "short": {"type": "length_penalty", "max_chars": 10},
+        },
+    }
+    with BatchGrader(grader_config(spec), 5.0) as batch:
+        graded = batch.grade(["a", "a"], [{"answer": "a"}, {}])  # the second has no answer
+    assert graded.rewards == [1.0, 0.0]
+    assert graded.metrics == {
+        "grader_errors": 0.5,
+        "grader_timeouts": 0.0,
+        "grader/right": 0.5,
+        "grader/short": 0.5,
+    }
+
+
+def test_grading_counts_are_taken_once() -> None:
+    counts = GradingCounts()
+    assert counts.take() == {"completions": 0, "errors": 0, "timeouts": 0}
+    counts.add(4, 1, 2)
+    counts.add(3, 0, 1)
+    assert counts.take() == {"completions": 7, "errors": 1, "timeouts": 3}
+    assert counts.take() == {"completions": 0, "errors": 0, "timeouts": 0}
+
+
+def test_each_distinct_grader_error_is_logged_once_up_to_a_limit(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core.graders.batch, "MAX_LOGGED_ERRORS", 2)
+    spec = {"type": "string_check", "field": "a"}
+    with (
+        caplog.at_level("WARNING", logger="core.graders.batch"),
+        BatchGrader(grader_config(spec), 5.0) as batch,
+    ):
+        batch.grade(["x", "x", "x"], [{}, {}, {"a": "x"}])  # one message, twice
+        batch.grade(["x", "x", "x"], [{"b": 1}, {"a": None}, {"a": True}])  # and two more
+    prefix = "a completion scored 0: grader error: ValueError: "
+    assert [r.getMessage() for r in caplog.records] == [
+        prefix + "the record has no field 'a', which the grader reads",
+        prefix + "field 'a' must be a string or a number, not null",
+    ]  # the third distinct message is past the limit of 2
+
+
 # -- plugins -----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("plugins")
+def test_only_the_grading_server_imports_a_plugin() -> None:
+    spec = grader_config({"type": "plugin", "name": "half"})
+    here = build_grader(spec)  # the trainer's process: the name is checked, nothing imported
+    with pytest.raises(RuntimeError, match="plugin 'half' runs in the grading server only"):
+        here.score("x", {})
+    assert build_grader(spec, load_plugins=True).score("x", {}) == 0.5
+    multi = grader_config({"type": "multi", "graders": {"h": {"type": "plugin", "name": "half"}}})
+    with pytest.raises(RuntimeError, match="runs in the grading server only"):
+        build_grader(multi).score("x", {})
+    assert build_grader(multi, load_plugins=True).score("x", {}) == 0.5
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_plugins_result_is_clipped_to_the_unit_interval() -> None:
+    def scaled(factor: float) -> float:
+        spec = grader_config({"type": "plugin", "name": "scaled", "options": {"factor": factor}})
+        return build_grader(spec, load_plugins=True).score("abcd", {})
+
+    assert [scaled(f) for f in (-1.0, 0.125, 1.0)] == [0.0, 0.5, 1.0]
+
+
+def test_multi_refuses_weights_of_no_sub_grader_and_a_zero_sum() -> None:
+    graders = {"a": {"type": "string_check"}, "b": {"type": "length_penalty", "max_chars": 5}}
+    with pytest.raises(ValueError, match=r"weights name no sub-grader: \['c'\]"):
+        grader_config({"type": "multi", "graders": graders, "weights": {"c": 1.0}})
+    with pytest.raises(ValueError, match="the weights of the sub-graders sum to 0"):
+        grader_config({"type": "multi", "graders": graders, "weights": {"a": 0.0, "b": 0.0}})
 
 
 @pytest.mark.usefixtures("plugins")

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core.config import ModelConfig, TinyModelConfig
 from core.models.base import CausalLM
 from core.models.tiny import TinyLM
-from core.rollout import generate, response_logits, sampling_logprobs, topk_view
+from core.objective.behavior import BehaviorView
+from core.rollout import (
+    RolloutBatch,
+    generate,
+    left_pad,
+    position_ids,
+    response_logits,
+    response_projection,
+    sample_tokens,
+    sampling_logprobs,
+    topk_view,
+)
 
 
 def tiny(seed: int = 0) -> TinyLM:
@@ -132,3 +144,86 @@ def test_select_keeps_behavior_rows_aligned() -> None:
         sub.behavior.topk_ids[:, :].eq(sub.tokens[:, None]).any(-1),
         torch.ones(len(sub.tokens), dtype=torch.bool),
     )
+
+
+# -- the pure parts, on known values -----------------------------------------------------------
+
+HALVES = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))
+"""Probabilities whose cumulative sums are exact in binary: top-p edges compare exactly."""
+
+
+def test_top_p_keeps_the_smallest_prefix_that_reaches_it() -> None:
+    # 0.5 + 0.25 reaches 0.75: the third token is cut, though 0.75 is not above 0.75
+    lp = sampling_logprobs(HALVES, 1.0, 0.75)
+    assert lp[0].exp().tolist() == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
+    lp = sampling_logprobs(HALVES, 1.0, 0.5)
+    assert lp[0].exp().tolist() == [1.0, 0.0, 0.0, 0.0]
+    lp = sampling_logprobs(HALVES, 1.0, 0.76)
+    assert lp[0].exp().tolist() == pytest.approx([4 / 7, 2 / 7, 1 / 7, 0.0])
+    assert sampling_logprobs(HALVES, 1.0, 1.0)[0].exp().tolist() == pytest.approx(
+        [0.5, 0.25, 0.125, 0.125]
+    )
+
+
+def test_temperature_divides_the_logits() -> None:
+    # at temperature 2 the probabilities go as their square roots
+    lp = sampling_logprobs(HALVES, 2.0, 1.0)
+    root = torch.tensor([0.5, 0.25, 0.125, 0.125]).sqrt()
+    assert torch.allclose(lp[0].exp(), root / root.sum())
+
+
+def test_sample_tokens_by_inverse_cdf() -> None:
+    logp = torch.log(torch.tensor([0.5, 0.25, 0.25])).expand(6, 3)
+    u = torch.tensor([0.0, 0.49, 0.5, 0.74, 0.75, 0.999999])
+    assert sample_tokens(logp, u).tolist() == [0, 0, 1, 1, 2, 2]
+    # a cut token (probability 0) is never drawn, at either end of its empty step
+    cut = torch.log(torch.tensor([0.5, 0.0, 0.5])).expand(3, 3)
+    assert sample_tokens(cut, torch.tensor([0.4999, 0.5, 1.0])).tolist() == [0, 2, 2]
+
+
+def test_left_pad_and_positions() -> None:
+    ids, mask = left_pad([[7, 8, 9], [5]], pad=0, device=torch.device("cpu"))
+    assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
+    assert mask.tolist() == [[True, True, True], [False, False, True]]
+    assert position_ids(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_assemble_cuts_each_completion_at_its_eos() -> None:
+    eos = 2
+    prompt_ids = torch.tensor([[0, 9], [8, 9], [8, 9]])
+    prompt_mask = torch.tensor([[False, True], [True, True], [True, True]])
+    responses = torch.tensor([[5, 2, 0], [5, 6, 7], [2, 0, 0]])
+    rmask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    view = BehaviorView(torch.zeros(6), torch.zeros((6, 1), dtype=torch.long), torch.zeros((6, 1)))
+    batch = RolloutBatch.assemble(prompt_ids, prompt_mask, responses, rmask, view, eos)
+    assert batch.completions == [[5], [5, 6, 7], []]
+    assert batch.prompt_len == 2
+    assert batch.input_ids.tolist() == [[0, 9, 5, 2, 0], [8, 9, 5, 6, 7], [8, 9, 2, 0, 0]]
+    assert batch.tokens.tolist() == [5, 2, 5, 6, 7, 2]
+    assert batch.position_ids().tolist() == [[0, 0, 1, 2, 2], [0, 1, 2, 3, 4], [0, 1, 2, 2, 2]]
+
+
+def test_a_generation_ends_at_the_last_token_any_row_is_alive_in() -> None:
+    lm = tiny()
+    batch = generate(
+        lm, prompts(lm)[:3], max_new_tokens=6, top_k=3, generator=torch.Generator().manual_seed(1)
+    )
+    t = batch.response_mask.shape[1]
+    assert bool(batch.response_mask[:, t - 1].any())
+    lengths = batch.response_mask.sum(1).tolist()
+    assert max(lengths) == t
+    for row, n in zip(batch.completions, lengths, strict=True):
+        assert len(row) in (n, n - 1)  # EOS excluded
+        if len(row) == n:  # no EOS: the row ran to the limit
+            assert n == 6
+    assert len(batch.behavior) == sum(lengths)
+
+
+def test_the_projection_multiplies_out_to_the_response_logits() -> None:
+    lm = tiny()
+    batch = generate(
+        lm, prompts(lm)[:4], max_new_tokens=4, top_k=3, generator=torch.Generator().manual_seed(2)
+    )
+    proj = response_projection(lm, batch, 2.0)
+    assert proj is not None and proj.hidden.shape == (len(batch.tokens), 32)
+    assert torch.allclose(proj.materialize(), response_logits(lm, batch, 2.0), atol=1e-5)

@@ -1,7 +1,7 @@
 """`POST /v1/files` in-process (the real app over ASGI, a real redis-server): the form's own
 limits as the route applies them, an empty file, and two tenants sending the same bytes under
-the same file name. Faster than a started server, so the mutation runs of `api/storage/uploads.py` and
-`api/routes/files.py` can afford it."""
+the same file name. Faster than a started server, so the mutation runs of
+`api/storage/uploads.py` and `api/routes/files.py` can afford it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny model (CPU).
+"""Held-out evaluation and rollout samples (`core.training.evaluation`), on the built-in tiny
+model (CPU).
 
 pass@k against hand-computed values and against the binomial formula; metrics recomputed from
 what the grader was really shown; greedy completions against a cache-free argmax decode; the

@@ -1,7 +1,7 @@
-"""One run's bookkeeping (`core.training.run._Run`), tested on the run object itself: how old the policy a
-rollout samples from is (`rollout.staleness`), what a stopped step rewinds, and the step's batch
-statistics. The trainer's own runs (tests/core/test_trainer*.py) only see these through whole
-runs, where a policy one step too old or too young still trains."""
+"""One run's bookkeeping (`core.training.run._Run`), tested on the run object itself: how old
+the policy a rollout samples from is (`rollout.staleness`), what a stopped step rewinds, and the
+step's batch statistics. The trainer's own runs (tests/core/test_trainer*.py) only see these
+through whole runs, where a policy one step too old or too young still trains."""
 
 from __future__ import annotations
 

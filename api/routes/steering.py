@@ -219,9 +219,11 @@ async def resume_job(
     if outcome.startswith("already-"):
         status = outcome.removeprefix("already-")
         raise HTTPException(409, detail=f"job {job.id!r} is {status}, not paused")
+    # read before publishing: a worker may claim the job as soon as its task is out, and the
+    # answer is the state this resume made, not the one a fast worker makes next
+    record = await store.get(job.id)
     if outcome == "queued" and settings.api_publish_tasks:
         publisher.submit(job.id, job.queue)  # and the outbox, should this process die first
-    record = await store.get(job.id)
     return to_job(record or job)
 
 

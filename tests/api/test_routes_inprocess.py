@@ -5,11 +5,21 @@ can afford them."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
 
+import httpx
+import pytest
+import redis
+
+from api.app import create_app
+from api.deps import get_publisher
 from api.routes.results import _format_from
 from pdppo.settings import Settings
-from tests.api.test_upload_route import call, redis_url, settings  # noqa: F401
+from pdppo.store.jobs_worker import JobStore
+from tests.api.test_upload_route import KEYS, call, redis_url, settings  # noqa: F401
+from tests.integration.stack import smoke_spec
+from tests.store.seed import seed_job
 
 
 @pytest.mark.parametrize(
@@ -56,3 +66,38 @@ def test_why_a_job_has_no_final_model() -> None:
         False,
         False,
     ]
+
+
+class _ClaimingAtOnce:
+    """A publisher whose worker claims the job before `submit` returns: the fastest a real
+    worker can be. The CI run of stop 45 met it: the resume answered `running`, read back after
+    the worker's claim."""
+
+    def __init__(self, url: str) -> None:
+        self.store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+
+    def submit(self, job_id: str, queue_name: str) -> None:
+        assert self.store.claim(job_id, "w-fast")
+
+
+def test_resume_answers_the_queued_job_it_made_before_a_worker_claims_it(
+    settings: Settings,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    seed_job(client, "j-paused", "paused", tenant="alice", spec=json.dumps(smoke_spec()))
+    app = create_app(settings.model_copy(update={"api_publish_tasks": True}))
+    fast = _ClaimingAtOnce(redis_url)
+    app.dependency_overrides[get_publisher] = lambda: fast
+
+    async def resume() -> httpx.Response:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+                headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+                return await http.post("/v1/jobs/j-paused/resume", headers=headers)
+
+    answer = asyncio.run(resume())
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["status"] == "queued"
+    assert fast.store.get("j-paused").status == "running"  # type: ignore[union-attr]

@@ -111,9 +111,19 @@ def on_api(url: str, work: Callable[[aredis.Redis], Awaitable[Any]]) -> Any:
     return asyncio.run(main())
 
 
-def publish(client: redis.Redis) -> object:
+def publish(client: redis.Redis, kind: str = "metrics") -> object:
+    """Step 1's `kind` by the holder of the lease (TOKEN); `fenced` when it no longer holds it."""
+    store = JobStore(client)
+    send: dict[str, Callable[[], bool]] = {
+        "metrics": lambda: store.publish_step(JOB, 1, 10, {"loss": 0.5}, lease_token=TOKEN),
+        "eval": lambda: store.publish_eval(JOB, 1, 10, {"reward": 0.5}, lease_token=TOKEN),
+        "samples": lambda: store.publish_samples(JOB, 1, [{"c": "a"}], lease_token=TOKEN),
+        "phase": lambda: store.publish_phase(
+            JOB, "training", 1, 10, at="2026-01-01T00:00:00.000Z", lease_token=TOKEN
+        ),
+    }
     try:
-        return JobStore(client).publish_step(JOB, 1, 10, {"loss": 0.5}, lease_token=TOKEN)
+        return send[kind]()
     except FencedOut:
         return "fenced"
 
@@ -148,6 +158,9 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
     "claim": lambda c, url: JobStore(c).claim(JOB, "w2"),
     "publish": lambda c, url: publish(c),
+    "publish:eval": lambda c, url: publish(c, "eval"),
+    "publish:samples": lambda c, url: publish(c, "samples"),
+    "publish:phase": lambda c, url: publish(c, "phase"),
     "finish:succeeded": lambda c, url: finish(c, "succeeded"),
     "finish:failed": lambda c, url: finish(c, "failed"),
     "finish:cancelled": lambda c, url: finish(c, "cancelled"),

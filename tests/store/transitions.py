@@ -31,7 +31,7 @@ QUEUE = "gpu"
 TOKEN = "w1:0123456789abcdef"  # the lease token of the worker that claimed the job
 TRACKED = (
     *("attempts", "config_version", "error_message", "finished_at", "requeues", "started_at"),
-    *("step", "total_steps", "worker_losses"),
+    *("step", "total_steps", "worker_losses", "eval_step", "samples_step"),
 )
 
 # state -> (status, extra hash fields, whether TOKEN holds the job's lease)
@@ -100,6 +100,16 @@ ROWS: list[Row] = [
     *[Row(s, "publish", True, "=", "metrics", "step", "=") for s in RUNNING],
     Row("succeeded+lease", "publish", False, "=", "", "", "="),  # holds the lease, not running
     *unchanged("publish", "fenced", "queued", "paused", *ENDED, "missing"),  # no lease
+    # ... step 1's evaluation, its samples, a phase: the same rule, each its own script's
+    *[Row(s, "publish:eval", True, "=", "eval", "eval_step", "=") for s in RUNNING],
+    Row("succeeded+lease", "publish:eval", False, "=", "", "", "="),
+    *unchanged("publish:eval", "fenced", "queued", "paused", *ENDED, "missing"),
+    *[Row(s, "publish:samples", True, "=", "samples", "samples_step", "=") for s in RUNNING],
+    Row("succeeded+lease", "publish:samples", False, "=", "", "", "="),
+    *unchanged("publish:samples", "fenced", "queued", "paused", *ENDED, "missing"),
+    *[Row(s, "publish:phase", True, "=", "phase", "", "=") for s in RUNNING],
+    Row("succeeded+lease", "publish:phase", False, "=", "", "", "="),
+    *unchanged("publish:phase", "fenced", "queued", "paused", *ENDED, "missing"),
 
     # finish: the job ends (a worker's outcome, or the API failing it)
     Row("queued", "finish:succeeded", True, "succeeded", "status done", ended("succeeded"), "listed"),

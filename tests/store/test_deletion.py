@@ -115,6 +115,7 @@ JOB_ROWS = [
     ("succeeded", "paused user", Deletion("used", users=("0000000000bb000000000001",))),
     ("succeeded", "ended user", Deletion("deleted")),
     ("succeeded", "bob's queued user", Deletion("deleted")),
+    ("succeeded", "queued non-user", Deletion("deleted")),  # starts from another model
     ("succeeded", "asked by bob", Deletion("missing")),
     ("none", "", Deletion("missing")),
 ]
@@ -129,6 +130,8 @@ def test_delete_job(
     user = "0000000000bb000000000001"
     if other == "lease":
         sync.set(lease_key(TARGET), "worker-1:token")
+    elif other.endswith("non-user"):
+        seed_job(sync, user, other.split()[0], model="builtin:tiny")
     elif other.endswith("user"):
         status = other.split()[-2]
         tenant = "bob" if other.startswith("bob") else "alice"
@@ -158,7 +161,16 @@ FILE_ROWS = [
     ],
     *[(f"alice {st}", Deletion("deleted", sha256="ab" * 32)) for st in ENDED],
     ("bob queued", Deletion("deleted", sha256="ab" * 32)),  # bob's job uses bob's copy
+    ("alice queued other-file", Deletion("deleted", sha256="ab" * 32)),
+    ("alice queued no-task", Deletion("deleted", sha256="ab" * 32)),  # see SPECS
 ]
+
+# the spec of a job that uses no file (`no-task`: a spec whose `train.task` is no table, as the
+# API never writes but a record may hold: the scripts read it without failing)
+SPECS = {
+    "other-file": {"train": {"task": {"file": "file-" + "cd" * 16, "validation_file": None}}},
+    "no-task": {"train": {"model": {"name": "builtin:tiny"}, "task": None}},
+}
 
 
 @pytest.mark.parametrize(("user", "expected"), FILE_ROWS)
@@ -166,8 +178,11 @@ def test_delete_file(server: RedisServer, sync: redis.Redis, user: str, expected
     seed_file(sync, "alice", size=100)
     seed_file(sync, "bob", size=70)  # the same bytes, so the same id
     if user:
-        tenant, status = user.split()
+        tenant, status, *kind = user.split()
         seed_job(sync, "0000000000cc000000000001", status, tenant=tenant, file=FILE)
+        if kind:
+            spec = json.dumps(SPECS[kind[0]])
+            sync.hset(job_key("0000000000cc000000000001"), "spec", spec)
 
     got = run_async(server, "delete_file", "alice", FILE)
 
@@ -197,6 +212,7 @@ EXPIRE_ROWS = [
     ("succeeded", OLD, "queued user", True, "expire"),  # final/ stays for it
     ("succeeded", OLD, "queued user", False, "used"),
     ("succeeded", OLD, "bob's queued user", False, "expire"),
+    ("succeeded", OLD, "queued non-user", False, "expire"),  # starts from another model
     ("failed", OLD, "marked", True, "expired"),
     ("cancelled", None, "", True, "expire"),  # no finished_at: its last update counts
 ]
@@ -211,6 +227,8 @@ def test_expire(
         sync.set(lease_key(TARGET), "worker-1:token")
     elif other == "marked":
         sync.hset(job_key(TARGET), "artifacts_expired_at", OLD)
+    elif other == "queued non-user":
+        seed_job(sync, "0000000000dd000000000001", "queued", model="builtin:tiny")
     elif other:
         tenant = "bob" if other.startswith("bob") else "alice"
         seed_job(sync, "0000000000dd000000000001", "queued", tenant=tenant, model=f"job:{TARGET}")

@@ -150,12 +150,18 @@ def modules_in(
 
 
 def plan_module(
-    config: Config, copy: Path, module: str, args: argparse.Namespace, lua: bool = False
+    config: Config,
+    copy: Path,
+    module: str,
+    args: argparse.Namespace,
+    lua: bool = False,
+    group_modules: tuple[str, ...] = (),
 ) -> tuple[ModuleRun, list[Mutant]]:
-    """The module's mutants (of its Lua bodies with `lua`), less the reviewed equivalent ones,
-    sampled, less what `--carry` already killed."""
+    """The module's mutants (of its Lua bodies with `lua`, whose scripts the `group_modules`
+    may run too), less the reviewed equivalent ones, sampled, less what `--carry` already
+    killed."""
     if lua:
-        mutants, left_out = generate_lua(copy, module, config.lua_operators)
+        mutants, left_out = generate_lua(copy, module, config.lua_operators, group_modules)
     else:
         mutants, left_out = generate(copy, module, config.operators)
     # a Lua group's entries and rules are the Lua operators', a Python group's the others
@@ -296,11 +302,13 @@ def run_group(
 
 def reaching(baseline: Baseline, mutant: Mutant) -> list[str]:
     """The tests that ran the mutant's line, or any of its `anchors` (a Lua mutant's: the lines
-    that run its script), quickest first."""
+    that run its script, in its module and, `foreign`, in the group's others), quickest
+    first."""
     lines = mutant.anchors or (mutant.line,)
-    if len(lines) == 1:
-        return baseline.tests_for(mutant.module, lines[0])
-    found = {t for line in lines for t in baseline.tests_for(mutant.module, line)}
+    places = [(mutant.module, line) for line in lines] + list(mutant.foreign)
+    if len(places) == 1:
+        return baseline.tests_for(*places[0])
+    found = {t for module, line in places for t in baseline.tests_for(module, line)}
     position = {t: i for i, t in enumerate(baseline.order)}
     return sorted(found, key=lambda t: (baseline.call.get(t, 0.0), position.get(t, 0)))
 
@@ -353,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
             tests = group.quick_tests if args.quick else group.tests
             present = [t for t in tests if (root / t.split("::", 1)[0]).exists()]
             missing = [t for t in tests if t not in present]
-            planned = [plan_module(config, root, m, args, group.lua) for m in modules]
+            planned = [
+                plan_module(config, root, m, args, group.lua, tuple(modules)) for m in modules
+            ]
             runs = [run for run, _ in planned]
             todo = [m for _, mutants in planned for m in mutants]
             print(f"\n# {group.name}: {', '.join(modules)}")

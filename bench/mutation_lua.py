@@ -22,8 +22,12 @@ _CLAIM)`, then `self._claim(...)`), or of a constant built from it (`_FINISH = C
 _FINISH`, `_PUBLISH_STEP = _fenced(_PUBLISH_STEP, ...)`): those call lines are a Lua mutant's
 `anchors`, and it runs the tests that ran one of them. A body the module never registers itself
 (`stats.COUNT_END`, which other modules' scripts include) is anchored at the statement holding
-it, run at import: the tests that import the module. Callers in other modules are not followed,
-so a mutant may run fewer tests than reach it (a lower kill rate, never a higher one).
+it, run at import: the tests that import the module. Callers in the group's other modules are
+followed too (`calls_in`: the `_FINISH` that `AsyncJobStore.fail` registers from `from
+pdppo.store.jobs_worker import _FINISH`): a mutant's `foreign` anchors, (module, line) pairs,
+whose tests it runs as well. Callers outside the group are not (the baseline measures the
+group's modules only), so a mutant may run fewer tests than reach it (a lower kill rate, never
+a higher one).
 """
 
 from __future__ import annotations
@@ -149,11 +153,9 @@ def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _call_lines(source: str) -> dict[tuple[int, int], tuple[int, ...]]:
-    """For each module-level statement or function that defines something (its line span), the
-    first lines of the statements that call a script registered from it, directly or through
-    the constants built from it (see the module's docstring); empty when there is none."""
-    tree = ast.parse(source)
+def _graph(tree: ast.Module) -> tuple[dict[str, tuple[int, int]], dict[str, set[str]]]:
+    """(module-level name -> the line span of the statement or function defining it, name ->
+    the names its value refers to)."""
     defined: dict[str, tuple[int, int]] = {}
     uses: dict[str, set[str]] = {}  # module-level name -> names its value refers to
     for node in tree.body:
@@ -166,6 +168,12 @@ def _call_lines(source: str) -> dict[tuple[int, int], tuple[int, ...]]:
                     uses.setdefault(target.id, set()).update(_names(node.value))
         elif isinstance(node, ast.FunctionDef):
             defined[node.name] = (node.lineno, node.end_lineno or node.lineno)
+    return defined, uses
+
+
+def _calls_from(tree: ast.Module, uses: dict[str, set[str]], start: set[str]) -> tuple[int, ...]:
+    """The first lines of the statements that call a script registered from the names `start`,
+    directly or through the module-level constants built from them."""
     statements = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
 
     def first_line(call: ast.Call) -> int:
@@ -177,35 +185,68 @@ def _call_lines(source: str) -> dict[tuple[int, int], tuple[int, ...]]:
         ]
         return max(holding) if holding else call.lineno
 
-    out = {}
-    for name, span in defined.items():
-        reached, grown = {name}, True
-        while grown:
-            more = {t for t, refs in uses.items() if refs & reached} - reached
-            reached |= more
-            grown = bool(more)
-        handles: set[str] = set()  # `self._claim` as "._claim", a local `add` as "add"
-        for assign in ast.walk(tree):
-            if not isinstance(assign, ast.Assign) or not isinstance(assign.value, ast.Call):
-                continue
-            func = assign.value.func
-            registers = isinstance(func, ast.Attribute) and func.attr == "register_script"
-            if registers and _names(assign.value) & reached:
-                for target in assign.targets:
-                    if isinstance(target, ast.Attribute):
-                        handles.add(f".{target.attr}")
-                    elif isinstance(target, ast.Name):
-                        handles.add(target.id)
-        lines = set()
-        for call in ast.walk(tree):
-            if isinstance(call, ast.Call):
-                called = call.func
-                key = f".{called.attr}" if isinstance(called, ast.Attribute) else None
-                key = called.id if isinstance(called, ast.Name) else key
-                if key in handles:
-                    lines.add(first_line(call))
-        out[span] = tuple(sorted(lines))
-    return out
+    reached, grown = set(start), True
+    while grown:
+        more = {t for t, refs in uses.items() if refs & reached} - reached
+        reached |= more
+        grown = bool(more)
+    handles: set[str] = set()  # `self._claim` as "._claim", a local `add` as "add"
+    for assign in ast.walk(tree):
+        if not isinstance(assign, ast.Assign) or not isinstance(assign.value, ast.Call):
+            continue
+        func = assign.value.func
+        registers = isinstance(func, ast.Attribute) and func.attr == "register_script"
+        if registers and _names(assign.value) & reached:
+            for target in assign.targets:
+                if isinstance(target, ast.Attribute):
+                    handles.add(f".{target.attr}")
+                elif isinstance(target, ast.Name):
+                    handles.add(target.id)
+    lines = set()
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call):
+            called = call.func
+            key = f".{called.attr}" if isinstance(called, ast.Attribute) else None
+            key = called.id if isinstance(called, ast.Name) else key
+            if key in handles:
+                lines.add(first_line(call))
+    return tuple(sorted(lines))
+
+
+def _call_lines(source: str) -> dict[tuple[int, int], tuple[int, ...]]:
+    """For each module-level statement or function that defines something (its line span), the
+    first lines of the statements that call a script registered from it, directly or through
+    the constants built from it (see the module's docstring); empty when there is none."""
+    tree = ast.parse(source)
+    defined, uses = _graph(tree)
+    return {span: _calls_from(tree, uses, {name}) for name, span in defined.items()}
+
+
+def defining_names(source: str, line: int) -> frozenset[str]:
+    """The module-level names whose defining statement or function holds `line` (`_FINISH` for
+    a line of its body, `_fenced` for a line of the fence it builds)."""
+    defined, _ = _graph(ast.parse(source))
+    return frozenset(name for name, (first, last) in defined.items() if first <= line <= last)
+
+
+def calls_in(importer: str, exporter: str, names: frozenset[str]) -> tuple[int, ...]:
+    """The lines of the module source `importer` that run a script built from what it imports
+    of `names` from the module `exporter` (dotted: `pdppo.store.jobs_worker`) by `from exporter
+    import name [as alias]`: `AsyncJobStore.fail`'s call of the `_FINISH` it registers, the
+    calls of `_CANCEL = COUNT_END + _CANCEL` for stats' `COUNT_END`. Other ways to reach a name
+    (`import exporter`, a re-export) are not followed."""
+    tree = ast.parse(importer)
+    aliases = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == exporter and node.level == 0
+        for alias in node.names
+        if alias.name in names
+    }
+    if not aliases:
+        return ()
+    _, uses = _graph(tree)
+    return _calls_from(tree, uses, aliases)
 
 
 def lua_bodies(source: str) -> list[list[tuple[int, str]]]:

@@ -123,6 +123,7 @@ class Mutant:
     code: str
     mutated: str = ""  # filled in when known: making it means parsing the module again
     anchors: tuple[int, ...] = ()  # the lines whose coverage says which tests reach it (`line`)
+    foreign: tuple[tuple[str, int], ...] = ()  # (module, line): anchors in the group's others
 
     @property
     def short_operator(self) -> str:
@@ -316,11 +317,27 @@ def generate(
 
 
 def generate_lua(
-    root: Path, module: str, patterns: tuple[str, ...]
+    root: Path, module: str, patterns: tuple[str, ...], others: tuple[str, ...] = ()
 ) -> tuple[list[Mutant], dict[str, int]]:
     """Every mutant of the Lua bodies `module` embeds (`bench/mutation_lua.py`), under the Lua
-    operators `patterns` select; none is left out here (subscripts are never sites)."""
+    operators `patterns` select; none is left out here (subscripts are never sites). `others`:
+    the group's other modules, whose calls of a script built from one of `module`'s bodies are
+    the mutant's `foreign` anchors (`mutation_lua.calls_in`)."""
     source = (root / module).read_text()
+    dotted = module.removesuffix(".py").replace("/", ".")
+    importers = {o: (root / o).read_text() for o in others if o != module}
+    found: dict[frozenset[str], tuple[tuple[str, int], ...]] = {}
+
+    def foreign(line: int) -> tuple[tuple[str, int], ...]:
+        names = mutation_lua.defining_names(source, line)
+        if names not in found:
+            found[names] = tuple(
+                (other, at)
+                for other, text in importers.items()
+                for at in mutation_lua.calls_in(text, dotted, names)
+            )
+        return found[names]
+
     lines = source.splitlines()
     starts = [0]
     for text in source.splitlines(keepends=True):
@@ -333,7 +350,10 @@ def generate_lua(
         line = max(n for n, start in enumerate(starts, 1) if start <= site.start)
         col = site.start - starts[line - 1]
         code = lines[line - 1].strip()
-        mutant = Mutant(module, site.operator, occurrence, line, col, code, anchors=site.anchors)
+        mutant = Mutant(
+            module, site.operator, occurrence, line, col, code,
+            anchors=site.anchors, foreign=foreign(line) if importers else (),
+        )  # fmt: skip
         mutants.append(mutant)
     mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
     return mutants, {}

@@ -218,3 +218,40 @@ def test_a_mutant_with_several_anchors_runs_the_tests_of_each_quickest_first() -
     assert reaching(baseline, lua) == ["t::b", "t::c", "t::a"]
     python = Mutant("m.py", "core/NumberReplacer", 0, 30, 0, "y")  # no anchors: its own line
     assert reaching(baseline, python) == ["t::d"]
+
+
+OTHER = """\
+from toy import _CLAIM as CLAIM, fenced
+
+_FENCED_CLAIM = fenced(2) + CLAIM
+
+
+class Api:
+    def __init__(self, client: object) -> None:
+        self._take = client.register_script(_FENCED_CLAIM)
+
+    def take(self, job: str) -> object:
+        return self._take(keys=[job])
+"""
+
+
+def test_a_script_another_module_of_the_group_runs_is_reached_there_too(toy: Path) -> None:
+    """`other.py` registers toy's `_CLAIM` (renamed, behind toy's fence) and runs it at its line
+    11: each mutant of either body has that line as a `foreign` anchor, whose tests it runs too
+    (as the store's `_FINISH`, which `AsyncJobStore.fail` registers). Without the group's other
+    modules, none."""
+    (toy / "other.py").write_text(OTHER)
+    mutants, _ = generate_lua(toy, "toy.py", ALL, ("toy.py", "other.py"))
+    assert {m.line: m.foreign for m in mutants} == {
+        **dict.fromkeys((7, 8, 10, 11, 17, 18), (("other.py", 11),)),
+    }
+    assert {m.anchors for m in mutants} == {(27,), (16,)}  # its own, as before
+    alone, _ = generate_lua(toy, "toy.py", ALL)
+    assert {m.foreign for m in alone} == {()}
+    baseline = Baseline(
+        order=["t::own", "t::other"],
+        call={"t::own": 2.0, "t::other": 1.0},
+        reach={"toy.py": {27: {"t::own"}}, "other.py": {11: {"t::other"}}},
+    )
+    claim = next(m for m in mutants if m.line == 7)
+    assert reaching(baseline, claim) == ["t::other", "t::own"]

@@ -6,13 +6,15 @@ which reads a job's state, events and indexes but not the values a script writes
   writers made (an earlier version's, the seeds') have 0 (`pdppo.store.files.listing_member`);
 - a change of settings stores the version it answers, so the next change, computed from it, is
   taken and a change from the old one is a conflict;
-- a cancel whose job is deleted between the API's read and its script answers `missing`."""
+- a cancel whose job is deleted between the API's read and its script answers `missing`;
+- an Idempotency-Key lifetime of 0 keeps no key and looks none up (`_CREATE`'s "0: no key"), and
+  one of a second keeps it."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -125,3 +127,35 @@ def test_a_cancel_of_a_job_deleted_after_the_api_read_it_answers_missing(
 
     assert run(server, work) == "missing"
     assert r.exists(job_key(NEWER)) == 0
+
+
+def create_with_key(server: RedisServer, *calls: tuple[str, int]) -> list[str]:
+    """`outcome:job id` of each create of (job id, key lifetime), all under Idempotency-Key k."""
+
+    async def work(conn: aredis.Redis) -> list[str]:
+        store = AsyncJobStore(conn)
+        out = []
+        for job_id, ttl in calls:
+            done = await store.create(
+                tenant="alice", queue="cpu", name=None, spec_json="{}", total_steps=1,
+                max_active=5, idempotency="k", idempotency_ttl=ttl, job_id=job_id,
+            )  # fmt: skip
+            out.append(f"{done.outcome}:{done.job_id}")
+        return out
+
+    return cast(list[str], run(server, work))
+
+
+def test_a_key_lifetime_of_0_looks_no_key_up(server: RedisServer) -> None:
+    """Even one kept by an earlier create (of a longer lifetime)."""
+    assert create_with_key(server, (OLDER, 60), (NEWER, 0)) == [
+        f"created:{OLDER}",
+        f"created:{NEWER}",
+    ]
+
+
+def test_a_key_lifetime_of_1_second_keeps_the_key(server: RedisServer) -> None:
+    assert create_with_key(server, (NEWER, 1), (OLDER, 1)) == [
+        f"created:{NEWER}",
+        f"existing:{NEWER}",
+    ]

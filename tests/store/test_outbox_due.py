@@ -1,15 +1,17 @@
 """The outbox's take (`pdppo.store.outbox._TAKE_DUE`) at the edge of due: an entry whose check
 is due exactly now is taken, held and returned with its queue, as `ZRANGEBYSCORE` up to now
-(inclusive) found it; a later one is left as it was."""
+(inclusive) found it; a later one is left as it was; one whose job a worker claimed between the
+read and the take (its entry gone) is neither taken nor put back."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
-from pdppo.store import OUTBOX, Outbox
+from pdppo.store import OUTBOX, JobStore, Outbox
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job
 
@@ -37,3 +39,22 @@ def test_an_entry_due_exactly_now_is_taken(
     r.zadd(OUTBOX, {"j1": score})
     assert Outbox(r).take_due(5.0, now=30.0) == taken
     assert r.zscore(OUTBOX, "j1") == after
+
+
+def test_an_entry_claimed_between_the_read_and_the_take_is_left_out(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for job_id, score in (("j1", 10.0), ("j2", 20.0)):
+        seed_job(r, job_id, "queued", queue="gpu")
+        r.zadd(OUTBOX, {job_id: score})
+    outbox = Outbox(r)
+    read = r.zrangebyscore
+
+    def read_then_claimed(*args: Any, **kwargs: Any) -> Any:
+        due = read(*args, **kwargs)
+        assert JobStore(r).claim("j1", "w1")  # its claim takes its entry out
+        return due
+
+    monkeypatch.setattr(r, "zrangebyscore", read_then_claimed)
+    assert outbox.take_due(5.0, now=30.0) == [("j2", "gpu")]
+    assert r.zrange(OUTBOX, 0, -1, withscores=True) == [("j2", 35.0)]

@@ -163,13 +163,18 @@ FILE_ROWS = [
     ("bob queued", Deletion("deleted", sha256="ab" * 32)),  # bob's job uses bob's copy
     ("alice queued other-file", Deletion("deleted", sha256="ab" * 32)),
     ("alice queued no-task", Deletion("deleted", sha256="ab" * 32)),  # see SPECS
+    ("alice queued no-train", Deletion("deleted", sha256="ab" * 32)),
+    ("alice queued not-json", Deletion("deleted", sha256="ab" * 32)),
 ]
 
-# the spec of a job that uses no file (`no-task`: a spec whose `train.task` is no table, as the
-# API never writes but a record may hold: the scripts read it without failing)
-SPECS = {
+# the spec of a job that uses no file (`no-task`, `no-train`, `not-json`: specs as the API never
+# writes but a record may hold, `{}` as the store's tests seed: the scripts read them without
+# failing)
+SPECS: dict[str, object] = {
     "other-file": {"train": {"task": {"file": "file-" + "cd" * 16, "validation_file": None}}},
     "no-task": {"train": {"model": {"name": "builtin:tiny"}, "task": None}},
+    "no-train": {},
+    "not-json": "{",
 }
 
 
@@ -181,7 +186,8 @@ def test_delete_file(server: RedisServer, sync: redis.Redis, user: str, expected
         tenant, status, *kind = user.split()
         seed_job(sync, "0000000000cc000000000001", status, tenant=tenant, file=FILE)
         if kind:
-            spec = json.dumps(SPECS[kind[0]])
+            found = SPECS[kind[0]]
+            spec = found if isinstance(found, str) else json.dumps(found)
             sync.hset(job_key("0000000000cc000000000001"), "spec", spec)
 
     got = run_async(server, "delete_file", "alice", FILE)

@@ -377,3 +377,24 @@ def test_the_cli_starts_without_the_client_or_trainer_libraries() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["core", "core.extras"]
+
+
+def test_train_says_why_the_run_could_not_start_in_one_line(tmp_path: Any) -> None:
+    """A RuntimeError of the run (here no CUDA for a spec that asks for it) is the user's one
+    line, `Error: ...`, exit 1, not the traceback-hint of an unexpected error."""
+    import torch
+    from click.testing import CliRunner
+
+    from pdppo.cli import main
+    from tests.integration.stack import smoke_spec
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    spec = tmp_path / "cuda.yaml"
+    spec.write_text(yaml.safe_dump(smoke_spec(device="cuda") | {"resources": {"device": "gpu"}}))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["train", str(spec), "--quiet", "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == (
+        "Error: device='cuda' was requested but CUDA is not available"
+    )

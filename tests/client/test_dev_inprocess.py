@@ -47,6 +47,17 @@ def test_a_demo_job_that_fails_exits_1_on_a_free_port_when_the_asked_one_is_busy
     assert result.stderr.splitlines()[-1] == "stopped: redis, api and worker are down."
 
 
+def test_a_demo_the_api_refuses_exits_1_and_says_why(tmp_path: Path) -> None:
+    demo = write_spec(tmp_path / "bad.yaml", smoke_spec(steps=0))  # the API answers 422
+    args = ["dev", "--demo", "--once", "--spec", str(demo), "--port", "0"]
+    result = CliRunner().invoke(main, [*args, "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1, result.output
+    failed = [line for line in result.stderr.splitlines() if line.startswith("demo failed: ")]
+    assert len(failed) == 1 and failed[0].startswith("demo failed: HTTP 422 "), result.stderr
+    assert "train.steps" in failed[0]
+    assert "demo job" not in result.stdout
+
+
 def test_dev_checks_its_options_before_starting_anything(tmp_path: Path) -> None:
     runner = CliRunner()
     once = runner.invoke(main, ["dev", "--once", "--data-dir", str(tmp_path / "d")])

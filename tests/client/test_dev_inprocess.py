@@ -59,6 +59,8 @@ def test_a_demo_the_api_refuses_exits_1_and_says_why(tmp_path: Path) -> None:
 
 
 def test_dev_checks_its_options_before_starting_anything(tmp_path: Path) -> None:
+    # first: a check that let 'dev' through would start a stack that waits for Ctrl-C
+    assert _tenant_names(("bob", "alice", "bob")) == ["bob", "alice"]
     runner = CliRunner()
     once = runner.invoke(main, ["dev", "--once", "--data-dir", str(tmp_path / "d")])
     assert once.exit_code == 2
@@ -67,6 +69,5 @@ def test_dev_checks_its_options_before_starting_anything(tmp_path: Path) -> None
     default = runner.invoke(main, ["dev", "--tenant", "dev", "--data-dir", str(tmp_path / "d")])
     assert default.exit_code == 2
     assert "Invalid value for --tenant: 'dev' is the default tenant" in default.output
-    assert _tenant_names(("bob", "alice", "bob")) == ["bob", "alice"]
     helped = " ".join(runner.invoke(main, ["dev", "--help"]).output.split())
     assert "--queues TEXT Queues the worker takes. [default: gpu,cpu]" in helped

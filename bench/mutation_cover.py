@@ -11,11 +11,13 @@ The baseline runs each test file once, unmutated, under coverage with subprocess
 (coverage.py's `.pth` hook, `COVERAGE_PROCESS_START`). In-process lines are charged to the test
 that ran them; a child process's lines to the one test it lived in, or to every test of the file
 when it outlived one (a session's API) or was too short-lived to be seen; import-time lines to
-every test of the file (`bench/mutation_contexts.py`).
+every test of the file (`bench/mutation_contexts.py`), found in the module's source
+(`import_time_lines`): a module imported inside a test runs them under that test's context only.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -194,6 +196,7 @@ def _charge(
     owners: dict[int, set[str]],
 ) -> None:
     """Adds one test file's coverage to `baseline.reach` (see the module's docstring)."""
+    at_import: dict[str, set[int]] = {}
     for data_file in sorted(data_dir.glob(".coverage.*")):  # one per measured process
         data = coverage.CoverageData(basename=str(data_file))
         data.read()
@@ -208,10 +211,36 @@ def _charge(
                 continue
             if module not in baseline.reach:
                 continue
+            if module not in at_import:
+                at_import[module] = import_time_lines((copy / module).read_text())
             for line, contexts in data.contexts_by_lineno(measured).items():
                 reached = baseline.reach[module].setdefault(line, set())
-                for context in contexts:
-                    if owner is not None:
-                        reached.update(owner)
-                    else:
+                if owner is not None:
+                    reached.update(owner)
+                elif line in at_import[module]:
+                    # run once per process, under whichever test imported the module first;
+                    # every other test of the file runs it too, from its own import
+                    reached.update(nodeids)
+                else:
+                    for context in contexts:
                         reached.update(nodeids if context not in nodeids else {context})
+
+
+def import_time_lines(source: str) -> set[int]:
+    """The lines of `source` that run when the module is imported: its top-level statements,
+    their decorators, the signatures (defaults) of functions and classes' bodies, all lines of
+    each statement but the bodies of the functions within it. A test process imports a module
+    once, so coverage records these lines under one test, the first to import it (a `pdppo`
+    command imported by the CLI inside a test), although every test of the file depends on them:
+    a mutant of one (a decorator removed) must run them all."""
+    lines: set[int] = set()
+    for statement in ast.parse(source).body:
+        decorators = getattr(statement, "decorator_list", [])
+        first = min([statement.lineno, *(d.lineno for d in decorators)])
+        lines.update(range(first, (statement.end_lineno or statement.lineno) + 1))
+        for node in ast.walk(statement):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                # a body sharing the `def` line (`def f(): ...`) leaves that line in: it runs both
+                start = max(node.body[0].lineno, node.lineno + 1)
+                lines.difference_update(range(start, (node.end_lineno or start) + 1))
+    return lines

@@ -162,3 +162,28 @@ def test_train_shows_the_trainers_phases(capsys: pytest.CaptureFixture[str]) -> 
         *[f"phase: warm-up {d}/10" for d in range(11)],
         "phase: training 0/8",
     ]
+
+
+def test_a_phase_of_zero_items_gets_its_line_and_counts_alone_are_not_a_fraction() -> None:
+    bar = Recorder()
+    display = PhaseDisplay(bar, "job", tty=False)
+    display.show("evaluating", 0, 0)  # an empty eval set: done at once, no division by zero
+    display.show("evaluating", 0, 0)
+    assert bar.lines == ["phase: evaluating 0/0"]
+    assert phase_text({"name": "saving", "done": None, "total": 4}) == "saving"
+
+
+def test_train_logs_go_to_stdout_when_quiet_and_above_the_bar_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    quiet = _progress(8, quiet=True)
+    quiet.on_log("eval: score 0.50")
+    quiet.bar.close()
+    assert capsys.readouterr().out == "eval: score 0.50\n"
+    shown = _progress(8, quiet=False)
+    written: list[str] = []
+    shown.bar.write = written.append  # tqdm.write is a classmethod: this bar's own, recorded
+    shown.on_log("eval: score 0.75")
+    shown.bar.close()
+    assert written == ["eval: score 0.75"]
+    assert capsys.readouterr().out == ""

@@ -19,7 +19,7 @@ pytest.importorskip("coverage")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.mutation_cover import run_baseline  # noqa: E402
+from bench.mutation_cover import import_time_lines, run_baseline  # noqa: E402
 from bench.mutation_exec import (  # noqa: E402
     KILLED,
     NOT_COVERED,
@@ -252,6 +252,67 @@ def test_baseline_reach_and_mutant_outcomes(
     assert outcome(10, "ReplaceComparisonOperator_Gt_GtE") == SURVIVED
     assert outcome(18, "ReplaceBinaryOperator_Add_Sub", 1) == NOT_COVERED
     assert (toy / "toy.py").read_text() == TOY  # every mutant was put back
+
+
+LATE = """\
+import functools
+
+LIMIT = 3
+
+
+@functools.lru_cache(maxsize=8)
+def double(
+    x: int,
+    scale: int = 2,
+) -> int:
+    \"\"\"Its body runs when called.\"\"\"
+    return x * scale
+
+
+class Box:
+    SIZE = LIMIT + 1
+
+    @staticmethod
+    def fits(n: int) -> bool:
+        return n <= Box.SIZE
+"""
+# Both tests import `late` inside the test, as a CLI test imports a command through the CLI:
+# the first to run imports it, and coverage records its import-time lines under that test only.
+LATE_TESTS = """\
+def test_double() -> None:
+    import late
+
+    assert late.double(4) == 8
+
+
+def test_box() -> None:
+    import late
+
+    assert late.Box.fits(4)
+"""
+
+
+def test_import_time_lines_are_statements_decorators_signatures_and_class_bodies() -> None:
+    # the decorator, the signature over 4 lines, the class and its body, not the two bodies
+    assert import_time_lines(LATE) == {1, 3, 6, 7, 8, 9, 10, 15, 16, 17, 18, 19}
+    assert import_time_lines("def f(): return 1\n") == {1}  # the body shares the def's line
+
+
+def test_import_time_lines_of_a_module_imported_inside_a_test_are_every_tests(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A mutant of an import-time line (a decorator removed, a default changed) must run every
+    test of the file: the test that imported the module first is not the only one that needs
+    it, and it may not be the one that tells the mutant."""
+    (tmp_path / "late.py").write_text(LATE)
+    (tmp_path / "test_late.py").write_text(LATE_TESTS)
+    work = tmp_path_factory.mktemp("work")
+    baseline = run_baseline(tmp_path, ("late.py",), ["test_late.py"], work)
+    both = ["test_late.py::test_double", "test_late.py::test_box"]
+    for line in (3, 6, 7, 9, 15, 16, 18, 19):  # constant, decorator, def, default, class body
+        assert sorted(baseline.tests_for("late.py", line)) == sorted(both), line
+    assert baseline.tests_for("late.py", 12) == ["test_late.py::test_double"]  # a body
+    assert baseline.tests_for("late.py", 20) == ["test_late.py::test_box"]
 
 
 def test_a_mutant_that_breaks_an_import_is_killed(tmp_path: Path) -> None:

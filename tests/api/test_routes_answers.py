@@ -15,7 +15,7 @@ import redis
 
 from api.app import create_app
 from pdppo.settings import Settings
-from pdppo.store.keys import eval_key, job_key, tenant_jobs_key
+from pdppo.store.keys import eval_key, events_key, job_key, samples_key, tenant_jobs_key
 from tests.api.test_upload_route import KEYS, LINE, redis_url, settings, upload  # noqa: F401
 from tests.integration.stack import smoke_spec
 from tests.store.seed import seed_job
@@ -122,6 +122,12 @@ def test_the_job_patchs_openapi_example_is_a_change_the_api_accepts(
     assert patched.status_code == 200, patched.text
     assert patched.json()["config_version"] == 1
     assert json.loads(client.hget(job_key("j-steer"), "overrides") or "{}") == {"train": example}
+    ((_, last),) = client.xrevrange(events_key("j-steer"), count=1)
+    assert (last["type"], json.loads(last["data"])["message"]) == (
+        "log",
+        "config change 1 requested (train.algorithm.delta_high=0.2, train.optim.lr=0.0001); it "
+        "applies at the job's next step",
+    )
 
 
 def _job_id(n: int) -> str:
@@ -224,3 +230,65 @@ def test_two_tenants_with_the_same_idempotency_key_get_a_job_each(
         ("bob", "GET", f"/v1/jobs/{alice_id}", {}),
     )
     assert (mine.status_code, theirs.status_code) == (200, 404)
+
+
+def test_samples_are_the_newest_rows_up_to_the_limit(settings: Settings) -> None:  # noqa: F811
+    client = _client(settings)
+    seed_job(client, "j-samples", "running", tenant="alice")
+    rows = [
+        {
+            "step": step,
+            "samples": [
+                {
+                    "prompt": f"{step}+1=",
+                    "answer": str(step + 1),
+                    "completion": "7",
+                    "reward": 0.0,
+                    "truncated": False,
+                }
+            ],
+        }
+        for step in (1, 2, 3)
+    ]
+    client.rpush(samples_key("j-samples"), *(json.dumps(r) for r in rows))
+    newest, default, bobs = send(
+        settings,
+        ("alice", "GET", "/v1/jobs/j-samples/samples?limit=2", {}),
+        ("alice", "GET", "/v1/jobs/j-samples/samples", {}),
+        ("bob", "GET", "/v1/jobs/j-samples/samples", {}),
+    )
+    assert (newest.status_code, newest.json()) == (200, {"job_id": "j-samples", "items": rows[1:]})
+    assert default.json() == {"job_id": "j-samples", "items": rows}
+    assert bobs.status_code == 404
+
+
+def test_at_a_tenants_limits_an_upload_is_refused_before_its_body_is_read(
+    settings: Settings,  # noqa: F811
+) -> None:
+    """At PDPPO_MAX_FILES_PER_TENANT even the re-upload of a kept file is 429 (its id is not
+    known before its bytes are read); at PDPPO_MAX_FILE_BYTES_PER_TENANT any body counts for at
+    least one byte, so the refusal (413) comes before the body is read or checked, even for an
+    empty file (which a read would refuse as 422)."""
+    at_files = settings.model_copy(update={"max_files_per_tenant": 1})
+    first, again = send(
+        at_files,
+        ("alice", "POST", "/v1/files", upload(LINE)),
+        ("alice", "POST", "/v1/files", upload(LINE)),
+    )
+    assert first.status_code == 201
+    assert (again.status_code, again.json()) == (
+        429,
+        {
+            "detail": "tenant 'alice' has 1 files; the limit is 1 (PDPPO_MAX_FILES_PER_TENANT): "
+            "delete some first"
+        },
+    )
+    at_bytes = settings.model_copy(update={"max_file_bytes_per_tenant": 34})
+    (empty,) = send(at_bytes, ("alice", "POST", "/v1/files", upload(b"")))
+    assert (empty.status_code, empty.json()) == (
+        413,
+        {
+            "detail": "tenant 'alice' keeps 34 bytes of files; this upload would pass the limit "
+            "of 34 (PDPPO_MAX_FILE_BYTES_PER_TENANT): delete some first"
+        },
+    )

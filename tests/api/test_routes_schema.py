@@ -104,3 +104,20 @@ def test_submitting_a_job_documents_each_status_with_its_model(schema: dict[str,
     assert answers["503"] == {"application/json": "#/components/schemas/StoreUnavailableBody"}
     errors = set(answers) - {"201", "422", "503"}
     assert {s: answers[s] for s in errors} == {s: {"application/json": ERROR} for s in errors}
+
+
+def test_validating_a_spec_documents_its_answer_as_a_200(schema: dict[str, Any]) -> None:
+    """`POST /v1/jobs:validate` answers problems as data in a 200, and only a spec that is not
+    one as a 422: a client tells them apart by the status alone."""
+    answers = _answers(schema, "post", "/v1/jobs:validate")
+    assert answers == {
+        "200": {"application/json": "#/components/schemas/JobValidation"},
+        "400": {"application/json": ERROR},
+        "401": {"application/json": ERROR},
+        "413": {"application/json": ERROR},
+        "422": {"application/json": INVALID},
+        "500": {"application/json": ERROR},
+        "503": {"application/json": ERROR},
+    }
+    described = schema["paths"]["/v1/jobs:validate"]["post"]["responses"]["200"]["description"]
+    assert described.startswith("the estimate, the queue's limits and every problem")

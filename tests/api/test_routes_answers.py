@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from api.app import create_app
 from pdppo.settings import Settings
-from pdppo.store.keys import eval_key, events_key, job_key, samples_key, tenant_jobs_key
+from pdppo.store.keys import (
+    eval_key,
+    events_key,
+    job_key,
+    samples_key,
+    tenant_jobs_key,
+    tenant_usage_key,
+)
 from tests.api.test_upload_route import KEYS, LINE, redis_url, settings, upload  # noqa: F401
 from tests.integration.stack import smoke_spec
 from tests.store.seed import seed_job
@@ -292,3 +301,21 @@ def test_at_a_tenants_limits_an_upload_is_refused_before_its_body_is_read(
             "of 34 (PDPPO_MAX_FILE_BYTES_PER_TENANT): delete some first"
         },
     )
+
+
+def test_a_usage_cache_of_a_second_or_less_is_kept_for_that_long(
+    settings: Settings,  # noqa: F811
+) -> None:
+    """PDPPO_USAGE_CACHE_SECONDS is a float: a measure is kept for any positive value (1 s:
+    1000 ms), not only for whole seconds past one. Read right after the answer; on a machine too
+    slow to do that within the second, the key may be gone for its own reason (skipped)."""
+    settings = settings.model_copy(update={"usage_cache_seconds": 1.0})
+    client = _client(settings)
+    app_started = time.monotonic()
+    (usage,) = send(settings, ("alice", "GET", "/v1/usage", {}))
+    left_ms = client.pttl(tenant_usage_key("alice"))
+    if left_ms == -2 and time.monotonic() - app_started > 0.9:
+        pytest.skip("the machine took the whole second: the key expired, as it should")
+    assert usage.status_code == 200
+    assert 0 < left_ms <= 1000
+    assert json.loads(client.get(tenant_usage_key("alice")) or "{}")["files"] == 0

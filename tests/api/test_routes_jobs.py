@@ -231,3 +231,31 @@ def test_a_change_that_loses_every_race_is_409_after_five_tries(
     )
     assert tries == [0, 1, 2, 3, 4]
     assert client.hget(job_key("j-busy"), "overrides") is None  # none of ours landed
+
+
+def test_a_change_to_a_setting_that_cannot_change_while_running_is_422_naming_it(
+    settings: Settings,  # noqa: F811
+) -> None:
+    client = _client(settings)
+    seed_job(client, "j-fixed", "running", tenant="alice", spec=json.dumps(smoke_spec()))
+    headers = {"Content-Type": "application/merge-patch+json"}
+    (refused,) = send(
+        settings,
+        (
+            "alice",
+            "PATCH",
+            "/v1/jobs/j-fixed",
+            {"json": {"train": {"seed": 7}}, "headers": headers},
+        ),
+    )
+    assert refused.status_code == 422
+    assert refused.json()["errors"] == [
+        {
+            "loc": ["body", "train", "seed"],
+            "msg": "cannot change while a job runs; these can: optim.lr, algorithm.mask, "
+            "algorithm.delta_low, algorithm.delta_high, algorithm.is_cap, algorithm.kl_beta, "
+            "rollout.temperature, steps",
+            "type": "value_error.steering",
+        }
+    ]
+    assert client.hget(job_key("j-fixed"), "config_version") is None  # nothing changed

@@ -121,3 +121,27 @@ def test_validating_a_spec_documents_its_answer_as_a_200(schema: dict[str, Any])
     }
     described = schema["paths"]["/v1/jobs:validate"]["post"]["responses"]["200"]["description"]
     assert described.startswith("the estimate, the queue's limits and every problem")
+
+
+@pytest.mark.parametrize(
+    ("path", "refusals"),
+    [
+        ("/v1/jobs/{job_id}/pause", {"409"}),  # ended, or a cancel pending
+        ("/v1/jobs/{job_id}/resume", {"409", "429"}),  # not paused; past the active limit
+    ],
+)
+def test_pause_and_resume_document_each_status_they_answer(
+    schema: dict[str, Any], path: str, refusals: set[str]
+) -> None:
+    job = "#/components/schemas/Job"
+    unavailable = "#/components/schemas/StoreUnavailableBody"
+    expected = {
+        "202": {"application/json": job},
+        "401": {"application/json": ERROR},
+        "404": {"application/json": ERROR},
+        "422": {"application/json": INVALID},
+        "500": {"application/json": ERROR},
+        "503": {"application/json": unavailable},
+    }
+    expected |= {status: {"application/json": ERROR} for status in refusals}
+    assert _answers(schema, "post", path) == expected

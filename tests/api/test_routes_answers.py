@@ -1,7 +1,8 @@
 """More routes in-process (the real app over ASGI, a real redis-server), each with its known
-answers: JSON or CSV for a job's evaluations, pausing a job being cancelled, the job patch's
-OpenAPI example, each tenant's job counts and measured bytes, the per-tenant bytes limit of
-uploads as checked when the file is stored, and two tenants sending the same Idempotency-Key.
+answers: JSON or CSV for a job's evaluations, its samples, pausing a job being cancelled, the
+job patch's OpenAPI example, each tenant's job counts and measured bytes (and the cache of that
+measure), the upload limits before the body is read and when the file is stored, and two
+tenants sending the same Idempotency-Key.
 Fast enough for the quick tests of the mutation group "routes" (bench/mutation.toml)."""
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def send(settings: Settings, *requests: Request) -> list[httpx.Response]:  # noq
             async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
                 out = []
                 for tenant, method, path, kwargs in requests:
+                    args = {k: v for k, v in kwargs.items() if k != "headers"}
                     headers = {
                         "Authorization": f"Bearer {KEYS[tenant]}",
-                        **kwargs.pop("headers", {}),
+                        **kwargs.get("headers", {}),
                     }
-                    out.append(await client.request(method, path, headers=headers, **kwargs))
+                    out.append(await client.request(method, path, headers=headers, **args))
                 return out
 
     return asyncio.run(run())

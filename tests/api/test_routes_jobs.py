@@ -1,7 +1,8 @@
 """A job's routes in-process (the real app over ASGI, a real redis-server), each with its known
 answers: the event stream of an ended job, a cancel and the task it revokes, a model asked of a
-job that has none, and an Idempotency-Key whose job was deleted. Fast enough for the quick
-tests of the mutation group "routes" (bench/mutation.toml)."""
+job that has none, an Idempotency-Key whose job was deleted, deleting, resuming past the active
+limit, and changes that lose every race or name a setting that cannot change. Fast enough for
+the quick tests of the mutation group "routes" (bench/mutation.toml)."""
 
 from __future__ import annotations
 

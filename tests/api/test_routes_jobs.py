@@ -120,9 +120,16 @@ def test_a_model_asked_of_a_job_without_one_is_404_saying_why(
     assert bobs.status_code == 404
 
 
-def test_a_retry_whose_job_was_deleted_is_404_naming_it(settings: Settings) -> None:  # noqa: F811
+def test_a_retry_whose_job_was_deleted_is_404_naming_it(
+    settings: Settings,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The Idempotency-Key outlives the job it made: a retry after the job was deleted finds
-    the key, not the job, and says so rather than making a second job for the same key."""
+    the key, not the job, and says so rather than making a second job for the same key. (The
+    cancel's revoke is recorded: the Celery app's broker is the environment's Redis, not this
+    test's.)"""
+    revoked: list[str] = []
+    monkeypatch.setattr(api.routes.jobs, "revoke_queued", revoked.append)
     settings = settings.model_copy(update={"api_publish_tasks": False})
     same = {"json": smoke_spec(), "headers": {"Idempotency-Key": "retry-2"}}
     (made,) = send(settings, ("alice", "POST", "/v1/jobs", dict(same)))
@@ -136,6 +143,7 @@ def test_a_retry_whose_job_was_deleted_is_404_naming_it(settings: Settings) -> N
     assert (made.status_code, cancelled.status_code, deleted.status_code) == (201, 202, 204)
     assert (retry.status_code, retry.json()) == (404, {"detail": f"job {job_id!r} not found"})
     assert not _client(settings).exists(job_key(job_id))
+    assert revoked == [job_id]
 
 
 def test_deleting_answers_by_the_jobs_state(settings: Settings) -> None:  # noqa: F811

@@ -323,6 +323,7 @@ class SpecProblem(BaseModel):
         "timeout",
         "devices",
         "engine",
+        "grader",
         "memory",
         "params",
         "tokens_per_step",

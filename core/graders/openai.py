@@ -249,21 +249,42 @@ class Multi(Grader):
         return self.grade(completion, record).value
 
 
-def build_leaf(cfg: OpenAILeafGrader, where: str) -> Grader:
-    if isinstance(cfg, OpenAIStringCheck):
-        return StringCheck(cfg)
-    if isinstance(cfg, OpenAITextSimilarity):
-        return TextSimilarity(cfg, where)
+def refusal(cfg: OpenAILeafGrader, where: str) -> str | None:
+    """Why this service cannot run the grader `cfg` (at `where`), or None: a spec with one is
+    refused at submission (`api.admission`), not failed on a worker."""
     if isinstance(cfg, OpenAIPython):
-        raise ValueError(
+        return (
             f"{where}: python graders are off on this service (they run a tenant's code on "
             "the workers); use string_check, text_similarity or multi"
         )
     if isinstance(cfg, OpenAIScoreModel):
-        raise ValueError(
+        return (
             f"{where}: score_model graders need a model endpoint, which this service has not "
             "configured; use string_check, text_similarity or multi"
         )
+    return None
+
+
+def refusals(cfg: OpenAIGraderConfig, where: str) -> list[tuple[str, str]]:
+    """(where, why) for each grader in `cfg` this service cannot run."""
+    leaves = cfg.graders.items() if isinstance(cfg, OpenAIMulti) else [("", cfg)]
+    out = []
+    for name, leaf in leaves:
+        at = f"{where}.graders.{name}" if name else where
+        problem = refusal(leaf, at)
+        if problem is not None:
+            out.append((at, problem))
+    return out
+
+
+def build_leaf(cfg: OpenAILeafGrader, where: str) -> Grader:
+    problem = refusal(cfg, where)
+    if problem is not None:
+        raise ValueError(problem)
+    if isinstance(cfg, OpenAIStringCheck):
+        return StringCheck(cfg)
+    if isinstance(cfg, OpenAITextSimilarity):
+        return TextSimilarity(cfg, where)
     raise TypeError(f"{where}: unknown grader config {type(cfg).__name__}")
 
 

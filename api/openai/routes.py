@@ -256,7 +256,10 @@ def _after(after: str | None, prefix: str) -> tuple[int, int] | None:
 async def list_fine_tuning_events(
     job: OpenAIJobDep,
     store: StoreDep,
-    after: Annotated[str | None, Query(max_length=80, description="the last id of a page")] = None,
+    after: Annotated[
+        str | None,
+        Query(pattern=r"^ftevent-\d{1,20}-\d{1,20}$", description="the last id of a page"),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> JobEventList:
     """The job's events, newest first: `metrics` events for each step and evaluation (their

@@ -75,8 +75,10 @@ class FineTuningJobCreate(BaseModel):
             "earlier job (job:<id>)"
         )
     )
-    training_file: Annotated[str, Field(max_length=64)] = Field(description="an uploaded file id")
-    validation_file: Annotated[str, Field(max_length=64)] | None = None
+    training_file: Annotated[str, Field(pattern=r"^file-[0-9a-f]{32}$")] = Field(
+        description="an uploaded file id (client.files.create)"
+    )
+    validation_file: Annotated[str, Field(pattern=r"^file-[0-9a-f]{32}$")] | None = None
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     suffix: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     metadata: MetadataMap | None = None

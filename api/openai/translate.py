@@ -74,9 +74,10 @@ def _given(value: Any) -> bool:
 def _param(loc: tuple[Any, ...]) -> str:
     """The request field a spec field came from, for an error's `param`."""
     path = ".".join(str(p) for p in loc)
+    if path in ("train.model", "train.model.name"):  # the model's own check is at its level
+        return "model"
     for spec_path, param in (
         ("train.task.grader.grader", "method.reinforcement.grader"),
-        ("train.model.name", "model"),
         ("train.task.file", "training_file"),
         ("train.task.validation_file", "validation_file"),
         ("train.seed", "seed"),

@@ -357,7 +357,13 @@ class FileObject(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the whole content")
     created_at: datetime = Field(description="first upload of this content by this tenant")
     purpose: str | None = Field(
-        None, description='the `purpose` field of the upload, e.g. "train" or "validation"'
+        None, description='the `purpose` field of the upload, e.g. "train" or "fine-tune"'
+    )
+    object: Literal["file"] = Field(
+        "file", description="as OpenAI's file object says it (the `openai` SDK uploads here)"
+    )
+    status: Literal["processed"] = Field(
+        "processed", description="always processed: every line was checked before the answer"
     )
 
 

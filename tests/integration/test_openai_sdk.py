@@ -408,3 +408,13 @@ def test_readmes_openai_script_runs_unchanged_but_for_its_url_key_and_file(
     assert printed[-1] == "Job queued"  # the oldest event so far: the job's creation
     job = wait(namespace["client"], namespace["job"].id, TERMINAL, timeout=300)
     assert job.status == "succeeded", job
+
+
+def test_files_from_the_sdk_are_openai_file_objects(client: OpenAI) -> None:
+    content = rft_rows(3, "f")
+    made = client.files.create(file=("rft.jsonl", content), purpose="fine-tune")
+    assert (made.object, made.status, made.purpose) == ("file", "processed", "fine-tune")
+    assert (made.filename, made.bytes) == ("rft.jsonl", len(content))
+    again = client.files.retrieve(made.id)
+    assert (again.id, again.object, again.bytes) == (made.id, "file", len(content))
+    assert client.files.content(made.id).read() == content

@@ -360,10 +360,10 @@ class FileObject(BaseModel):
         None, description='the `purpose` field of the upload, e.g. "train" or "fine-tune"'
     )
     object: Literal["file"] = Field(
-        "file", description="as OpenAI's file object says it (the `openai` SDK uploads here)"
+        default="file", description="as in OpenAI's file object (the `openai` SDK uploads here)"
     )
     status: Literal["processed"] = Field(
-        "processed", description="always processed: every line was checked before the answer"
+        default="processed", description="every line was checked before the answer"
     )
 
 

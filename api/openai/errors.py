@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PREFIX = "/v1/fine_tuning"
-_NOT_RETRYABLE = {400, 401, 403, 404, 405, 409, 413, 422}
+_NOT_RETRYABLE = {400, 401, 403, 404, 405, 409, 413}
 _CODES = {401: "invalid_api_key", 404: "not_found", 409: "conflict", 429: "rate_limit_exceeded"}
 
 

@@ -147,7 +147,7 @@ async def _sdk_retry_key(
     attempt = request.headers.get("x-stainless-retry-count")
     if attempt is None or not attempt.isdigit():
         return None
-    digest = hashlib.sha256(json.dumps(made["request"], sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(made["request"]).encode()).hexdigest()
     key = f"openai-sdk-{digest}"
     if attempt == "0":
         await store.redis.delete(stored_key(tenant, key))

@@ -285,6 +285,8 @@ def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> N
             assert "422" not in errors and "400" in errors, (path, sorted(errors))
             refs = {r["content"]["application/json"]["schema"]["$ref"] for r in errors.values()}
             assert refs == {"#/components/schemas/OpenAIErrorBody"}, path
+    created = paths["/v1/fine_tuning/jobs"]["post"]["responses"]
+    assert created["400"]["description"].startswith("a request pdppo cannot run; `param` names")
     native = paths["/v1/jobs"]["post"]["responses"]
     assert native["422"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ValidationErrorBody"

@@ -368,3 +368,40 @@ def test_a_batch_reports_each_sub_grader_and_counts_a_failing_formula_as_an_erro
     assert grades.metrics == pytest.approx(
         {"grader_errors": 0.0, "grader_timeouts": 0.0, "grader/a": 2 / 3, "grader/r": 1.5 / 3}
     )
+
+
+def test_the_limits_of_templates_and_sub_grader_names() -> None:
+    def leaf(reference: str, name: str = "c") -> dict[str, Any]:
+        return {
+            "type": "string_check",
+            "name": name,
+            "input": OUT,
+            "reference": reference,
+            "operation": "eq",
+        }
+
+    longest = "x" * (10_000 - len(ANSWER)) + ANSWER
+    ADAPTER.validate_python({"type": "openai", "grader": leaf(longest)})
+    assert "at most 10000 characters" in refusal(leaf("x" + longest))
+    name = "n" * 64
+    formula = {"type": "multi", "name": "m", "calculate_output": name}
+    ADAPTER.validate_python(
+        {"type": "openai", "grader": {**formula, "graders": {name: leaf(ANSWER)}}}
+    )
+    said = refusal(
+        {**formula, "calculate_output": name + "n", "graders": {name + "n": leaf(ANSWER)}}
+    )
+    assert "at most 64 characters" in said
+
+
+def test_every_name_of_a_formula_is_checked_calls_arguments_included() -> None:
+    leaf = {"type": "string_check", "input": OUT, "reference": ANSWER, "operation": "eq"}
+    said = refusal(
+        {
+            "type": "multi",
+            "name": "m",
+            "graders": {"a": {**leaf, "name": "a"}},
+            "calculate_output": "min(a, 1) + max(zzz, a)",
+        }
+    )
+    assert "calculate_output names 'zzz', which is no grader of this multi (a)" in said

@@ -159,8 +159,8 @@ def test_events_page_newest_first_and_checkpoints_carry_their_steps_metrics(
 
 
 def test_the_sdks_retry_gets_the_job_its_first_attempt_made(settings: Settings) -> None:  # noqa: F811
-    async def attempt(sdk: AsyncOpenAI, training: str, count: str | None) -> str:
-        headers = {} if count is None else {"x-stainless-retry-count": count}
+    async def attempt(sdk: AsyncOpenAI, training: str, count: str) -> str:
+        headers = {"x-stainless-retry-count": count}
         job = await sdk.fine_tuning.jobs.create(
             model="builtin:tiny",
             training_file=training,
@@ -178,9 +178,9 @@ def test_the_sdks_retry_gets_the_job_its_first_attempt_made(settings: Settings) 
         again = await attempt(sdk, training, "0")  # a new call of the same request
         assert again != first
         assert await attempt(sdk, training, "1") == again
-        # no retry count (not the SDK), or one that is not a number: no key, a new job each
-        assert await attempt(sdk, training, None) not in (first, again)
-        assert await attempt(sdk, training, "x") not in (first, again)
+        # a count that is not a number is no SDK's: no key, a new job each time
+        odd = [await attempt(sdk, training, "x") for _ in range(2)]
+        assert len({first, again, *odd}) == 4
 
     run(settings, work)
 
@@ -269,3 +269,39 @@ def test_the_error_middleware_rewrites_only_openai_paths_and_passes_other_scopes
     assert sent[2]["body"] == b'{"detail": "gone"}'  # a native path: as it was
     assert json.loads(sent[4]["body"])["error"]["message"] == "gone"
     assert (b"x-should-retry", b"false") in sent[3]["headers"]
+
+
+def test_a_client_that_is_not_the_sdk_gets_a_new_job_for_each_create(
+    settings: Settings,  # noqa: F811
+) -> None:
+    """No `x-stainless-retry-count`: nothing to tell a retry from a new call, so no key (an
+    Idempotency-Key is how such a client asks for one)."""
+
+    async def work(sdk: AsyncOpenAI) -> None:
+        body = {
+            "model": "builtin:tiny",
+            "training_file": await upload(sdk),
+            "method": METHOD,
+            "pdppo": SMALL,
+        }
+        http = sdk._client  # the SDK's own transport to the app, without the SDK's headers
+        headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+        answers = [
+            await http.post("/v1/fine_tuning/jobs", json=body, headers=headers) for _ in range(2)
+        ]
+        assert [a.status_code for a in answers] == [200, 200]  # OpenAI's create answers 200
+        made = [a.json()["id"] for a in answers]
+        keyed = {**headers, "Idempotency-Key": "k1"}
+        again = [
+            (await http.post("/v1/fine_tuning/jobs", json=body, headers=keyed)).json()["id"]
+            for _ in range(2)
+        ]
+        assert len(set(made)) == 2 and len(set(again)) == 1 and again[0] not in made
+        other = {**body, "seed": 5}
+        reused = await http.post("/v1/fine_tuning/jobs", json=other, headers=keyed)
+        assert reused.status_code == 409
+        assert reused.json()["error"]["message"] == (
+            "Idempotency-Key was already used with a different job spec"
+        )
+
+    run(settings, work)

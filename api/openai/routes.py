@@ -19,7 +19,10 @@ from api.deps import PublisherDep, SettingsDep, StoreDep, TenantDep, get_owned_j
 from api.openai.schemas import (
     CheckpointMetrics,
     FineTuningJob,
+    FineTuningJobCheckpoint,
+    FineTuningJobCheckpointList,
     FineTuningJobCreate,
+    FineTuningJobEventList,
     FineTuningJobList,
     GraderRunErrors,
     GraderRunMetadata,
@@ -27,9 +30,6 @@ from api.openai.schemas import (
     GraderRunResponse,
     GraderValidateRequest,
     GraderValidateResponse,
-    JobCheckpoint,
-    JobCheckpointList,
-    JobEventList,
     OpenAIErrorBody,
 )
 from api.openai.translate import (
@@ -250,7 +250,7 @@ def _after(after: str | None, prefix: str) -> tuple[int, int] | None:
 
 @router.get(
     "/jobs/{fine_tuning_job_id}/events",
-    response_model=JobEventList,
+    response_model=FineTuningJobEventList,
     responses={400: {**_ERROR, "description": "`after` is not an event id"}},
 )
 async def list_fine_tuning_events(
@@ -261,30 +261,30 @@ async def list_fine_tuning_events(
         Query(pattern=r"^ftevent-\d{1,20}-\d{1,20}$", description="the last id of a page"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-) -> JobEventList:
+) -> FineTuningJobEventList:
     """The job's events, newest first: `metrics` events for each step and evaluation (their
     `data` holds the numbers), `message` events for the rest."""
     entries = await store.events.entries_before(job.id, _after(after, EVENT_PREFIX), limit + 1)
-    return JobEventList(
+    return FineTuningJobEventList(
         data=[to_event(entry_id, fields) for entry_id, fields in entries[:limit]],
         has_more=len(entries) > limit,
     )
 
 
-@router.get("/jobs/{fine_tuning_job_id}/checkpoints", response_model=JobCheckpointList)
+@router.get("/jobs/{fine_tuning_job_id}/checkpoints", response_model=FineTuningJobCheckpointList)
 async def list_fine_tuning_checkpoints(
     job: OpenAIJobDep,
     store: StoreDep,
     settings: SettingsDep,
     after: Annotated[str | None, Query(max_length=120, description="the last id of a page")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 10,
-) -> JobCheckpointList:
+) -> FineTuningJobCheckpointList:
     """The checkpoints on disk (the trainer keeps the latest few), newest first, each with the
     metrics of its step."""
     native = await list_checkpoints(job, settings)
     by_step = {row["step"]: row.get("metrics", {}) for row in await store.metrics_history(job.id)}
     items = [
-        JobCheckpoint(
+        FineTuningJobCheckpoint(
             id=f"ftckpt-{job.id}-{c.step}",
             created_at=int(c.created_at.timestamp()),
             fine_tuned_model_checkpoint=c.download_url,
@@ -300,7 +300,7 @@ async def list_fine_tuning_checkpoints(
         ids = [c.id for c in items]
         items = items[ids.index(after) + 1 :] if after in ids else []
     page = items[:limit]
-    return JobCheckpointList(
+    return FineTuningJobCheckpointList(
         data=page,
         has_more=len(items) > limit,
         first_id=page[0].id if page else None,

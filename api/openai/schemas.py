@@ -96,7 +96,7 @@ class FineTuningJobCreate(BaseModel):
     )
 
 
-class JobError(BaseModel):
+class FineTuningJobError(BaseModel):
     code: str
     message: str
     param: str | None = None
@@ -108,7 +108,7 @@ class Hyperparameters(BaseModel):
     learning_rate_multiplier: float | None = None
 
 
-class JobExtension(BaseModel):
+class FineTuningJobExtension(BaseModel):
     """pdppo's view of the job, beside OpenAI's."""
 
     job_id: str = Field(description="the native job's id (`/v1/jobs/{id}`)")
@@ -122,7 +122,7 @@ class FineTuningJob(BaseModel):
     object: Literal["fine_tuning.job"] = "fine_tuning.job"
     created_at: int
     finished_at: int | None = None
-    error: JobError | None = None
+    error: FineTuningJobError | None = None
     fine_tuned_model: str | None = Field(
         description="job:<id> once succeeded: `model` of a later job (either API) accepts it"
     )
@@ -142,7 +142,7 @@ class FineTuningJob(BaseModel):
     metadata: dict[str, str] | None = None
     method: dict[str, Any] | None = None
     user_provided_suffix: str | None = None
-    pdppo: JobExtension
+    pdppo: FineTuningJobExtension
 
 
 class FineTuningJobList(BaseModel):
@@ -151,7 +151,7 @@ class FineTuningJobList(BaseModel):
     has_more: bool
 
 
-class JobEvent(BaseModel):
+class FineTuningJobEvent(BaseModel):
     id: str = Field(description="ftevent-<the event's stream id>")
     object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
     created_at: int
@@ -161,9 +161,9 @@ class JobEvent(BaseModel):
     data: dict[str, Any] | None = None
 
 
-class JobEventList(BaseModel):
+class FineTuningJobEventList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[JobEvent]
+    data: list[FineTuningJobEvent]
     has_more: bool
 
 
@@ -173,7 +173,7 @@ class CheckpointMetrics(BaseModel):
     step: float
 
 
-class JobCheckpoint(BaseModel):
+class FineTuningJobCheckpoint(BaseModel):
     id: str = Field(description="ftckpt-<job id>-<step>")
     object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
     created_at: int
@@ -183,9 +183,9 @@ class JobCheckpoint(BaseModel):
     step_number: int
 
 
-class JobCheckpointList(BaseModel):
+class FineTuningJobCheckpointList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[JobCheckpoint]
+    data: list[FineTuningJobCheckpoint]
     has_more: bool
     first_id: str | None = None
     last_id: str | None = None

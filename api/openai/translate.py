@@ -31,10 +31,10 @@ from pydantic import ValidationError
 from api.openai.schemas import (
     FineTuningJob,
     FineTuningJobCreate,
+    FineTuningJobError,
+    FineTuningJobEvent,
+    FineTuningJobExtension,
     Hyperparameters,
-    JobError,
-    JobEvent,
-    JobExtension,
 )
 from core.training.steering import merge_patch
 from pdppo.spec import JobSpec
@@ -205,7 +205,7 @@ def to_openai_job(record: JobRecord) -> FineTuningJob:
         }
     error = None
     if record.error_code:
-        error = JobError(code=record.error_code, message=record.error_message or "")
+        error = FineTuningJobError(code=record.error_code, message=record.error_message or "")
     return FineTuningJob(
         id=JOB_PREFIX + record.id,
         created_at=_epoch(record.created_at) or 0,
@@ -222,7 +222,7 @@ def to_openai_job(record: JobRecord) -> FineTuningJob:
         metadata=request.get("metadata"),
         method=method,
         user_provided_suffix=request.get("suffix"),
-        pdppo=JobExtension(
+        pdppo=FineTuningJobExtension(
             job_id=record.id,
             step=record.step,
             total_steps=record.total_steps,
@@ -241,7 +241,7 @@ _STATUS_MESSAGES = {
 }
 
 
-def to_event(entry_id: str, fields: dict[str, str]) -> JobEvent:
+def to_event(entry_id: str, fields: dict[str, str]) -> FineTuningJobEvent:
     """A stream entry as OpenAI's event: metrics and evaluations are `metrics` events whose
     data holds the step's numbers; everything else is a `message`."""
     kind = fields.get("type", "log")
@@ -281,7 +281,7 @@ def to_event(entry_id: str, fields: dict[str, str]) -> JobEvent:
         message = f"Phase: {data.get('name', '')}"
     else:
         message = kind
-    return JobEvent(
+    return FineTuningJobEvent(
         id=EVENT_PREFIX + entry_id,
         created_at=created,
         level=level,  # type: ignore[arg-type]

@@ -16,6 +16,8 @@ import anyio
 from api.schemas import SpecProblem
 from api.storage.paths import forbidden_paths
 from core.budget import Budget, Limits, check, estimate
+from core.config.graders import OpenAIGrader
+from core.graders.openai import refusals
 from pdppo.files import spec_file_ids
 from pdppo.job_models import FIELD as JOB_MODEL_FIELD
 from pdppo.job_models import final_model_dir, job_model_problem, source_job_id
@@ -82,6 +84,12 @@ def admission(
                 ),
             )
         )
+    grader = spec.train.task.grader
+    if isinstance(grader, OpenAIGrader):  # graders the workers would refuse to build
+        problems += [
+            SpecProblem(field=where, kind="grader", message=why)
+            for where, why in refusals(grader.grader, "train.task.grader.grader")
+        ]
     problems += [
         SpecProblem(field=p.field, kind=p.kind, message=str(p), estimate=p.estimate, limit=p.limit)
         for p in check(budget, limits)

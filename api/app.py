@@ -43,6 +43,10 @@ from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.docs import mount_docs
 from api.http.limits import BodySizeLimit
 from api.http.observability import PrometheusMiddleware
+from api.openai import errors as openai_errors
+from api.openai import routes as openai_routes
+from api.openai.schemas import OpenAIErrorBody
+from api.openai.translate import Refused
 from api.pending_writes import unavailable_response
 from api.publisher import TaskPublisher
 from api.routes import artifacts, events, files, health, jobs, results, steering, storage
@@ -131,7 +135,14 @@ async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse({"detail": "internal error"}, status_code=500)
+    return openai_errors.unexpected(request) or JSONResponse(
+        {"detail": "internal error"}, status_code=500
+    )
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Refused)
+    return openai_errors.error_response(400, str(exc), exc.param)
 
 
 async def _warn_if_evicting(client: aredis.Redis) -> None:
@@ -179,7 +190,7 @@ def _error_statuses(route: Any, method: str, operation: dict[str, Any]) -> list[
     out = [_INTERNAL]
     if get_tenant in calls:
         out.append(_UNAUTHORIZED)
-    if get_owned_job in calls:
+    if get_owned_job in calls or openai_routes.get_openai_job in calls:
         out.append(_NOT_FOUND)
     if get_owned_file in calls:
         out.append(_FILE_NOT_FOUND)
@@ -225,7 +236,11 @@ def document_errors(app: FastAPI, schema: dict[str, Any]) -> None:
     Errors are JSON even where the success is not (event streams, tarballs, CSV). Optional query
     and header parameters are published without their `null` (see `_without_null`)."""
     _, definitions = models_json_schema(
-        [(ErrorBody, "serialization"), (ValidationErrorBody, "serialization")],
+        [
+            (ErrorBody, "serialization"),
+            (ValidationErrorBody, "serialization"),
+            (OpenAIErrorBody, "serialization"),
+        ],
         ref_template="#/components/schemas/{model}",
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -245,6 +260,9 @@ def document_errors(app: FastAPI, schema: dict[str, Any]) -> None:
             responses = operation.setdefault("responses", {})
             for status, description in _error_statuses(route, method, operation):
                 responses.setdefault(str(status), {"description": description})
+            if openai_errors.is_openai(route.path_format):
+                _as_openai(responses)
+                continue
             for status, response in responses.items():
                 if not status.isdigit() or int(status) < 400:
                     continue
@@ -260,6 +278,21 @@ def document_errors(app: FastAPI, schema: dict[str, Any]) -> None:
     for unused in ("HTTPValidationError", "ValidationError"):
         if f'/{unused}"' not in text:
             components.pop(unused, None)
+
+
+def _as_openai(responses: dict[str, Any]) -> None:
+    """The errors of an OpenAI route: OpenAI's error object, and a 422 answered as a 400
+    (`api.openai.errors`)."""
+    invalid = responses.pop("422", None)
+    if invalid is not None:
+        if invalid["description"] == "Validation Error":  # FastAPI's, for a body's schema
+            invalid["description"] = "the request does not fit the schema (`param` names a field)"
+        bad = responses.setdefault("400", {"description": invalid["description"]})
+        if bad is not invalid and invalid["description"] not in bad["description"]:
+            bad["description"] += "; or " + invalid["description"]
+    for status, response in responses.items():
+        if status.isdigit() and int(status) >= 400:
+            response["content"] = {"application/json": {"schema": _ref(OpenAIErrorBody)}}
 
 
 class PdppoAPI(FastAPI):
@@ -323,13 +356,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RedisError, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(Refused, _refused)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
         path_limits={"/v1/files": settings.max_file_bytes + FORM_OVERHEAD_BYTES},
     )
+    app.add_middleware(openai_errors.OpenAIErrors)  # outside the body limit: its 413 too
     app.add_middleware(PrometheusMiddleware)
-    for module in (jobs, steering, events, artifacts, results, files, health, storage):
+    routers = (jobs, steering, events, artifacts, results, files, health, storage, openai_routes)
+    for module in routers:
         app.include_router(module.router)
     mount_dashboard(app)
     mount_docs(app)

@@ -323,6 +323,7 @@ class SpecProblem(BaseModel):
         "timeout",
         "devices",
         "engine",
+        "grader",
         "memory",
         "params",
         "tokens_per_step",
@@ -356,7 +357,13 @@ class FileObject(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the whole content")
     created_at: datetime = Field(description="first upload of this content by this tenant")
     purpose: str | None = Field(
-        None, description='the `purpose` field of the upload, e.g. "train" or "validation"'
+        None, description='the `purpose` field of the upload, e.g. "train" or "fine-tune"'
+    )
+    object: Literal["file"] = Field(
+        default="file", description="as in OpenAI's file object (the `openai` SDK uploads here)"
+    )
+    status: Literal["processed"] = Field(
+        default="processed", description="every line was checked before the answer"
     )
 
 

@@ -15,9 +15,8 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.http.observability import JOBS_SUBMITTED
 from api.pending_writes import documented_503, pending_write
-from api.routes.storage import QUOTA_RESPONSE, refuse_over_quota
+from api.routes.storage import QUOTA_RESPONSE
 from api.schemas import (
     BudgetEstimate,
     BudgetLimits,
@@ -27,8 +26,8 @@ from api.schemas import (
     JobStatus,
     JobValidation,
 )
+from api.submission import submit
 from pdppo.spec import JobSpec
-from pdppo.store import new_job_id, spec_digest
 from workers.celery_app import revoke_queued
 
 log = logging.getLogger(__name__)
@@ -99,57 +98,12 @@ async def create_job(
     more memory, parameters or tokens than a worker of its queue may give a job
     (`POST /v1/jobs:validate` tells the same without submitting).
 
-    The job and its outbox entry are one write; the task is published after it, by a thread of
-    this process, off the request path. If this process dies in between, or the publish fails,
-    the job is still queued and a worker's dispatcher publishes its task within seconds
-    (`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
-    runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
-    key would get back. A 503 after the write was sent names the job it may have created
-    (`api.pending_writes`)."""
-    await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
-    _, _, problems = await admit(spec, settings, tenant, store)
-    if problems:
-        raise HTTPException(422, detail="; ".join(p.message for p in problems))
-    spec_json = spec.model_dump_json()
-    queue = spec.queue
-    job_id = new_job_id()
-    pending_write(request, "job", job_id, f"the creation of job {job_id}")
-    result = await store.create(
-        tenant=tenant,
-        queue=queue,
-        name=spec.name,
-        spec_json=spec_json,
-        total_steps=spec.train.steps,
-        max_active=settings.max_active_jobs_per_tenant,
-        idempotency=idempotency_key,
-        idempotency_ttl=settings.idempotency_ttl_seconds,
-        dispatch_grace=settings.outbox_grace_seconds,
-        job_id=job_id,
-    )
-    if result.outcome == "limit":
-        raise HTTPException(
-            429,
-            detail=(
-                f"tenant {tenant!r} has {result.active} queued or running jobs; the limit is "
-                f"{settings.max_active_jobs_per_tenant}"
-            ),
-            headers={"Retry-After": "30"},
-        )
-    assert result.job_id is not None
-    record = result.record or await store.get(result.job_id)
-    if record is None:  # only if someone deleted it in between
-        raise HTTPException(404, detail=f"job {result.job_id!r} not found")
-    if result.outcome == "existing":
-        if record.spec_digest != spec_digest(spec_json):
-            raise HTTPException(
-                409, detail="Idempotency-Key was already used with a different job spec"
-            )
+    The job is written and queued as `api.submission` says (the same path as
+    `POST /v1/fine_tuning/jobs`): a job this returns always runs."""
+    submitted = await submit(request, spec, tenant, store, settings, publisher, idempotency_key)
+    if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
-        return to_job(record)
-    if settings.api_publish_tasks:
-        publisher.submit(record.id, queue)  # off the request path: see api/publisher.py
-    JOBS_SUBMITTED.labels(queue).inc()
-    return to_job(record)
+    return to_job(submitted.record)
 
 
 @router.post(

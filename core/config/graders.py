@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.config.openai_graders import OpenAIGrader
 from core.config.types import FINITE, CleanStr
 
 FieldName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z_][\w.-]*$")]
@@ -157,7 +158,8 @@ GraderConfig = Annotated[
     | JsonSchemaGrader
     | LengthPenaltyGrader
     | PluginGrader
-    | MultiGrader,
+    | MultiGrader
+    | OpenAIGrader,
     Field(discriminator="type"),
 ]
 
@@ -170,6 +172,7 @@ __all__ = [
     "MathGrader",
     "MultiGrader",
     "NumericGrader",
+    "OpenAIGrader",
     "PluginGrader",
     "RegexGrader",
     "StringCheckGrader",

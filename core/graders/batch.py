@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from core.config.graders import GraderConfig
 from core.graders.base import Grader, Record, check_unit
 from core.graders.build import Multi, build_grader
+from core.graders.openai import Multi as OpenAIMulti
 from core.graders.server import GradingServer, Outcome
 
 log = logging.getLogger(__name__)
@@ -138,5 +139,6 @@ def _grade_here(grader: Grader, completion: str, record: Record) -> Outcome:
 
 
 def part_names(grader: Grader) -> list[str]:
-    """The sub-score names a grader reports: `multi`'s graders, none for the others."""
-    return list(grader.graders) if isinstance(grader, Multi) else []
+    """The sub-score names a grader reports: a `multi`'s graders (pdppo's or OpenAI's), none
+    for the others."""
+    return list(grader.graders) if isinstance(grader, Multi | OpenAIMulti) else []

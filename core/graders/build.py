@@ -9,12 +9,14 @@ from core.config.graders import (
     MathGrader,
     MultiGrader,
     NumericGrader,
+    OpenAIGrader,
     PluginGrader,
     RegexGrader,
     StringCheckGrader,
 )
 from core.graders.base import Grader, Record, Scored
 from core.graders.numbers import Math, Numeric
+from core.graders.openai import build_openai
 from core.graders.plugins import Plugin
 from core.graders.schema import JsonSchema
 from core.graders.text import LengthPenalty, Regex, StringCheck
@@ -43,6 +45,8 @@ def build_grader(
         return Plugin(cfg, where, load=load_plugins)
     if isinstance(cfg, MultiGrader):
         return Multi(cfg, where, load_plugins=load_plugins)
+    if isinstance(cfg, OpenAIGrader):
+        return build_openai(cfg.grader, f"{where}.grader")
     raise TypeError(f"{where}: unknown grader config {type(cfg).__name__}")
 
 

@@ -137,6 +137,17 @@ class AsyncEventStore:
         last_text = last if isinstance(last, str) else bytes(last).decode()
         return EncodedPage(text.encode(), last_text or None, int(read), bool(done))
 
+    async def entries_before(
+        self, job_id: str, before: EventId | None, count: int
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Up to `count` entries, newest first, strictly older than `before` (from the newest
+        when None): the pages of OpenAI's event listing, which runs backwards in time."""
+        if before == (0, 0):
+            return []  # nothing is older, and Redis refuses an exclusive range from it
+        end = "+" if before is None else f"({format_event_id(before)}"
+        entries = await self.redis.xrevrange(events_key(job_id), end, "-", count=count)
+        return cast(list[tuple[str, dict[str, str]]], entries)
+
     async def last_event_id(self, job_id: str) -> str:
         entries = await self.redis.xrevrange(events_key(job_id), "+", "-", count=1)
         return cast(str, entries[0][0]) if entries else "0-0"

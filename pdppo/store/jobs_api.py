@@ -116,12 +116,14 @@ class AsyncJobStore:
         idempotency_ttl: int,
         dispatch_grace: float = DEFAULT_GRACE_SECONDS,
         job_id: str | None = None,
+        openai_json: str | None = None,
     ) -> CreateResult:
         """Create the job under the quota, or find the one `idempotency` already made. A new job
         enters the outbox in the same script: if its task is not in the broker `dispatch_grace`
         seconds from now (the caller died before publishing it), a dispatcher publishes it.
         `job_id`: the id to give it (`new_job_id()`), chosen by a caller that must be able to
-        name the job should the store not answer."""
+        name the job should the store not answer. `openai_json`: the OpenAI request that made
+        it (`JobRecord.openai`)."""
         job_id = job_id or new_job_id()
         now = now_iso()
         fields = {
@@ -137,6 +139,8 @@ class AsyncJobStore:
             "total_steps": str(total_steps),
             "attempts": "0",
         }
+        if openai_json is not None:
+            fields["openai"] = openai_json
         flat = [item for pair in fields.items() for item in pair]
         idem_key = idempotency_key(tenant, idempotency) if idempotency else f"{PREFIX}:idem:-"
         outcome, value = await self._create(

@@ -49,6 +49,9 @@ class JobRecord:
     # what a finished run learned nothing from ([{code, message}],
     # `core.training.silence.run_warnings`)
     warnings: tuple[dict[str, str], ...] = ()
+    # the `POST /v1/fine_tuning/jobs` request that made it, as given (`api.openai`): what its
+    # OpenAI view shows (metadata, suffix, hyperparameters, the grader); None for a native job
+    openai: dict[str, Any] | None = None
 
     @classmethod
     def from_hash(cls, raw: dict[str, str]) -> JobRecord:
@@ -79,6 +82,7 @@ class JobRecord:
             final_model=raw.get("final_model"),
             phase=json.loads(raw["phase"]) if raw.get("phase") else None,
             warnings=tuple(json.loads(raw.get("warnings") or "[]")),
+            openai=json.loads(raw["openai"]) if raw.get("openai") else None,
         )
 
     @property

@@ -39,14 +39,28 @@ def test_the_cpu_image_installs_the_extras_its_lock_pins() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     installed = re.findall(r'--constraint /constraints\.txt "\.\[([\w,-]+)\]"', text)
     assert installed == [",".join(_lock_extras("CPU_EXTRAS"))]
-    assert _lock_extras("CPU_EXTRAS") == ["server", "worker", "lora", "math", "jsonschema"]
+    assert _lock_extras("CPU_EXTRAS") == [
+        "server",
+        "worker",
+        "lora",
+        "math",
+        "jsonschema",
+        "similarity",
+    ]
 
 
 def test_the_gpu_image_installs_the_extras_its_lock_pins() -> None:
     text = (DEPLOY / "Dockerfile.gpu").read_text()
     default = re.search(r"^ARG EXTRAS=(\S+)$", text, re.MULTILINE)
     assert default and default.group(1).split(",") == _lock_extras("GPU_EXTRAS")
-    assert _lock_extras("GPU_EXTRAS") == ["worker", "lora", "math", "jsonschema", "vllm"]
+    assert _lock_extras("GPU_EXTRAS") == [
+        "worker",
+        "lora",
+        "math",
+        "jsonschema",
+        "similarity",
+        "vllm",
+    ]
 
 
 @pytest.mark.parametrize("lock", ["CPU_EXTRAS", "GPU_EXTRAS"])
@@ -58,12 +72,13 @@ def test_the_images_bring_no_dev_tools_nor_embedded_redis(lock: str) -> None:
 
 @pytest.mark.parametrize("constraints", ["constraints.txt", "constraints-gpu.txt"])
 def test_the_pins_bring_no_dev_tools_nor_embedded_redis(constraints: str) -> None:
-    pinned = {
-        line.split("==")[0].lower()
+    pinned = {  # names as PEP 503 normalizes them: pip freeze writes rouge_score, RapidFuzz
+        re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
         for line in (DEPLOY / constraints).read_text().splitlines()
         if line and not line.startswith("#")
     }
-    assert {"torch", "celery", "peft", "math-verify", "jsonschema"} <= pinned
+    wanted = {"torch", "celery", "peft", "math-verify", "jsonschema", "rapidfuzz", "rouge-score"}
+    assert wanted <= pinned
     assert pinned.isdisjoint(NOT_IN_IMAGES)
     if constraints == "constraints.txt":
         assert {"fastapi", "uvicorn"} <= pinned

@@ -1,0 +1,371 @@
+"""`/v1/fine_tuning/...`: OpenAI's fine-tuning jobs and graders, translated onto pdppo's.
+
+Each route reads OpenAI's request, does what the native route does (mostly by calling it), and
+answers OpenAI's object. Pagination runs OpenAI's way: newest first, `after` the last id of the
+previous page, `has_more`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
+
+from api.deps import PublisherDep, SettingsDep, StoreDep, TenantDep, get_owned_job
+from api.openai.schemas import (
+    CheckpointMetrics,
+    FineTuningJob,
+    FineTuningJobCheckpoint,
+    FineTuningJobCheckpointList,
+    FineTuningJobCreate,
+    FineTuningJobEventList,
+    FineTuningJobList,
+    GraderRunErrors,
+    GraderRunMetadata,
+    GraderRunRequest,
+    GraderRunResponse,
+    GraderValidateRequest,
+    GraderValidateResponse,
+    OpenAIErrorBody,
+)
+from api.openai.translate import (
+    EVENT_PREFIX,
+    JOB_PREFIX,
+    Refused,
+    job_id_of,
+    problem_param,
+    to_event,
+    to_openai_job,
+    to_spec,
+)
+from api.routes.artifacts import list_checkpoints
+from api.routes.jobs import cancel_job
+from api.routes.steering import pause_job, resume_job
+from api.submission import SpecRefused, submit
+from core.config.openai_graders import OpenAIGraderConfig
+from core.graders.base import Grader
+from core.graders.openai import build_openai, refusals
+from pdppo.store import JobRecord
+from pdppo.store.events import EventIdError, parse_event_id
+from pdppo.store.keys import idempotency_key as stored_key
+
+router = APIRouter(prefix="/v1/fine_tuning", tags=["openai"])
+_ERROR: dict[str, Any] = {"model": OpenAIErrorBody}
+
+
+async def get_openai_job(
+    fine_tuning_job_id: Annotated[
+        str, Path(description="ftjob-<id> (or the native id)", max_length=70)
+    ],
+    tenant: TenantDep,
+    store: StoreDep,
+) -> JobRecord:
+    """The caller's job by its OpenAI id: the same lookup (and 404) as the native routes'."""
+    return await get_owned_job(job_id_of(fine_tuning_job_id), tenant, store)
+
+
+OpenAIJobDep = Annotated[JobRecord, Depends(get_openai_job)]
+
+
+@router.post(
+    "/jobs",
+    response_model=FineTuningJob,
+    status_code=200,
+    responses={
+        400: {**_ERROR, "description": "a request pdppo cannot run; `param` names the field"},
+        409: {**_ERROR, "description": "Idempotency-Key reused with another request"},
+        429: {**_ERROR, "description": "the tenant's active-job limit is reached"},
+        503: {**_ERROR, "description": "the job store is unreachable; the job may exist"},
+        507: {**_ERROR, "description": "the tenant's storage quota is full"},
+    },
+)
+async def create_fine_tuning_job(
+    request: Request,
+    body: FineTuningJobCreate,
+    tenant: TenantDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    publisher: PublisherDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=255,
+            description="a retry with the same key and request returns the same job",
+        ),
+    ] = None,
+) -> FineTuningJob:
+    """A reinforcement fine-tuning job, translated into a pdppo job spec
+    (`api.openai.translate`) and submitted as `POST /v1/jobs` submits it; 200 with the job, as
+    OpenAI answers."""
+    training = await store.files.get(tenant, body.training_file)
+    if training is None:
+        raise Refused(
+            f"training_file: file {body.training_file!r} not found; upload it first "
+            "(client.files.create)",
+            "training_file",
+        )
+    spec, resolved = to_spec(body, training.records)
+    made = {"request": body.model_dump(mode="json", exclude_none=True), "hyperparameters": resolved}
+    ttl = settings.idempotency_ttl_seconds
+    if idempotency_key is None:
+        idempotency_key = await _sdk_retry_key(request, store, tenant, made)
+        ttl = SDK_RETRY_WINDOW_SECONDS
+    try:
+        submitted = await submit(
+            request,
+            spec,
+            tenant,
+            store,
+            settings.model_copy(update={"idempotency_ttl_seconds": ttl}),
+            publisher,
+            idempotency_key,
+            openai_json=json.dumps(made),
+        )
+    except SpecRefused as refused:  # admission: paths, files, budget, graders
+        raise Refused(str(refused.detail), problem_param(refused.problems[0].field)) from None
+    return to_openai_job(submitted.record)
+
+
+SDK_RETRY_WINDOW_SECONDS = 300
+"""How long a create answers an SDK retry of itself with the job it made: the SDK's retries
+come within seconds (two, backing off up to 8 s)."""
+
+
+async def _sdk_retry_key(
+    request: Request, store: StoreDep, tenant: str, made: dict[str, Any]
+) -> str | None:
+    """An idempotency key for the `openai` SDK's own retries, which send none: the SDK numbers
+    each attempt (`x-stainless-retry-count`). A first attempt (0) always creates a job, and
+    claims the key its request's digest makes; a retry (1, 2) of the same request within
+    SDK_RETRY_WINDOW_SECONDS gets that job back, so a create whose answer was lost (a timeout,
+    a 503 after the write) never makes a second job. Other clients pass Idempotency-Key."""
+    attempt = request.headers.get("x-stainless-retry-count")
+    if attempt is None or not attempt.isdigit():
+        return None
+    digest = hashlib.sha256(json.dumps(made["request"]).encode()).hexdigest()
+    key = f"openai-sdk-{digest}"
+    if attempt == "0":
+        await store.redis.delete(stored_key(tenant, key))
+    return key
+
+
+@router.get("/jobs", response_model=FineTuningJobList)
+async def list_fine_tuning_jobs(
+    request: Request,
+    tenant: TenantDep,
+    store: StoreDep,
+    after: Annotated[str | None, Query(max_length=70, description="the last id of a page")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> FineTuningJobList:
+    """The tenant's jobs (made here or with `POST /v1/jobs`), newest first. `metadata[k]=v`
+    query parameters keep the jobs whose metadata has each."""
+    wanted = {
+        key[len("metadata[") : -1]: value
+        for key, value in request.query_params.items()
+        if key.startswith("metadata[") and key.endswith("]")
+    }
+    cursor = job_id_of(after) if after else None
+    found: list[JobRecord] = []
+    has_more = False
+    while True:
+        page, cursor = await store.list_jobs(tenant, limit=100, cursor=cursor, status=None)
+        for record in page:
+            metadata = ((record.openai or {}).get("request") or {}).get("metadata") or {}
+            if all(metadata.get(k) == v for k, v in wanted.items()):
+                if len(found) == limit:
+                    has_more = True
+                    break
+                found.append(record)
+        if has_more or cursor is None:
+            break
+    return FineTuningJobList(data=[to_openai_job(r) for r in found], has_more=has_more)
+
+
+@router.get("/jobs/{fine_tuning_job_id}", response_model=FineTuningJob)
+async def retrieve_fine_tuning_job(job: OpenAIJobDep) -> FineTuningJob:
+    return to_openai_job(job)
+
+
+_STEER: dict[int | str, dict[str, Any]] = {
+    409: {**_ERROR, "description": "the job is not in a state that allows it"},
+    503: {**_ERROR, "description": "the job store is unreachable; it may still take effect"},
+}
+
+
+@router.post("/jobs/{fine_tuning_job_id}/cancel", response_model=FineTuningJob, responses=_STEER)
+async def cancel_fine_tuning_job(
+    request: Request, job: OpenAIJobDep, store: StoreDep
+) -> FineTuningJob:
+    """What `POST /v1/jobs/{id}/cancel` does; 200 with the job (a running one is `cancelled`
+    within seconds)."""
+    await cancel_job(request, job, store)
+    return await _current(store, job)
+
+
+@router.post("/jobs/{fine_tuning_job_id}/pause", response_model=FineTuningJob, responses=_STEER)
+async def pause_fine_tuning_job(
+    request: Request, job: OpenAIJobDep, store: StoreDep
+) -> FineTuningJob:
+    """What `POST /v1/jobs/{id}/pause` does: a running job checkpoints and becomes `paused`."""
+    await pause_job(request, job, store)
+    return await _current(store, job)
+
+
+@router.post(
+    "/jobs/{fine_tuning_job_id}/resume",
+    response_model=FineTuningJob,
+    responses={**_STEER, 429: {**_ERROR, "description": "the active-job limit is reached"}},
+)
+async def resume_fine_tuning_job(
+    request: Request,
+    job: OpenAIJobDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    publisher: PublisherDep,
+) -> FineTuningJob:
+    """What `POST /v1/jobs/{id}/resume` does: queued again, from its checkpoint."""
+    answered = await resume_job(request, job, store, settings, publisher)
+    current = await _current(store, job)
+    # the native answer is the job as the resume left it, before a worker could claim it
+    return current.model_copy(update={"status": answered.status})
+
+
+async def _current(store: StoreDep, job: JobRecord) -> FineTuningJob:
+    return to_openai_job(await store.get(job.id) or job)
+
+
+def _after(after: str | None, prefix: str) -> tuple[int, int] | None:
+    if not after:
+        return None
+    try:
+        return parse_event_id(after.removeprefix(prefix))
+    except EventIdError as exc:
+        raise HTTPException(400, detail=f"after: {exc}") from None
+
+
+@router.get(
+    "/jobs/{fine_tuning_job_id}/events",
+    response_model=FineTuningJobEventList,
+    responses={400: {**_ERROR, "description": "`after` is not an event id"}},
+)
+async def list_fine_tuning_events(
+    job: OpenAIJobDep,
+    store: StoreDep,
+    after: Annotated[
+        str | None,
+        Query(pattern=r"^ftevent-\d{1,20}-\d{1,20}$", description="the last id of a page"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> FineTuningJobEventList:
+    """The job's events, newest first: `metrics` events for each step and evaluation (their
+    `data` holds the numbers), `message` events for the rest."""
+    entries = await store.events.entries_before(job.id, _after(after, EVENT_PREFIX), limit + 1)
+    return FineTuningJobEventList(
+        data=[to_event(entry_id, fields) for entry_id, fields in entries[:limit]],
+        has_more=len(entries) > limit,
+    )
+
+
+@router.get("/jobs/{fine_tuning_job_id}/checkpoints", response_model=FineTuningJobCheckpointList)
+async def list_fine_tuning_checkpoints(
+    job: OpenAIJobDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    after: Annotated[str | None, Query(max_length=120, description="the last id of a page")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+) -> FineTuningJobCheckpointList:
+    """The checkpoints on disk (the trainer keeps the latest few), newest first, each with the
+    metrics of its step."""
+    native = await list_checkpoints(job, settings)
+    by_step = {row["step"]: row.get("metrics", {}) for row in await store.metrics_history(job.id)}
+    items = [
+        FineTuningJobCheckpoint(
+            id=f"ftckpt-{job.id}-{c.step}",
+            created_at=int(c.created_at.timestamp()),
+            fine_tuned_model_checkpoint=c.download_url,
+            fine_tuning_job_id=JOB_PREFIX + job.id,
+            metrics=CheckpointMetrics.model_validate(
+                {"step": float(c.step), **by_step.get(c.step, {})}
+            ),
+            step_number=c.step,
+        )
+        for c in reversed(native.items)
+    ]
+    if after:
+        ids = [c.id for c in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return FineTuningJobCheckpointList(
+        data=page,
+        has_more=len(items) > limit,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+    )
+
+
+def _grader(config: OpenAIGraderConfig) -> Grader:
+    """The grader, or a 400 naming what this service cannot run."""
+    for where, problem in refusals(config, "grader"):
+        raise Refused(problem, where)
+    try:
+        return build_openai(config, "grader")
+    except ImportError as exc:  # a similarity library this API process lacks
+        raise HTTPException(501, detail=str(exc)) from None
+
+
+@router.post(
+    "/alpha/graders/validate",
+    response_model=GraderValidateResponse,
+    responses={400: {**_ERROR, "description": "not a grader this service runs; `param` says"}},
+)
+async def validate_grader(body: GraderValidateRequest) -> GraderValidateResponse:
+    """The grader as it will run (200), or why not (400): the same checks as a job's."""
+    _grader(body.grader)
+    return GraderValidateResponse(grader=body.grader.model_dump(mode="json", exclude_none=True))
+
+
+@router.post(
+    "/alpha/graders/run",
+    response_model=GraderRunResponse,
+    responses={
+        400: {**_ERROR, "description": "not a grader this service runs; `param` says"},
+        501: {**_ERROR, "description": "a similarity metric whose library is not installed"},
+    },
+)
+async def run_grader(body: GraderRunRequest, tenant: TenantDep) -> GraderRunResponse:
+    """The grader's score for one sample and item, as a job would score it. Runs in a thread
+    of this process: string checks and similarities of at most 100k characters."""
+    grader = _grader(body.grader)
+    item = body.item or {}
+    errors = GraderRunErrors()
+    started = time.monotonic()
+    try:
+        grader.check(item)
+        scored = await anyio.to_thread.run_sync(grader.grade, body.model_sample, item)
+        reward, parts = scored.value, scored.parts
+    except ValueError as exc:  # a template naming a field the item lacks
+        errors = GraderRunErrors(invalid_variable_error=True)
+        reward, parts = 0.0, {}
+        message = str(exc)
+    except ArithmeticError as exc:  # calculate_output divided by zero, say
+        errors = GraderRunErrors(formula_parse_error=True)
+        reward, parts = 0.0, {}
+        message = str(exc)
+    else:
+        message = ""
+    return GraderRunResponse(
+        reward=reward,
+        sub_rewards=dict(parts),
+        metadata=GraderRunMetadata(
+            errors=errors,
+            execution_time=time.monotonic() - started,
+            name=body.grader.name,
+            scores={**parts, **({"error": message} if message else {})},
+            type=body.grader.type,
+        ),
+    )

@@ -1,0 +1,103 @@
+"""Submitting a job: the one path from an admitted spec to a queued job, shared by
+`POST /v1/jobs` and `POST /v1/fine_tuning/jobs` (`api.openai`), which differ only in how they
+read the request and show the job.
+
+The job and its outbox entry are one write; the task is published after it, by a thread of
+this process, off the request path. If this process dies in between, or the publish fails,
+the job is still queued and a worker's dispatcher publishes its task within seconds
+(`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
+runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
+key would get back. A 503 after the write was sent names the job it may have created
+(`api.pending_writes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import HTTPException, Request
+
+from api.admission import admit
+from api.http.observability import JOBS_SUBMITTED
+from api.pending_writes import pending_write
+from api.publisher import TaskPublisher
+from api.routes.storage import refuse_over_quota
+from api.schemas import SpecProblem
+from pdppo.settings import Settings
+from pdppo.spec import JobSpec
+from pdppo.store import AsyncJobStore, JobRecord, new_job_id, spec_digest
+
+
+class SpecRefused(HTTPException):
+    """A 422 for a spec admission refuses; `problems` name the fields (an OpenAI error's
+    `param`)."""
+
+    def __init__(self, problems: list[SpecProblem]) -> None:
+        super().__init__(422, detail="; ".join(p.message for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Submitted:
+    record: JobRecord
+    replayed: bool  # an Idempotency-Key's earlier job, returned again
+
+
+async def submit(
+    request: Request,
+    spec: JobSpec,
+    tenant: str,
+    store: AsyncJobStore,
+    settings: Settings,
+    publisher: TaskPublisher,
+    idempotency_key: str | None,
+    *,
+    openai_json: str | None = None,
+) -> Submitted:
+    """The new job, queued (its task published), or the one `idempotency_key` already made
+    with this spec. Raises 507 over the storage quota, `SpecRefused` (422) for what admission
+    refuses, 429 past the tenant's active-job limit, 409 for a key reused with another spec."""
+    await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
+    _, _, problems = await admit(spec, settings, tenant, store)
+    if problems:
+        raise SpecRefused(problems)
+    spec_json = spec.model_dump_json()
+    queue = spec.queue
+    job_id = new_job_id()
+    pending_write(request, "job", job_id, f"the creation of job {job_id}")
+    result = await store.create(
+        tenant=tenant,
+        queue=queue,
+        name=spec.name,
+        spec_json=spec_json,
+        total_steps=spec.train.steps,
+        max_active=settings.max_active_jobs_per_tenant,
+        idempotency=idempotency_key,
+        idempotency_ttl=settings.idempotency_ttl_seconds,
+        dispatch_grace=settings.outbox_grace_seconds,
+        job_id=job_id,
+        openai_json=openai_json,
+    )
+    if result.outcome == "limit":
+        raise HTTPException(
+            429,
+            detail=(
+                f"tenant {tenant!r} has {result.active} queued or running jobs; the limit is "
+                f"{settings.max_active_jobs_per_tenant}"
+            ),
+            headers={"Retry-After": "30"},
+        )
+    assert result.job_id is not None
+    record = result.record or await store.get(result.job_id)
+    if record is None:  # only if someone deleted it in between
+        raise HTTPException(404, detail=f"job {result.job_id!r} not found")
+    if result.outcome == "existing":
+        if record.spec_digest != spec_digest(spec_json):
+            raise HTTPException(
+                409, detail="Idempotency-Key was already used with a different job spec"
+            )
+        return Submitted(record, replayed=True)
+    if settings.api_publish_tasks:
+        publisher.submit(record.id, queue)  # off the request path: see api/publisher.py
+    JOBS_SUBMITTED.labels(queue).inc()
+    return Submitted(record, replayed=False)

@@ -1,0 +1,254 @@
+"""OpenAI's grader objects, as a spec declares them under `task.grader: {type: openai, grader:
+{...}}`, and as `POST /v1/fine_tuning/jobs` receives them in `method.reinforcement.grader`.
+
+Users who come from OpenAI's reinforcement fine-tuning have graders written in that shape:
+templates (`{{sample.output_text}}`, `{{item.answer}}`) instead of field names, `string_check`
+with `eq`/`ne`/`like`/`ilike`, `text_similarity`, and `multi` with a `calculate_output`
+formula instead of weights. Accepting them as they are, rather than translating each into
+pdppo's own graders, keeps their scores what OpenAI would give: `ne` and formulas such as
+`min(a, b)` have no weighted-mean equivalent.
+
+Pure schema, like `core.config.graders`: what a template may name and what a formula may call
+is checked here, so a mistake is a 422 at submission, not a job that scores 0 for hours.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+"""`{{ namespace.path }}`: what a template substitutes."""
+
+TEMPLATE_PATH_RE = re.compile(r"^(item|sample)((?:\.[A-Za-z_][\w-]*)+)$")
+"""What a template may name: a record field (`item.answer`, `item.meta.level`) or the sample
+(`sample.output_text`, `sample.output_json.key`)."""
+
+SAMPLE_PATHS = ("output_text", "output_json")
+"""What `sample.` offers: the completion as text, or parsed as JSON."""
+
+FORMULA_FUNCTIONS = ("min", "max", "abs", "floor", "ceil", "exp", "sqrt", "log")
+"""What `calculate_output` may call, besides + - * / ^ and parentheses (OpenAI's list)."""
+
+Template = Annotated[str, Field(max_length=10_000)]
+
+SubGraderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_]\w*$")]
+"""A sub-grader's name in `multi`: an identifier, since `calculate_output` names it."""
+
+
+class _OpenAIGrader(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="The grader's name (OpenAI requires one; pdppo shows it in metrics)."
+    )
+
+
+def template_paths(template: str) -> list[str]:
+    """The paths a template substitutes, in order; a ValueError naming the first that is not
+    `item.<field>` or `sample.output_text`/`sample.output_json[.<key>]`."""
+    paths = TEMPLATE_RE.findall(template)
+    for path in paths:
+        found = TEMPLATE_PATH_RE.match(path)
+        if found is None:
+            raise ValueError(
+                f"template {{{{{path}}}}} names neither item.<field> nor sample.output_text"
+            )
+        if found.group(1) == "sample":
+            first = found.group(2).split(".")[1]
+            if first not in SAMPLE_PATHS or (
+                first == "output_text" and path != "sample.output_text"
+            ):
+                raise ValueError(
+                    f"template {{{{{path}}}}}: a sample offers output_text and output_json[.<key>]"
+                )
+    return paths
+
+
+class OpenAIStringCheck(_OpenAIGrader):
+    """1 when the rendered `input` and `reference` pass `operation`, else 0: `eq` equal, `ne`
+    different, `like` the input contains the reference, `ilike` the same ignoring case."""
+
+    type: Literal["string_check"]
+    input: Template = Field(description="What is checked, usually {{sample.output_text}}.")
+    reference: Template = Field(description="What it is checked against, e.g. {{item.answer}}.")
+    operation: Literal["eq", "ne", "like", "ilike"]
+
+    @field_validator("input", "reference")
+    @classmethod
+    def _templates(cls, value: str) -> str:
+        template_paths(value)
+        return value
+
+
+class OpenAITextSimilarity(_OpenAIGrader):
+    """The similarity of the rendered `input` to `reference`, in [0, 1], by a metric a
+    well-kept library computes: fuzzy_match (rapidfuzz), bleu (sacrebleu), gleu (nltk),
+    rouge_1..5 and rouge_l (rouge-score). meteor (needs WordNet data) and cosine (needs an embedding
+    model) are refused rather than approximated."""
+
+    type: Literal["text_similarity"]
+    input: Template
+    reference: Template
+    evaluation_metric: Literal[
+        "fuzzy_match",
+        "bleu",
+        "gleu",
+        "meteor",
+        "cosine",
+        "rouge_1",
+        "rouge_2",
+        "rouge_3",
+        "rouge_4",
+        "rouge_5",
+        "rouge_l",
+    ]
+    pass_threshold: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description="When set, the score is 1 at or above it and 0 below."
+    )
+
+    @field_validator("input", "reference")
+    @classmethod
+    def _templates(cls, value: str) -> str:
+        template_paths(value)
+        return value
+
+    @field_validator("evaluation_metric")
+    @classmethod
+    def _supported(cls, metric: str) -> str:
+        if metric == "meteor":
+            raise ValueError("meteor needs WordNet data, which pdppo does not download: use bleu")
+        if metric == "cosine":
+            raise ValueError("cosine needs an embedding model, which pdppo does not run")
+        return metric
+
+
+class OpenAIPython(_OpenAIGrader):
+    """`def grade(sample, item) -> float` in `source`, run in the grading server's process
+    under its deadline; refused unless the operator allows it (PDPPO_PYTHON_GRADERS), because
+    it is a tenant's code on the worker."""
+
+    type: Literal["python"]
+    source: Annotated[str, Field(min_length=1, max_length=100_000)]
+    image_tag: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, description="Accepted for compatibility; pdppo runs its own image."
+    )
+
+
+class OpenAIScoreModel(_OpenAIGrader):
+    """A model that scores the sample: refused, pdppo has no model endpoint to call."""
+
+    type: Literal["score_model"]
+    model: Annotated[str, Field(max_length=200)]
+    input: list[dict[str, object]] = Field(default_factory=list)
+
+
+OpenAILeafGrader = Annotated[
+    OpenAIStringCheck | OpenAITextSimilarity | OpenAIPython | OpenAIScoreModel,
+    Field(discriminator="type"),
+]
+
+
+class OpenAIMulti(_OpenAIGrader):
+    """Named sub-graders combined by `calculate_output`, a formula over their names (e.g.
+    `0.5 * exact + 0.5 * close`, `min(exact, format)`), its result clipped to [0, 1]."""
+
+    type: Literal["multi"]
+    graders: dict[SubGraderName, OpenAILeafGrader] = Field(min_length=1, max_length=32)
+    calculate_output: Annotated[str, Field(min_length=1, max_length=2000)]
+
+    @model_validator(mode="after")
+    def _formula(self) -> OpenAIMulti:
+        formula_names(self.calculate_output, set(self.graders))
+        return self
+
+
+OpenAIGraderConfig = Annotated[
+    OpenAIStringCheck | OpenAITextSimilarity | OpenAIPython | OpenAIScoreModel | OpenAIMulti,
+    Field(discriminator="type"),
+]
+
+
+_ALLOWED = (
+    ast.Expression,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Load,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.Pow,
+    ast.USub,
+    ast.UAdd,
+)
+"""The formula's other nodes: arithmetic, nothing that reads or calls anything."""
+
+
+def parse_formula(formula: str) -> ast.Expression:
+    """`formula` as an expression tree (`^` read as a power, as OpenAI writes it); a
+    ValueError when it does not parse."""
+    try:
+        return ast.parse(formula.replace("^", "**"), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"calculate_output {formula!r} is not a formula ({e.msg})") from None
+
+
+def formula_names(formula: str, graders: set[str]) -> set[str]:
+    """The grader names `formula` reads; a ValueError for anything but numbers, those names,
+    + - * / ^, parentheses and calls to FORMULA_FUNCTIONS."""
+    names: set[str] = set()
+    tree = parse_formula(formula)
+    callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in FORMULA_FUNCTIONS:
+                raise ValueError(f"calculate_output may call {', '.join(FORMULA_FUNCTIONS)} only")
+            if node.keywords or not node.args:
+                raise ValueError(f"calculate_output: {node.func.id}() takes numbers only")
+        elif isinstance(node, ast.Name):
+            if id(node) in callees:
+                continue  # checked with its Call
+            if node.id not in graders:
+                raise ValueError(
+                    f"calculate_output names {node.id!r}, which is no grader of this multi "
+                    f"({', '.join(sorted(graders))})"
+                )
+            names.add(node.id)
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, bool) or not isinstance(node.value, int | float):
+                raise ValueError("calculate_output: only numbers may appear as constants")
+        elif not isinstance(node, _ALLOWED):
+            raise ValueError(
+                f"calculate_output: {type(node).__name__} is not allowed; use numbers, grader "
+                "names, + - * / ^ and " + ", ".join(FORMULA_FUNCTIONS)
+            )
+    return names
+
+
+class OpenAIGrader(BaseModel):
+    """An OpenAI grader object inside a pdppo spec: `{type: openai, grader: {...}}`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    type: Literal["openai"]
+    grader: OpenAIGraderConfig
+
+
+__all__ = [
+    "FORMULA_FUNCTIONS",
+    "OpenAIGrader",
+    "OpenAIGraderConfig",
+    "OpenAILeafGrader",
+    "OpenAIMulti",
+    "OpenAIPython",
+    "OpenAIScoreModel",
+    "OpenAIStringCheck",
+    "OpenAITextSimilarity",
+    "formula_names",
+    "parse_formula",
+    "template_paths",
+]

@@ -1,0 +1,296 @@
+"""OpenAI's graders (`core.config.openai_graders`), scoring as OpenAI describes them.
+
+Templates are rendered per completion: `{{item.<path>}}` from the record (a string as it is,
+anything else as JSON), `{{sample.output_text}}` the completion, `{{sample.output_json...}}` the
+completion parsed as JSON. A completion that is not the JSON a template asks for is a wrong
+answer (0), not a grader failure; a record without a field a template names fails the job at
+load time, like every grader's `check`.
+
+The similarity metrics come from the libraries that define them (the `similarity` extra): a
+missing one fails the job when its grader is built, naming the extra; they are imported when first
+used, in the grading server.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from core.config.openai_graders import (
+    FORMULA_FUNCTIONS,
+    TEMPLATE_RE,
+    OpenAIGraderConfig,
+    OpenAILeafGrader,
+    OpenAIMulti,
+    OpenAIPython,
+    OpenAIScoreModel,
+    OpenAIStringCheck,
+    OpenAITextSimilarity,
+    parse_formula,
+    template_paths,
+)
+from core.extras import require
+from core.graders.base import Grader, Record, Scored
+
+
+class NotJson(ValueError):
+    """The completion is not the JSON a template reads: the answer is wrong, it scores 0."""
+
+
+def _lookup(value: Any, keys: list[str], where: str) -> Any:
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            raise KeyError(where)
+        value = value[key]
+    return value
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def render(template: str, completion: str, record: Record) -> str:
+    """`template` with each `{{...}}` replaced; KeyError naming a record path that is missing,
+    NotJson when the completion is not the JSON that `sample.output_json` reads."""
+
+    def value(path: str) -> str:
+        namespace, *keys = path.split(".")
+        if namespace == "item":
+            return _text(_lookup(dict(record), keys, path))
+        if keys == ["output_text"]:
+            return completion
+        try:
+            parsed = json.loads(completion)
+        except ValueError:
+            raise NotJson(f"the completion is not JSON, which {{{{{path}}}}} reads") from None
+        try:
+            return _text(_lookup(parsed, keys[1:], path))
+        except KeyError:
+            raise NotJson(f"the completion's JSON has no {'.'.join(keys[1:])}") from None
+
+    return TEMPLATE_RE.sub(lambda m: value(m.group(1)), template)
+
+
+class _Templated(Grader):
+    """A grader of two rendered templates."""
+
+    def __init__(self, input_: str, reference: str) -> None:
+        self.templates = (input_, reference)
+        self.item_paths = [
+            p for t in self.templates for p in template_paths(t) if p.startswith("item.")
+        ]
+
+    def check(self, record: Record) -> None:
+        for path in self.item_paths:
+            try:
+                _lookup(dict(record), path.split(".")[1:], path)
+            except KeyError:
+                raise ValueError(
+                    f"the record has no {path.removeprefix('item.')!r}, which the grader's "
+                    f"template {{{{{path}}}}} reads"
+                ) from None
+
+    def pair(self, completion: str, record: Record) -> tuple[str, str] | None:
+        """The rendered (input, reference), or None when the completion is not the JSON the
+        templates read (a wrong answer)."""
+        try:
+            return (
+                render(self.templates[0], completion, record),
+                render(self.templates[1], completion, record),
+            )
+        except NotJson:
+            return None
+
+
+class StringCheck(_Templated):
+    """eq, ne, like (contains), ilike (contains, ignoring case), on the rendered texts as they
+    are: OpenAI's operations do not strip."""
+
+    isolated = False  # linear in the text, our code only
+
+    def __init__(self, cfg: OpenAIStringCheck) -> None:
+        super().__init__(cfg.input, cfg.reference)
+        self.operation = cfg.operation
+
+    def score(self, completion: str, record: Record) -> float:
+        pair = self.pair(completion, record)
+        if pair is None:
+            return 0.0
+        got, want = pair
+        if self.operation == "eq":
+            return float(got == want)
+        if self.operation == "ne":
+            return float(got != want)
+        if self.operation == "ilike":
+            got, want = got.casefold(), want.casefold()
+        return float(want in got)
+
+
+_LIBRARIES = {"fuzzy_match": "rapidfuzz", "bleu": "sacrebleu", "gleu": "nltk"}
+"""The library each metric comes from; the rouge metrics come from rouge_score."""
+
+
+def similarity(metric: str) -> Callable[[str, str], float]:
+    """(input, reference) -> [0, 1] for `metric`, from the library that defines it: rapidfuzz's
+    ratio, sacrebleu's sentence BLEU, nltk's sentence GLEU on whitespace tokens, rouge-score's
+    F-measure (the reference first, as its API wants)."""
+    if metric == "fuzzy_match":
+        from rapidfuzz import fuzz
+
+        return lambda got, want: fuzz.ratio(got, want) / 100.0
+    if metric == "bleu":
+        import sacrebleu
+
+        return lambda got, want: sacrebleu.sentence_bleu(got, [want]).score / 100.0
+    if metric == "gleu":
+        from nltk.translate.gleu_score import sentence_gleu
+
+        return lambda got, want: float(sentence_gleu([want.split()], got.split()))
+    from rouge_score import rouge_scorer
+
+    kind = "rougeL" if metric == "rouge_l" else "rouge" + metric.removeprefix("rouge_")
+    scorer = rouge_scorer.RougeScorer([kind])
+    return lambda got, want: float(scorer.score(want, got)[kind].fmeasure)
+
+
+class TextSimilarity(_Templated):
+    """A similarity in [0, 1]; with `pass_threshold`, 1 at or above it and 0 below. Runs in the
+    grading server: the libraries' time is not ours to bound."""
+
+    def __init__(self, cfg: OpenAITextSimilarity, where: str) -> None:
+        super().__init__(cfg.input, cfg.reference)
+        self.metric = cfg.evaluation_metric
+        library = _LIBRARIES.get(self.metric, "rouge_score")
+        require(f"{where} (text_similarity {self.metric})", "similarity", (library,))
+        self.threshold = cfg.pass_threshold
+        self._measure: Callable[[str, str], float] | None = None
+
+    def score(self, completion: str, record: Record) -> float:
+        pair = self.pair(completion, record)
+        if pair is None:
+            return 0.0
+        if self._measure is None:
+            self._measure = similarity(self.metric)
+        value = min(1.0, max(0.0, self._measure(*pair)))
+        return value if self.threshold is None else float(value >= self.threshold)
+
+
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
+_FUNCTIONS: dict[str, Callable[..., float]] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "exp": math.exp,
+    "sqrt": math.sqrt,
+    "log": math.log,
+}
+assert set(_FUNCTIONS) == set(FORMULA_FUNCTIONS)
+
+
+def evaluate(tree: ast.Expression, scores: dict[str, float]) -> float:
+    """The formula's value over the sub-graders' scores (the schema checked the tree: only
+    numbers, names, + - * / ** and FORMULA_FUNCTIONS). A division by zero or a domain error
+    raises: the grader failed, which the batch counts in `grader_errors`."""
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return float(node.value)
+        if isinstance(node, ast.Name):
+            return scores[node.id]
+        if isinstance(node, ast.UnaryOp):
+            value = walk(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BinOp):
+            return float(_BINARY[type(node.op)](walk(node.left), walk(node.right)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            return float(_FUNCTIONS[node.func.id](*(walk(a) for a in node.args)))
+        raise ValueError(f"calculate_output: {type(node).__name__} is not allowed")
+
+    return walk(tree)
+
+
+class Multi(Grader):
+    """Sub-graders combined by `calculate_output`, clipped to [0, 1]; each sub-score is a part
+    (the metric `grader/<name>`)."""
+
+    def __init__(self, cfg: OpenAIMulti, where: str) -> None:
+        self.graders = {
+            name: build_leaf(sub, f"{where}.graders.{name}") for name, sub in cfg.graders.items()
+        }
+        self.formula = parse_formula(cfg.calculate_output)
+        self.isolated = any(g.isolated for g in self.graders.values())
+
+    def check(self, record: Record) -> None:
+        for grader in self.graders.values():
+            grader.check(record)
+
+    def grade(self, completion: str, record: Record) -> Scored:
+        parts = {name: g.score(completion, record) for name, g in self.graders.items()}
+        value = evaluate(self.formula, parts)
+        if not math.isfinite(value):
+            raise ValueError(f"calculate_output gave {value} for the scores {parts}")
+        return Scored(min(1.0, max(0.0, value)), parts)
+
+    def score(self, completion: str, record: Record) -> float:
+        return self.grade(completion, record).value
+
+
+def refusal(cfg: OpenAILeafGrader, where: str) -> str | None:
+    """Why this service cannot run the grader `cfg` (at `where`), or None: a spec with one is
+    refused at submission (`api.admission`), not failed on a worker."""
+    if isinstance(cfg, OpenAIPython):
+        return (
+            f"{where}: python graders are off on this service (they run a tenant's code on "
+            "the workers); use string_check, text_similarity or multi"
+        )
+    if isinstance(cfg, OpenAIScoreModel):
+        return (
+            f"{where}: score_model graders need a model endpoint, which this service has not "
+            "configured; use string_check, text_similarity or multi"
+        )
+    return None
+
+
+def refusals(cfg: OpenAIGraderConfig, where: str) -> list[tuple[str, str]]:
+    """(where, why) for each grader in `cfg` this service cannot run."""
+    leaves = cfg.graders.items() if isinstance(cfg, OpenAIMulti) else [("", cfg)]
+    out = []
+    for name, leaf in leaves:
+        at = f"{where}.graders.{name}" if name else where
+        problem = refusal(leaf, at)
+        if problem is not None:
+            out.append((at, problem))
+    return out
+
+
+def build_leaf(cfg: OpenAILeafGrader, where: str) -> Grader:
+    problem = refusal(cfg, where)
+    if problem is not None:
+        raise ValueError(problem)
+    if isinstance(cfg, OpenAIStringCheck):
+        return StringCheck(cfg)
+    if isinstance(cfg, OpenAITextSimilarity):
+        return TextSimilarity(cfg, where)
+    raise TypeError(f"{where}: unknown grader config {type(cfg).__name__}")
+
+
+def build_openai(cfg: OpenAIGraderConfig, where: str) -> Grader:
+    """The grader an OpenAI grader object declares; a ValueError naming `where` when this
+    service cannot run it."""
+    if isinstance(cfg, OpenAIMulti):
+        return Multi(cfg, where)
+    return build_leaf(cfg, where)

@@ -1,0 +1,420 @@
+"""OpenAI's fine-tuning API on the real stack (redis-server, `pdppo serve`, a worker), driven by
+the official `openai` package exactly as a user's script drives OpenAI: upload with
+`client.files.create`, a reinforcement job with a `multi` grader, list, retrieve, events page
+by page, pause, resume, cancel, checkpoints, graders validated and run, and OpenAI's errors
+(`BadRequestError` and friends, with `param`) for each kind of bad input."""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.integration.stack import KEYS, Service
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+TINY = {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 48}
+SMALL = {
+    "resources": {"device": "cpu"},
+    "train": {
+        "model": {"tiny": TINY},
+        "rollout": {"group_size": 4, "max_new_tokens": 4},
+        "checkpoint_every": 2,
+        "keep_checkpoints": 2,
+        "device": "cpu",
+    },
+}
+OUT = "{{sample.output_text}}"
+MULTI: dict[str, Any] = {
+    "type": "multi",
+    "name": "answer",
+    "graders": {
+        "exact": {
+            "type": "string_check",
+            "name": "exact",
+            "input": OUT,
+            "reference": "{{item.answer}}",
+            "operation": "eq",
+        },
+        "close": {
+            "type": "text_similarity",
+            "name": "close",
+            "input": OUT,
+            "reference": "{{item.answer}}",
+            "evaluation_metric": "fuzzy_match",
+        },
+    },
+    "calculate_output": "max(exact, 0.5 * close)",
+}
+
+
+def rft_rows(n: int, tag: str = "") -> bytes:
+    """OpenAI's RFT format: `messages` and the fields the grader reads."""
+    rows = []
+    for i in range(n):
+        digits = f"{(i * 37 + 11) % 1000:03d}"
+        message = {"role": "user", "content": f"{tag}{digits}="}
+        rows.append(json.dumps({"messages": [message], "answer": digits[::-1]}))
+    return ("\n".join(rows) + "\n").encode()
+
+
+@pytest.fixture
+def client(service: Service) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{service.base_url}/v1", api_key=KEYS["alice"], max_retries=0) as c:
+        yield c
+
+
+def reinforcement(grader: dict[str, Any] | None = None, **hp: Any) -> dict[str, Any]:
+    return {
+        "type": "reinforcement",
+        "reinforcement": {"grader": grader or MULTI, "hyperparameters": hp},
+    }
+
+
+def wait(client: OpenAI, job_id: str, statuses: set[str], timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in statuses or time.monotonic() > deadline:
+            return job
+        time.sleep(0.2)
+
+
+def upload(client: OpenAI, content: bytes, name: str = "train.jsonl") -> str:
+    return client.files.create(file=(name, content), purpose="fine-tune").id
+
+
+def test_a_reinforcement_job_from_the_sdk_trains_and_reports(client: OpenAI) -> None:
+    training = upload(client, rft_rows(16))
+    validation = upload(client, rft_rows(4, "v"), "val.jsonl")
+    job = client.fine_tuning.jobs.create(
+        model="builtin:tiny",
+        training_file=training,
+        validation_file=validation,
+        seed=3,
+        suffix="digits",
+        metadata={"team": "rl", "run": "a"},
+        method=reinforcement(batch_size=4, n_epochs=2, learning_rate_multiplier=0.5),
+        extra_body={"pdppo": SMALL},
+    )
+    assert job.id.startswith("ftjob-") and job.object == "fine_tuning.job"
+    assert (job.model, job.training_file, job.validation_file) == (
+        "builtin:tiny",
+        training,
+        validation,
+    )
+    assert (job.seed, job.user_provided_suffix, job.metadata) == (
+        3,
+        "digits",
+        {"team": "rl", "run": "a"},
+    )
+    # 2 epochs of 16 records, 4 prompts a step: 8 steps; the rate is half the model's default
+    assert job.hyperparameters.batch_size == 4 and job.hyperparameters.n_epochs == 2
+    assert job.hyperparameters.learning_rate_multiplier == pytest.approx(0.5)
+    assert job.model_extra is not None and job.model_extra["pdppo"]["total_steps"] == 8
+    assert job.method is not None and job.method.type == "reinforcement"
+    assert job.status == "queued" and job.fine_tuned_model is None
+
+    done = wait(client, job.id, TERMINAL)
+    assert done.status == "succeeded", done
+    assert done.fine_tuned_model == f"job:{job.id.removeprefix('ftjob-')}"
+    assert done.finished_at is not None and done.finished_at >= done.created_at
+
+    listed = client.fine_tuning.jobs.list(limit=50, metadata={"team": "rl", "run": "a"})
+    assert [j.id for j in listed.data] == [job.id]
+    assert client.fine_tuning.jobs.list(metadata={"team": "other"}).data == []
+
+    # every event, newest first, a page of 5 at a time (the SDK follows `after` by itself)
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=5))
+    assert len(events) > 10 and events[0].message.startswith("The job has ended: succeeded")
+    ids = [e.id for e in events]
+    assert len(set(ids)) == len(ids) and ids == sorted(ids, key=_stream_order, reverse=True)
+    steps = [e.data["step"] for e in events if e.type == "metrics" and "eval" not in e.data]
+    assert sorted(steps) == list(range(1, 9))
+    evaluation = [e for e in events if e.type == "metrics" and e.data.get("eval")]
+    assert evaluation and "eval_reward_mean" in evaluation[0].data
+    first = client.fine_tuning.jobs.list_events(job.id, limit=5)
+    assert [e.id for e in first.data] == ids[:5] and first.has_more
+
+    checkpoints = client.fine_tuning.jobs.checkpoints.list(job.id)
+    assert [c.step_number for c in checkpoints.data] == [8, 6]  # keep_checkpoints: 2, newest first
+    assert checkpoints.data[0].fine_tuning_job_id == job.id
+    assert checkpoints.data[0].metrics.step == 8
+    assert "reward_mean" in (checkpoints.data[0].metrics.model_extra or {})
+
+    # the fine-tuned model is a model a later job starts from
+    later = client.fine_tuning.jobs.create(
+        model=done.fine_tuned_model,
+        training_file=training,
+        method=reinforcement(batch_size=4),
+        extra_body={"pdppo": {"train": {"steps": 1, "device": "cpu"}}},
+    )
+    assert wait(client, later.id, TERMINAL).status == "succeeded"
+
+
+def _stream_order(event_id: str) -> tuple[int, int]:
+    ms, seq = event_id.removeprefix("ftevent-").split("-")
+    return int(ms), int(seq)
+
+
+def test_pause_resume_and_cancel_from_the_sdk(client: OpenAI) -> None:
+    training = upload(client, rft_rows(8))
+    job = client.fine_tuning.jobs.create(
+        model="builtin:tiny",
+        training_file=training,
+        method=reinforcement(batch_size=4),
+        extra_body={"pdppo": {**SMALL, "train": {**SMALL["train"], "steps": 400}}},
+    )
+    running = wait(client, job.id, {"running", *TERMINAL})
+    assert running.status == "running"
+    client.fine_tuning.jobs.pause(job.id)
+    paused = wait(client, job.id, {"paused", *TERMINAL})
+    assert paused.status == "paused"
+    resumed = client.fine_tuning.jobs.resume(job.id)
+    assert resumed.status in ("queued", "running")
+    cancelled = client.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.id == job.id
+    assert wait(client, job.id, TERMINAL).status == "cancelled"
+    with pytest.raises(openai.ConflictError) as caught:
+        client.fine_tuning.jobs.pause(job.id)
+    assert "already cancelled" in caught.value.message
+    assert caught.value.response.headers["x-should-retry"] == "false"
+
+
+def test_graders_are_validated_and_run_before_a_job_is_spent(client: OpenAI) -> None:
+    graders = client.fine_tuning.alpha.graders
+    ran = graders.run(grader=MULTI, model_sample="123", item={"answer": "123"})
+    assert ran.reward == 1.0 and ran.sub_rewards == {"exact": 1.0, "close": 1.0}
+    half = graders.run(grader=MULTI, model_sample="124", item={"answer": "123"})
+    # rapidfuzz's ratio of 124 and 123: 2 of 3 characters, 66.7; the formula halves it
+    assert half.reward == pytest.approx(0.5 * 200 / 3 / 100)
+    missing = graders.run(grader=MULTI, model_sample="1", item={"other": "1"})
+    assert missing.reward == 0.0 and missing.metadata.errors.invalid_variable_error
+    # (the SDK's model of this answer has no discriminator: read the JSON it parsed)
+    validated = graders.with_raw_response.validate(grader=MULTI)
+    assert validated.http_response.json() == {"grader": MULTI}
+    python = {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1\n"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        graders.validate(grader=python)
+    assert caught.value.param == "grader"
+    assert "python graders are off on this service" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        graders.run(grader={**MULTI, "calculate_output": "exact +"}, model_sample="1")
+    assert caught.value.param == "grader.multi"
+    assert "is not a formula" in caught.value.message
+
+
+BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
+    (
+        "supervised",
+        {"method": {"type": "supervised", "supervised": {}}},
+        "method.type",
+        "reinforcement only",
+    ),
+    ("no method", {"method": None}, "method", "reinforcement only"),
+    ("no such file", {"training_file": "file-" + "0" * 32}, "training_file", "not found"),
+    (
+        "a template that names nothing",
+        {"method": reinforcement({**MULTI["graders"]["exact"], "reference": "{{answer}}"})},
+        "method.reinforcement.grader.string_check.reference",
+        "names neither item.<field> nor sample.output_text",
+    ),
+    (
+        "a python grader",
+        {"method": reinforcement({"type": "python", "name": "p", "source": "x = 1"})},
+        "method.reinforcement.grader",
+        "python graders are off",
+    ),
+    (
+        "a bad pdppo knob",
+        {"extra_body": {"pdppo": {"train": {"steps": 0}}}},
+        "pdppo.train.steps",
+        "greater than or equal to 1",
+    ),
+    (
+        "integrations",
+        {"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]},
+        "integrations",
+        "not supported",
+    ),
+    ("a negative seed", {"seed": -1}, "seed", "greater than or equal to 0"),
+    ("a model outside the data roots", {"model": "hf:/etc"}, "model", "is not under any of"),
+    (
+        "17 metadata keys",
+        {"metadata": {f"k{i}": "v" for i in range(17)}},
+        "metadata",
+        "at most 16 items",
+    ),
+    ("an unknown field", {"extra_body": {"epochs": 3}}, "epochs", "Extra inputs are not permitted"),
+    (
+        "an unknown grader type",
+        {"method": reinforcement({"type": "label_model", "name": "l"})},
+        "method.reinforcement.grader",
+        "does not match any of the expected tags",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "change", "param", "says"), BAD_CREATES, ids=[c[0] for c in BAD_CREATES]
+)
+def test_each_bad_create_is_a_400_naming_its_param(
+    client: OpenAI, case: str, change: dict[str, Any], param: str | None, says: str
+) -> None:
+    arguments: dict[str, Any] = {
+        "model": "builtin:tiny",
+        "training_file": upload(client, rft_rows(4)),
+        "method": reinforcement(),
+    }
+    arguments.update(change)
+    if arguments["method"] is None:
+        del arguments["method"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(**arguments)
+    error = caught.value
+    assert (error.status_code, error.param, error.type) == (400, param, "invalid_request_error")
+    assert says in error.message, error.message
+
+
+def test_bad_pages_are_400s_and_unknown_jobs_404s(client: OpenAI) -> None:
+    job_id = "ftjob-" + "0" * 24
+    with pytest.raises(openai.NotFoundError):
+        client.fine_tuning.jobs.list_events(job_id)
+    with pytest.raises(openai.NotFoundError):
+        client.fine_tuning.jobs.cancel(job_id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.list(limit=0)
+    assert caught.value.param == "limit"
+    mine = client.fine_tuning.jobs.create(
+        model="builtin:tiny",
+        training_file=upload(client, rft_rows(4)),
+        method=reinforcement(),
+        extra_body={"pdppo": {**SMALL, "train": {**SMALL["train"], "steps": 1}}},
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.list_events(mine.id, after="ftevent-not-an-id")
+    assert caught.value.param == "after"
+    with pytest.raises(openai.BadRequestError) as caught:  # each part of an id is below 2^64
+        client.fine_tuning.jobs.list_events(mine.id, after="ftevent-99999999999999999999-0")
+    assert caught.value.body["param"] is None
+    assert caught.value.body["message"].startswith("after: '99999999999999999999-0'")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.list_events(mine.id, limit=101)
+    assert caught.value.param == "limit"
+    wait(client, mine.id, TERMINAL)
+
+
+def test_unknown_jobs_other_tenants_and_bad_keys(service: Service, client: OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.fine_tuning.jobs.retrieve("ftjob-" + "0" * 24)
+    assert caught.value.body == {
+        "message": f"job {'0' * 24!r} not found",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+    }
+    mine = client.fine_tuning.jobs.create(
+        model="builtin:tiny",
+        training_file=upload(client, rft_rows(4)),
+        method=reinforcement(),
+        extra_body={"pdppo": {**SMALL, "train": {**SMALL["train"], "steps": 1}}},
+    )
+    with OpenAI(base_url=f"{service.base_url}/v1", api_key=KEYS["bob"], max_retries=0) as bob:
+        with pytest.raises(openai.NotFoundError):
+            bob.fine_tuning.jobs.retrieve(mine.id)
+        assert mine.id not in [j.id for j in bob.fine_tuning.jobs.list(limit=100).data]
+    nobody = OpenAI(base_url=f"{service.base_url}/v1", api_key="wrong", max_retries=0)
+    with nobody, pytest.raises(openai.AuthenticationError) as denied:
+        nobody.fine_tuning.jobs.list()
+    assert denied.value.type == "authentication_error"
+    wait(client, mine.id, TERMINAL)
+
+
+class LoseFirstAnswer(httpx2.HTTPTransport):
+    """Sends each request, but loses the answer of the first job create: the server made the
+    job, the client never heard (a timeout), and the SDK retries, as it does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creates = 0
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = super().handle_request(request)
+        if request.method == "POST" and request.url.path.endswith("/fine_tuning/jobs"):
+            self.creates += 1
+            if self.creates == 1:
+                response.read()
+                raise httpx2.ReadTimeout("answer lost", request=request)
+        return response
+
+
+def test_the_sdks_retry_of_a_create_whose_answer_was_lost_makes_no_second_job(
+    service: Service, client: OpenAI
+) -> None:
+    transport = LoseFirstAnswer()
+    with OpenAI(
+        base_url=f"{service.base_url}/v1",
+        api_key=KEYS["carol"],
+        max_retries=2,
+        http_client=httpx2.Client(transport=transport),
+    ) as carol:
+        training = upload(carol, rft_rows(4))
+        before = {j.id for j in carol.fine_tuning.jobs.list(limit=100).data}
+        arguments: dict[str, Any] = {
+            "model": "builtin:tiny",
+            "training_file": training,
+            "method": reinforcement(),
+            "extra_body": {"pdppo": {**SMALL, "train": {**SMALL["train"], "steps": 1}}},
+        }
+        job = carol.fine_tuning.jobs.create(**arguments)
+        assert transport.creates == 2  # the lost answer, then the retry
+        made = {j.id for j in carol.fine_tuning.jobs.list(limit=100).data} - before
+        assert made == {job.id}
+        # a new create of the same request (not a retry) is a new job
+        again = carol.fine_tuning.jobs.create(**arguments)
+        assert again.id != job.id
+        for made_job in (job.id, again.id):
+            wait(carol, made_job, TERMINAL)
+
+
+def test_readmes_openai_script_runs_unchanged_but_for_its_url_key_and_file(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    script = next(
+        block.split("```", 1)[0]
+        for block in readme.split("```python\n")[1:]
+        if block.startswith("from openai import OpenAI")
+    )
+    assert len(ast.parse(script).body) <= 10  # statements: "a ten-line script"
+    data = tmp_path / "rft.jsonl"
+    data.write_bytes(rft_rows(4))
+    script = (
+        script.replace("http://127.0.0.1:8000/v1", f"{service.base_url}/v1")
+        .replace('api_key="..."', f'api_key="{KEYS["alice"]}"')
+        .replace('open("rft.jsonl", "rb")', f'open("{data}", "rb")')
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(script, "README.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == "Job queued"  # the oldest event so far: the job's creation
+    job = wait(namespace["client"], namespace["job"].id, TERMINAL, timeout=300)
+    assert job.status == "succeeded", job
+
+
+def test_files_from_the_sdk_are_openai_file_objects(client: OpenAI) -> None:
+    content = rft_rows(3, "f")
+    made = client.files.create(file=("rft.jsonl", content), purpose="fine-tune")
+    assert (made.object, made.status, made.purpose) == ("file", "processed", "fine-tune")
+    assert (made.filename, made.bytes) == ("rft.jsonl", len(content))
+    again = client.files.retrieve(made.id)
+    assert (again.id, again.object, again.bytes) == (made.id, "file", len(content))
+    assert client.files.content(made.id).read() == content

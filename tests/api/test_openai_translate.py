@@ -297,6 +297,8 @@ def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> N
     created = paths["/v1/fine_tuning/jobs"]["post"]["responses"]
     assert created["400"]["description"].startswith("a request pdppo cannot run; `param` names")
     assert created["409"]["description"] == "Idempotency-Key reused with another request"
+    validate = paths["/v1/fine_tuning/alpha/graders/validate"]["post"]["responses"]
+    assert validate["400"]["description"].startswith("not a grader this service runs")
     native = paths["/v1/jobs"]["post"]["responses"]
     assert native["422"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ValidationErrorBody"

@@ -310,3 +310,19 @@ def test_a_client_that_is_not_the_sdk_gets_a_new_job_for_each_create(
         )
 
     run(settings, work)
+
+
+def test_every_openai_route_wants_an_api_key(settings: Settings) -> None:  # noqa: F811
+    async def work(sdk: AsyncOpenAI) -> None:
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.fine_tuning.alpha.graders.validate(grader=GRADER)  # type: ignore[arg-type]
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.fine_tuning.alpha.graders.run(grader=GRADER, model_sample="1")  # type: ignore[arg-type]
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.fine_tuning.jobs.list()
+
+    KEYS["nobody"] = "not-a-key-of-anyone"
+    try:
+        run(settings, work, tenant="nobody")
+    finally:
+        del KEYS["nobody"]

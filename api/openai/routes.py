@@ -323,8 +323,9 @@ def _grader(config: OpenAIGraderConfig) -> Grader:
     response_model=GraderValidateResponse,
     responses={400: {**_ERROR, "description": "not a grader this service runs; `param` says"}},
 )
-async def validate_grader(body: GraderValidateRequest) -> GraderValidateResponse:
-    """The grader as it will run (200), or why not (400): the same checks as a job's."""
+async def validate_grader(body: GraderValidateRequest, tenant: TenantDep) -> GraderValidateResponse:
+    """The grader as it will run (200), or why not (400): the same checks as a job's. Like
+    every /v1 call, for holders of an API key only (`tenant` is the check)."""
     _grader(body.grader)
     return GraderValidateResponse(grader=body.grader.model_dump(mode="json", exclude_none=True))
 

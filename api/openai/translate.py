@@ -178,8 +178,12 @@ def problem_param(field: str) -> str:
     return _param(tuple(field.split(".")))
 
 
+def _seconds(iso: str) -> int:
+    return int(datetime.fromisoformat(iso).timestamp())
+
+
 def _epoch(iso: str | None) -> int | None:
-    return int(datetime.fromisoformat(iso).timestamp()) if iso else None
+    return _seconds(iso) if iso else None
 
 
 def to_openai_job(record: JobRecord) -> FineTuningJob:
@@ -208,7 +212,7 @@ def to_openai_job(record: JobRecord) -> FineTuningJob:
         error = FineTuningJobError(code=record.error_code, message=record.error_message or "")
     return FineTuningJob(
         id=JOB_PREFIX + record.id,
-        created_at=_epoch(record.created_at) or 0,
+        created_at=_seconds(record.created_at),
         finished_at=_epoch(record.finished_at),
         error=error,
         fine_tuned_model=f"job:{record.id}" if record.status == "succeeded" else None,

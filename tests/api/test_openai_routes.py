@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx2
@@ -97,12 +98,16 @@ def test_a_job_shows_its_model_status_and_what_a_native_job_lacks(
     client = redis.Redis.from_url(redis_url, decode_responses=True)
 
     async def work(sdk: AsyncOpenAI) -> Any:
+        before = int(time.time())
         job = await create(sdk)
+        assert before <= job.created_at <= time.time() and job.finished_at is None
         assert (job.status, job.fine_tuned_model, job.model) == ("queued", None, "builtin:tiny")
         native_id = job.id.removeprefix("ftjob-")
-        client.hset(job_key(native_id), mapping={"status": "succeeded"})
+        ended = "2026-01-02T03:04:05+00:00"
+        client.hset(job_key(native_id), mapping={"status": "succeeded", "finished_at": ended})
         done = await sdk.fine_tuning.jobs.retrieve(job.id)
         assert (done.status, done.fine_tuned_model) == ("succeeded", f"job:{native_id}")
+        assert done.finished_at == 1767323045
         client.hdel(job_key(native_id), "openai")  # as a job made with POST /v1/jobs
         native = await sdk.fine_tuning.jobs.retrieve(native_id)  # the native id works too
         assert (native.id, native.model, native.metadata) == (job.id, "builtin:tiny", None)
@@ -305,3 +310,19 @@ def test_a_client_that_is_not_the_sdk_gets_a_new_job_for_each_create(
         )
 
     run(settings, work)
+
+
+def test_every_openai_route_wants_an_api_key(settings: Settings) -> None:  # noqa: F811
+    async def work(sdk: AsyncOpenAI) -> None:
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.fine_tuning.alpha.graders.validate(grader=GRADER)  # type: ignore[arg-type]
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.fine_tuning.alpha.graders.run(grader=GRADER, model_sample="1")  # type: ignore[arg-type]
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.fine_tuning.jobs.list()
+
+    KEYS["nobody"] = "not-a-key-of-anyone"
+    try:
+        run(settings, work, tenant="nobody")
+    finally:
+        del KEYS["nobody"]

@@ -272,6 +272,15 @@ def test_native_error_bodies_become_openais_error_object(
     assert (got_status, json.loads(body)) == (expected_status, {"error": expected})
     already = json.dumps({"error": expected}).encode()
     assert _translated(400, already) == (400, already)
+    assert _translated(500, already) == (500, already)
+
+
+def test_an_error_body_that_is_not_json_becomes_the_message() -> None:
+    status, body = _translated(502, b"Bad Gateway")
+    assert (status, json.loads(body)["error"]) == (
+        502,
+        {"message": "Bad Gateway", "type": "server_error", "param": None, "code": None},
+    )
 
 
 def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> None:  # noqa: F811
@@ -288,6 +297,8 @@ def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> N
     created = paths["/v1/fine_tuning/jobs"]["post"]["responses"]
     assert created["400"]["description"].startswith("a request pdppo cannot run; `param` names")
     assert created["409"]["description"] == "Idempotency-Key reused with another request"
+    validate = paths["/v1/fine_tuning/alpha/graders/validate"]["post"]["responses"]
+    assert validate["400"]["description"].startswith("not a grader this service runs")
     native = paths["/v1/jobs"]["post"]["responses"]
     assert native["422"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ValidationErrorBody"

@@ -405,3 +405,15 @@ def test_every_name_of_a_formula_is_checked_calls_arguments_included() -> None:
         }
     )
     assert "calculate_output names 'zzz', which is no grader of this multi (a)" in said
+
+
+def test_graders_are_strict_a_number_in_a_string_is_not_a_number() -> None:
+    grader = {
+        "type": "text_similarity",
+        "name": "s",
+        "input": OUT,
+        "reference": ANSWER,
+        "evaluation_metric": "bleu",
+    }
+    ADAPTER.validate_python({"type": "openai", "grader": {**grader, "pass_threshold": 0.5}})
+    assert refusal({**grader, "pass_threshold": "0.5"}) == "Input should be a valid number"

@@ -22,6 +22,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import core.graders.batch
+import core.graders.schema
 from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
 from core.graders.base import check_unit, text_field
@@ -75,9 +76,22 @@ def die(completion, record):
 
 def torch_loaded(completion, record):
     return float("torch" in sys.modules)
+
+NOT_A_FUNCTION = 0.5
 """
 
-PLUGINS = ["boom", "chatty", "die", "half", "nan", "scaled", "sleep", "text", "torch_loaded"]
+PLUGINS = [
+    "boom",
+    "chatty",
+    "constant",
+    "die",
+    "half",
+    "nan",
+    "scaled",
+    "sleep",
+    "text",
+    "torch_loaded",
+]
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +103,10 @@ def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (info / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: pdppo-test-graders\nVersion: 0.1\n"
     )
-    functions = {name: name for name in PLUGINS} | {"sleep": "sleep_forever"}
+    functions = {name: name for name in PLUGINS} | {
+        "sleep": "sleep_forever",
+        "constant": "NOT_A_FUNCTION",
+    }
     entries = "".join(f"{name} = pdppo_test_graders:{fn}\n" for name, fn in functions.items())
     (info / "entry_points.txt").write_text("[pdppo.graders]\n" + entries)
     return root
@@ -158,6 +175,9 @@ def test_numeric_tolerances_and_extract() -> None:
     extract = {"type": "numeric", "extract": r"ANSWER: ([\d,.]+)"}
     assert score(extract, "ANSWER: 1,000 then 100 more", {"answer": 1000}) == 1.0
     assert score(extract, "100", record) == 0.0  # the pattern does not match: no answer
+    # a completion that states its answer twice (a correction) is graded on the last one
+    corrected = "ANSWER: 7, no wait, ANSWER: 9"
+    assert [score(extract, corrected, {"answer": n}) for n in (7, 9)] == [0.0, 1.0]
     with pytest.raises(ValueError, match=r"task\.grader\.extract='\[0-9\]\+' must have exactly"):
         build_grader(grader_config({"type": "numeric", "extract": "[0-9]+"}))
     with pytest.raises(ValueError, match=r"field 'answer'='1/2' is not a finite number"):
@@ -264,6 +284,40 @@ def test_json_schema() -> None:
         grader.check({"schema": {"type": "integr"}})
     with pytest.raises(ValueError, match="has no field 'schema'"):
         grader.check({"answer": "x"})
+
+
+def test_json_schema_validators_are_cached_and_the_least_recently_used_goes_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group's completions share a schema: compiled once while it is among the most recently
+    used, compiled again once evicted."""
+    import jsonschema.validators
+
+    compiled: list[str] = []
+    validator_for = jsonschema.validators.validator_for
+
+    def counting(schema: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(schema["title"])
+        return validator_for(schema, *args, **kwargs)
+
+    grader = build_grader(grader_config({"type": "json_schema"}))
+    monkeypatch.setattr(core.graders.schema, "MAX_CACHED_VALIDATORS", 2)
+    monkeypatch.setattr(jsonschema.validators, "validator_for", counting)
+    schemas = {name: {"title": name, "type": "integer"} for name in "abc"}
+    reordered = {"type": "integer", "title": "a"}  # the same schema: the same cache entry
+    for schema in [schemas["a"], schemas["b"], reordered, schemas["c"], schemas["a"], schemas["b"]]:
+        assert grader.score("3", {"schema": schema}) == 1.0
+    # a, b; a again (cached); c evicts b, the least recently used; a again (cached); b again
+    assert compiled == ["a", "b", "c", "b"]
+
+
+def test_a_long_schema_error_is_cut_at_300_characters() -> None:
+    grader = build_grader(grader_config({"type": "json_schema"}))
+    with pytest.raises(ValueError) as e:
+        grader.check({"schema": {"type": "x" * 400}})
+    assert str(e.value) == (
+        "field 'schema' is not a valid JSON schema: '" + "x" * 299 + " (at '/type')"
+    )
 
 
 def test_length_penalty() -> None:
@@ -412,6 +466,18 @@ def test_unknown_plugin_lists_the_installed_ones() -> None:
         "(entry point group 'pdppo.graders'; installed: ["
     )
     assert "'sleep'" in message and "'half'" in message
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_entry_point_that_is_not_a_function_is_named_when_loaded() -> None:
+    spec = grader_config({"type": "plugin", "name": "constant"})
+    build_grader(spec)  # the trainer's process only checks that it is installed
+    with pytest.raises(ValueError) as e:
+        build_grader(spec, load_plugins=True)
+    assert str(e.value) == (
+        "task.grader.name='constant': entry point 'pdppo_test_graders:NOT_A_FUNCTION' is not "
+        "callable"
+    )
 
 
 @pytest.mark.usefixtures("plugins")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -204,6 +205,29 @@ def test_metrics_are_computed_from_what_the_grader_saw() -> None:
         "eval_pass@4", "eval_grader/index", "eval_greedy_reward_mean",
         "eval_greedy_grader/index", "eval_time",
     }  # fmt: skip
+
+
+class RewardByIndex(HeldOutReverse):
+    """Rewards that do not depend on what the model wrote: held-out example i scores
+    (i + 1) / 8, so every mean over the held-out set is known in advance."""
+
+    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
+        super().grade(examples, completions)
+        return Grades([(self.held.index(e) + 1) / 8 for e in examples], {})
+
+
+def test_the_greedy_mean_and_the_time_are_of_this_evaluation() -> None:
+    cfg = config(
+        eval_every=2, task={"name": "jsonl", "path": "x.jsonl", "validation_fraction": 0.1}
+    )
+    evaluator = Evaluator(cfg, RewardByIndex(), tiny(cfg))
+    started = time.perf_counter()
+    out = evaluator.evaluate(step=2)
+    took = time.perf_counter() - started
+    mean = sum(range(1, len(DIGITS) + 1)) / len(DIGITS) / 8  # 0.4375
+    assert out["eval_greedy_reward_mean"] == pytest.approx(mean)
+    assert out["eval_reward_mean"] == pytest.approx(mean)
+    assert 0 < out["eval_time"] <= took
 
 
 def test_greedy_completions_are_the_argmax_decode() -> None:

@@ -25,7 +25,7 @@ import core.graders.batch
 import core.graders.schema
 from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
-from core.graders.base import check_unit, text_field
+from core.graders.base import Grader, check_unit, text_field
 from core.graders.batch import GradingCounts
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
@@ -184,6 +184,17 @@ def test_numeric_tolerances_and_extract() -> None:
         build_grader(grader_config({"type": "numeric"})).check({"answer": "1/2"})
     assert not build_grader(grader_config({"type": "numeric"})).isolated
     assert build_grader(grader_config(extract)).isolated
+
+
+def test_a_grader_class_without_a_score_cannot_be_built() -> None:
+    """A new grader that forgot `score` fails when it is built (the spec's load), not with a
+    None reward in the middle of a run."""
+
+    class NoScore(Grader):
+        pass
+
+    with pytest.raises(TypeError, match=r"abstract method '?score"):
+        NoScore()  # type: ignore[abstract]
 
 
 @pytest.mark.parametrize("value", [0.0, 0.5, 1.0])
@@ -567,6 +578,55 @@ def test_server_start_failure_is_a_grader_error_of_every_item(
         outcomes = server.grade([("a", {}), ("b", {})])
     assert [(o.value, o.failure) for o in outcomes] == [(0.0, "error"), (0.0, "error")]
     assert outcomes[0].message == "the grading server exited while starting (exit status 1)"
+
+
+def test_a_server_that_cannot_be_started_at_all_names_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-python"
+    monkeypatch.setattr(sys, "executable", str(missing))  # Popen raises: no child at all
+    with GradingServer(grader_config({"type": "regex", "pattern": "a"}), 5.0) as server:
+        outcomes = server.grade([("a", {}), ("b", {})])
+    assert [(o.value, o.failure) for o in outcomes] == [(0.0, "error"), (0.0, "error")]
+    assert outcomes[0].message == (
+        f"cannot start the grading server: [Errno 2] No such file or directory: '{missing}'"
+    )
+
+
+def kill_the_child_after_its_check(server: GradingServer, times: int) -> None:
+    """The child dies between `grade`'s check that it runs and the batch's write (it was
+    alive when asked, gone when written to), `times` times."""
+    ensure = server._ensure_started
+
+    def then_kill() -> None:
+        nonlocal times
+        ensure()
+        if times > 0:
+            times -= 1
+            proc = server._child.proc
+            assert proc is not None
+            proc.kill()
+            proc.wait()
+
+    server._ensure_started = then_kill  # type: ignore[method-assign]
+
+
+def test_a_child_gone_when_the_batch_is_written_is_replaced_once() -> None:
+    spec = grader_config({"type": "regex", "pattern": "a"})
+    with GradingServer(spec, 5.0) as server:
+        assert [o.value for o in server.grade([("a", {})])] == [1.0]
+        kill_the_child_after_its_check(server, 1)
+        assert [(o.value, o.failure) for o in server.grade([("a", {}), ("b", {})])] == [
+            (1.0, None),
+            (0.0, None),
+        ]
+        assert server.starts == 2
+        kill_the_child_after_its_check(server, 2)  # and the new one too: no third try
+        outcomes = server.grade([("a", {})])
+    assert [(o.value, o.failure, o.message) for o in outcomes] == [
+        (0.0, "error", "the grading server takes no input")
+    ]
+    assert server.starts == 3  # the running child, then one new one
 
 
 PARENT = """

@@ -22,6 +22,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import core.graders.batch
+import core.graders.plugins
 import core.graders.schema
 from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
@@ -477,6 +478,20 @@ def test_unknown_plugin_lists_the_installed_ones() -> None:
         "(entry point group 'pdppo.graders'; installed: ["
     )
     assert "'sleep'" in message and "'half'" in message
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_plugin_gone_by_the_time_the_grading_server_loads_it_lists_the_installed() -> None:
+    """The trainer checked the name; the grading server (another process, maybe after an
+    uninstall) loads it: a missing one is the same clear error there, not an IndexError."""
+    with pytest.raises(ValueError) as e:
+        core.graders.plugins.load_plugin("gone", "task.grader")
+    message = str(e.value)
+    assert message.startswith(
+        "task.grader.name='gone': no grader plugin of that name is installed (entry point "
+        "group 'pdppo.graders'; installed: ["
+    )
+    assert "'boom'" in message and "'half'" in message
 
 
 @pytest.mark.usefixtures("plugins")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.config import ModelConfig, TinyModelConfig
+from core.config import AlgorithmConfig, ModelConfig, TinyModelConfig
 from core.models.base import CausalLM
 from core.models.tiny import TinyLM
 from core.objective.behavior import BehaviorView
@@ -311,3 +311,20 @@ def test_the_full_forward_gives_the_shared_prefix_logits() -> None:
         shared = response_logits(lm, batch, 1.5, prefix="shared")
     assert full.shape == (len(batch.tokens), lm.tokenizer.vocab_size)
     assert torch.allclose(full, shared, atol=1e-5)
+
+
+def test_top_p_of_1_cuts_nothing_however_the_sums_round() -> None:
+    """A near-certain token with a tail of unlikely ones: in fp32 the cumulative sum is 1.0 from
+    the first token on, so a top-p cut at 1.0 would drop the whole tail (-inf: never sampled,
+    an infinite ratio against pi). top_p = 1 is no truncation at all."""
+    logits = torch.tensor([[0.0] + [-30.0] * 8])
+    assert torch.log_softmax(logits, -1).exp().cumsum(-1)[0, 0] == 1.0
+    lp = sampling_logprobs(logits, 1.0, 1.0)
+    assert torch.equal(lp, torch.log_softmax(logits, -1))
+    assert bool(torch.isfinite(lp).all())
+
+
+def test_the_engines_default_top_k_is_the_configs() -> None:
+    lm = tiny()
+    batch = generate(lm, prompts(lm)[:2], max_new_tokens=2, generator=torch.Generator())
+    assert batch.behavior.topk_ids.shape[1] == AlgorithmConfig().top_k == 20

@@ -458,6 +458,22 @@ def test_a_plugins_result_is_clipped_to_the_unit_interval() -> None:
     assert [scaled(f) for f in (-1.0, 0.125, 1.0)] == [0.0, 0.5, 1.0]
 
 
+def test_multi_checks_each_records_fields_for_every_sub_grader() -> None:
+    """A record a sub-grader cannot read is refused when the dataset is loaded, naming the
+    field, whichever sub-grader reads it."""
+    spec = {
+        "type": "multi",
+        "graders": {
+            "short": {"type": "length_penalty", "max_chars": 10},
+            "right": {"type": "numeric", "field": "solution"},
+        },
+    }
+    grader = build_grader(grader_config(spec))
+    grader.check({"solution": 4})
+    with pytest.raises(ValueError, match="the record has no field 'solution'"):
+        grader.check({"answer": 4})
+
+
 def test_multi_refuses_weights_of_no_sub_grader_and_a_zero_sum() -> None:
     graders = {"a": {"type": "string_check"}, "b": {"type": "length_penalty", "max_chars": 5}}
     with pytest.raises(ValueError, match=r"weights name no sub-grader: \['c'\]"):

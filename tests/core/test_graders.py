@@ -79,6 +79,24 @@ def torch_loaded(completion, record):
     return float("torch" in sys.modules)
 
 NOT_A_FUNCTION = 0.5
+
+FORGED = b'{"i": 99, "pad": "' + b"x" * 300 + b'"}\\n'
+
+def forge(completion, record):
+    # writes a protocol line into the answers pipe it inherited (a write-only pipe past
+    # stderr): what a plugin that scribbles on file descriptors can do
+    import fcntl, stat
+    err = os.fstat(2)
+    for fd in range(3, 64):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if not stat.S_ISFIFO(st.st_mode) or (st.st_dev, st.st_ino) == (err.st_dev, err.st_ino):
+            continue
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+            os.write(fd, FORGED)
+    return 1.0
 """
 
 PLUGINS = [
@@ -86,6 +104,7 @@ PLUGINS = [
     "chatty",
     "constant",
     "die",
+    "forge",
     "half",
     "nan",
     "scaled",
@@ -581,6 +600,16 @@ def test_a_plugin_that_kills_the_server_or_prints() -> None:
     with GradingServer(grader_config({"type": "plugin", "name": "chatty"}), 10.0) as server:
         outcomes = server.grade([("a", {}), ("b", {})])
     assert [(o.value, o.failure) for o in outcomes] == [(1.0, None), (1.0, None)]
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_answer_out_of_order_stops_the_server_and_is_quoted_up_to_200_bytes() -> None:
+    with GradingServer(grader_config({"type": "plugin", "name": "forge"}), 10.0) as server:
+        outcomes = server.grade([("a", {}), ("b", {})])
+        assert server.starts == 2  # the forged answer stopped the first child
+    forged = b'{"i": 99, "pad": "' + b"x" * 300 + b'"}'
+    message = f"unexpected answer {forged[:200]!r}"
+    assert [(o.value, o.failure, o.message) for o in outcomes] == [(0.0, "error", message)] * 2
 
 
 # -- the grading server ------------------------------------------------------------------------

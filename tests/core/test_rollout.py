@@ -268,8 +268,9 @@ def test_finished_rows_leave_decoding_a_quarter_at_a_time() -> None:
     whether to stop, when the last row has."""
     lm = tiny()
     eos = lm.tokenizer.eos_id
-    prompts = [lm.tokenizer.encode_prompt("x" * n) for n in range(1, 9)]  # 2 to 9 tokens
-    stop_at = 9  # the token at position 9 is EOS: the rows give 8, 7, ..., 1 tokens
+    # 9 to 2 tokens, the first rows finishing first: the rows left are not a prefix of the batch
+    prompts = [lm.tokenizer.encode_prompt("x" * n) for n in range(8, 0, -1)]
+    stop_at = 9  # the token at position 9 is EOS: the rows give 1, 2, ..., 8 tokens
     forward, select_cache = lm.forward, lm.select_cache
     kept: list[int] = []
     asked: list[int] = []
@@ -291,8 +292,8 @@ def test_finished_rows_leave_decoding_a_quarter_at_a_time() -> None:
     lm.forward = eos_at_position  # type: ignore[method-assign]
     lm.select_cache = counting_select  # type: ignore[method-assign]
     batch = generate(lm, prompts, max_new_tokens=12, greedy=True, should_stop=should_stop)
-    assert batch.response_mask.sum(1).tolist() == [8, 7, 6, 5, 4, 3, 2, 1]
-    assert [len(c) for c in batch.completions] == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert batch.response_mask.sum(1).tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [len(c) for c in batch.completions] == [0, 1, 2, 3, 4, 5, 6, 7]
     # 2 of 8 finished: 6 left; 2 of 6 (1 is not a quarter): 4; then 1 of 4, of 3, of 2
     assert kept == [6, 4, 3, 2, 1]
     assert len(asked) == 8  # once per token decoded, none after the last row's EOS

@@ -112,6 +112,12 @@ def test_pass_at_k_hand_computed_values() -> None:
         pass_at_k(4, 1, 5)
     with pytest.raises(ValueError, match="0 <= c <= n"):
         pass_at_k(4, 5, 1)
+    # the edges: no draw at all and a negative count are not estimates of anything
+    with pytest.raises(ValueError, match=r"1 <= k <= n, got n=4 c=1 k=0"):
+        pass_at_k(4, 1, 0)
+    with pytest.raises(ValueError, match=r"0 <= c <= n and 1 <= k <= n, got n=4 c=-1 k=1"):
+        pass_at_k(4, -1, 1)
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(1, 1, 1) == 1.0
 
 
 def test_reported_k_are_one_powers_of_two_and_n() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -613,6 +614,27 @@ def test_an_answer_out_of_order_stops_the_server_and_is_quoted_up_to_200_bytes()
 
 
 # -- the grading server ------------------------------------------------------------------------
+
+
+def test_the_last_second_before_a_deadline_still_counts() -> None:
+    """A write or a read with half a second left goes through when the child is ready: the
+    deadline is when they give up, not a second before it."""
+    from core.graders.server import _Child
+
+    child = _Child()
+    child.start()
+    try:
+        setup = {"grader": {"type": "regex", "pattern": "a"}, "where": "task.grader"}
+        assert child.write(json.dumps(setup).encode() + b"\n", time.monotonic() + 0.5)
+        assert child.read_line(time.monotonic() + 60.0) == b'{"ready":true}'
+        batch = {"records": [{}], "items": [[0, "a"]]}
+        assert child.write(json.dumps(batch).encode() + b"\n", time.monotonic() + 60.0)
+        assert child.proc is not None and child.proc.stdout is not None
+        ready, _, _ = select.select([child.proc.stdout], [], [], 60.0)  # the answer is there
+        assert ready
+        assert child.read_line(time.monotonic() + 0.5) == b'{"i":0,"v":1.0,"p":{}}'
+    finally:
+        child.stop()
 
 
 def test_catastrophic_regex_times_out_and_the_next_item_is_graded() -> None:

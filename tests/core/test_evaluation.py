@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,6 +112,12 @@ def test_pass_at_k_hand_computed_values() -> None:
         pass_at_k(4, 1, 5)
     with pytest.raises(ValueError, match="0 <= c <= n"):
         pass_at_k(4, 5, 1)
+    # the edges: no draw at all and a negative count are not estimates of anything
+    with pytest.raises(ValueError, match=r"1 <= k <= n, got n=4 c=1 k=0"):
+        pass_at_k(4, 1, 0)
+    with pytest.raises(ValueError, match=r"0 <= c <= n and 1 <= k <= n, got n=4 c=-1 k=1"):
+        pass_at_k(4, -1, 1)
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(1, 1, 1) == 1.0
 
 
 def test_reported_k_are_one_powers_of_two_and_n() -> None:
@@ -124,6 +131,15 @@ def test_eval_seed_depends_on_seed_and_step_only() -> None:
     assert eval_seed(0, 5) == eval_seed(0, 5)
     assert len({eval_seed(0, 5), eval_seed(0, 6), eval_seed(1, 5)}) == 3
     assert 0 <= eval_seed(2**63 - 4, 10_000_000) < 2**63
+
+
+def test_eval_seed_is_the_top_63_bits_of_its_hash() -> None:
+    """Known values: a run resumed by another version of pdppo evaluates a step again with
+    the same draws only if the recipe stays put; 63 bits fill torch's seed range."""
+    assert eval_seed(0, 5) == 4233499999400229535
+    assert eval_seed(7, 123) == 9177992329687503002
+    seeds = [eval_seed(s, t) for s in range(20) for t in range(20)]
+    assert max(seeds).bit_length() == 63 and min(seeds) >= 0
 
 
 # -- samples --------------------------------------------------------------------------------
@@ -204,6 +220,29 @@ def test_metrics_are_computed_from_what_the_grader_saw() -> None:
         "eval_pass@4", "eval_grader/index", "eval_greedy_reward_mean",
         "eval_greedy_grader/index", "eval_time",
     }  # fmt: skip
+
+
+class RewardByIndex(HeldOutReverse):
+    """Rewards that do not depend on what the model wrote: held-out example i scores
+    (i + 1) / 8, so every mean over the held-out set is known in advance."""
+
+    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
+        super().grade(examples, completions)
+        return Grades([(self.held.index(e) + 1) / 8 for e in examples], {})
+
+
+def test_the_greedy_mean_and_the_time_are_of_this_evaluation() -> None:
+    cfg = config(
+        eval_every=2, task={"name": "jsonl", "path": "x.jsonl", "validation_fraction": 0.1}
+    )
+    evaluator = Evaluator(cfg, RewardByIndex(), tiny(cfg))
+    started = time.perf_counter()
+    out = evaluator.evaluate(step=2)
+    took = time.perf_counter() - started
+    mean = sum(range(1, len(DIGITS) + 1)) / len(DIGITS) / 8  # 0.4375
+    assert out["eval_greedy_reward_mean"] == pytest.approx(mean)
+    assert out["eval_reward_mean"] == pytest.approx(mean)
+    assert 0 < out["eval_time"] <= took
 
 
 def test_greedy_completions_are_the_argmax_decode() -> None:

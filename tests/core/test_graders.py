@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,9 +23,11 @@ import pytest
 from pydantic import TypeAdapter
 
 import core.graders.batch
+import core.graders.plugins
+import core.graders.schema
 from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
-from core.graders.base import check_unit, text_field
+from core.graders.base import Grader, check_unit, text_field
 from core.graders.batch import GradingCounts
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
@@ -75,9 +78,41 @@ def die(completion, record):
 
 def torch_loaded(completion, record):
     return float("torch" in sys.modules)
+
+NOT_A_FUNCTION = 0.5
+
+FORGED = b'{"i": 99, "pad": "' + b"x" * 300 + b'"}\\n'
+
+def forge(completion, record):
+    # writes a protocol line into the answers pipe it inherited (a write-only pipe past
+    # stderr): what a plugin that scribbles on file descriptors can do
+    import fcntl, stat
+    err = os.fstat(2)
+    for fd in range(3, 64):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if not stat.S_ISFIFO(st.st_mode) or (st.st_dev, st.st_ino) == (err.st_dev, err.st_ino):
+            continue
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+            os.write(fd, FORGED)
+    return 1.0
 """
 
-PLUGINS = ["boom", "chatty", "die", "half", "nan", "scaled", "sleep", "text", "torch_loaded"]
+PLUGINS = [
+    "boom",
+    "chatty",
+    "constant",
+    "die",
+    "forge",
+    "half",
+    "nan",
+    "scaled",
+    "sleep",
+    "text",
+    "torch_loaded",
+]
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +124,10 @@ def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (info / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: pdppo-test-graders\nVersion: 0.1\n"
     )
-    functions = {name: name for name in PLUGINS} | {"sleep": "sleep_forever"}
+    functions = {name: name for name in PLUGINS} | {
+        "sleep": "sleep_forever",
+        "constant": "NOT_A_FUNCTION",
+    }
     entries = "".join(f"{name} = pdppo_test_graders:{fn}\n" for name, fn in functions.items())
     (info / "entry_points.txt").write_text("[pdppo.graders]\n" + entries)
     return root
@@ -158,12 +196,26 @@ def test_numeric_tolerances_and_extract() -> None:
     extract = {"type": "numeric", "extract": r"ANSWER: ([\d,.]+)"}
     assert score(extract, "ANSWER: 1,000 then 100 more", {"answer": 1000}) == 1.0
     assert score(extract, "100", record) == 0.0  # the pattern does not match: no answer
+    # a completion that states its answer twice (a correction) is graded on the last one
+    corrected = "ANSWER: 7, no wait, ANSWER: 9"
+    assert [score(extract, corrected, {"answer": n}) for n in (7, 9)] == [0.0, 1.0]
     with pytest.raises(ValueError, match=r"task\.grader\.extract='\[0-9\]\+' must have exactly"):
         build_grader(grader_config({"type": "numeric", "extract": "[0-9]+"}))
     with pytest.raises(ValueError, match=r"field 'answer'='1/2' is not a finite number"):
         build_grader(grader_config({"type": "numeric"})).check({"answer": "1/2"})
     assert not build_grader(grader_config({"type": "numeric"})).isolated
     assert build_grader(grader_config(extract)).isolated
+
+
+def test_a_grader_class_without_a_score_cannot_be_built() -> None:
+    """A new grader that forgot `score` fails when it is built (the spec's load), not with a
+    None reward in the middle of a run."""
+
+    class NoScore(Grader):
+        pass
+
+    with pytest.raises(TypeError, match=r"abstract method '?score"):
+        NoScore()  # type: ignore[abstract]
 
 
 @pytest.mark.parametrize("value", [0.0, 0.5, 1.0])
@@ -264,6 +316,40 @@ def test_json_schema() -> None:
         grader.check({"schema": {"type": "integr"}})
     with pytest.raises(ValueError, match="has no field 'schema'"):
         grader.check({"answer": "x"})
+
+
+def test_json_schema_validators_are_cached_and_the_least_recently_used_goes_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group's completions share a schema: compiled once while it is among the most recently
+    used, compiled again once evicted."""
+    import jsonschema.validators
+
+    compiled: list[str] = []
+    validator_for = jsonschema.validators.validator_for
+
+    def counting(schema: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(schema["title"])
+        return validator_for(schema, *args, **kwargs)
+
+    grader = build_grader(grader_config({"type": "json_schema"}))
+    monkeypatch.setattr(core.graders.schema, "MAX_CACHED_VALIDATORS", 2)
+    monkeypatch.setattr(jsonschema.validators, "validator_for", counting)
+    schemas = {name: {"title": name, "type": "integer"} for name in "abc"}
+    reordered = {"type": "integer", "title": "a"}  # the same schema: the same cache entry
+    for schema in [schemas["a"], schemas["b"], reordered, schemas["c"], schemas["a"], schemas["b"]]:
+        assert grader.score("3", {"schema": schema}) == 1.0
+    # a, b; a again (cached); c evicts b, the least recently used; a again (cached); b again
+    assert compiled == ["a", "b", "c", "b"]
+
+
+def test_a_long_schema_error_is_cut_at_300_characters() -> None:
+    grader = build_grader(grader_config({"type": "json_schema"}))
+    with pytest.raises(ValueError) as e:
+        grader.check({"schema": {"type": "x" * 400}})
+    assert str(e.value) == (
+        "field 'schema' is not a valid JSON schema: '" + "x" * 299 + " (at '/type')"
+    )
 
 
 def test_length_penalty() -> None:
@@ -392,6 +478,22 @@ def test_a_plugins_result_is_clipped_to_the_unit_interval() -> None:
     assert [scaled(f) for f in (-1.0, 0.125, 1.0)] == [0.0, 0.5, 1.0]
 
 
+def test_multi_checks_each_records_fields_for_every_sub_grader() -> None:
+    """A record a sub-grader cannot read is refused when the dataset is loaded, naming the
+    field, whichever sub-grader reads it."""
+    spec = {
+        "type": "multi",
+        "graders": {
+            "short": {"type": "length_penalty", "max_chars": 10},
+            "right": {"type": "numeric", "field": "solution"},
+        },
+    }
+    grader = build_grader(grader_config(spec))
+    grader.check({"solution": 4})
+    with pytest.raises(ValueError, match="the record has no field 'solution'"):
+        grader.check({"answer": 4})
+
+
 def test_multi_refuses_weights_of_no_sub_grader_and_a_zero_sum() -> None:
     graders = {"a": {"type": "string_check"}, "b": {"type": "length_penalty", "max_chars": 5}}
     with pytest.raises(ValueError, match=r"weights name no sub-grader: \['c'\]"):
@@ -412,6 +514,32 @@ def test_unknown_plugin_lists_the_installed_ones() -> None:
         "(entry point group 'pdppo.graders'; installed: ["
     )
     assert "'sleep'" in message and "'half'" in message
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_plugin_gone_by_the_time_the_grading_server_loads_it_lists_the_installed() -> None:
+    """The trainer checked the name; the grading server (another process, maybe after an
+    uninstall) loads it: a missing one is the same clear error there, not an IndexError."""
+    with pytest.raises(ValueError) as e:
+        core.graders.plugins.load_plugin("gone", "task.grader")
+    message = str(e.value)
+    assert message.startswith(
+        "task.grader.name='gone': no grader plugin of that name is installed (entry point "
+        "group 'pdppo.graders'; installed: ["
+    )
+    assert "'boom'" in message and "'half'" in message
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_entry_point_that_is_not_a_function_is_named_when_loaded() -> None:
+    spec = grader_config({"type": "plugin", "name": "constant"})
+    build_grader(spec)  # the trainer's process only checks that it is installed
+    with pytest.raises(ValueError) as e:
+        build_grader(spec, load_plugins=True)
+    assert str(e.value) == (
+        "task.grader.name='constant': entry point 'pdppo_test_graders:NOT_A_FUNCTION' is not "
+        "callable"
+    )
 
 
 @pytest.mark.usefixtures("plugins")
@@ -475,7 +603,38 @@ def test_a_plugin_that_kills_the_server_or_prints() -> None:
     assert [(o.value, o.failure) for o in outcomes] == [(1.0, None), (1.0, None)]
 
 
+@pytest.mark.usefixtures("plugins")
+def test_an_answer_out_of_order_stops_the_server_and_is_quoted_up_to_200_bytes() -> None:
+    with GradingServer(grader_config({"type": "plugin", "name": "forge"}), 10.0) as server:
+        outcomes = server.grade([("a", {}), ("b", {})])
+        assert server.starts == 2  # the forged answer stopped the first child
+    forged = b'{"i": 99, "pad": "' + b"x" * 300 + b'"}'
+    message = f"unexpected answer {forged[:200]!r}"
+    assert [(o.value, o.failure, o.message) for o in outcomes] == [(0.0, "error", message)] * 2
+
+
 # -- the grading server ------------------------------------------------------------------------
+
+
+def test_the_last_second_before_a_deadline_still_counts() -> None:
+    """A write or a read with half a second left goes through when the child is ready: the
+    deadline is when they give up, not a second before it."""
+    from core.graders.server import _Child
+
+    child = _Child()
+    child.start()
+    try:
+        setup = {"grader": {"type": "regex", "pattern": "a"}, "where": "task.grader"}
+        assert child.write(json.dumps(setup).encode() + b"\n", time.monotonic() + 0.5)
+        assert child.read_line(time.monotonic() + 60.0) == b'{"ready":true}'
+        batch = {"records": [{}], "items": [[0, "a"]]}
+        assert child.write(json.dumps(batch).encode() + b"\n", time.monotonic() + 60.0)
+        assert child.proc is not None and child.proc.stdout is not None
+        ready, _, _ = select.select([child.proc.stdout], [], [], 60.0)  # the answer is there
+        assert ready
+        assert child.read_line(time.monotonic() + 0.5) == b'{"i":0,"v":1.0,"p":{}}'
+    finally:
+        child.stop()
 
 
 def test_catastrophic_regex_times_out_and_the_next_item_is_graded() -> None:
@@ -501,6 +660,55 @@ def test_server_start_failure_is_a_grader_error_of_every_item(
         outcomes = server.grade([("a", {}), ("b", {})])
     assert [(o.value, o.failure) for o in outcomes] == [(0.0, "error"), (0.0, "error")]
     assert outcomes[0].message == "the grading server exited while starting (exit status 1)"
+
+
+def test_a_server_that_cannot_be_started_at_all_names_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-python"
+    monkeypatch.setattr(sys, "executable", str(missing))  # Popen raises: no child at all
+    with GradingServer(grader_config({"type": "regex", "pattern": "a"}), 5.0) as server:
+        outcomes = server.grade([("a", {}), ("b", {})])
+    assert [(o.value, o.failure) for o in outcomes] == [(0.0, "error"), (0.0, "error")]
+    assert outcomes[0].message == (
+        f"cannot start the grading server: [Errno 2] No such file or directory: '{missing}'"
+    )
+
+
+def kill_the_child_after_its_check(server: GradingServer, times: int) -> None:
+    """The child dies between `grade`'s check that it runs and the batch's write (it was
+    alive when asked, gone when written to), `times` times."""
+    ensure = server._ensure_started
+
+    def then_kill() -> None:
+        nonlocal times
+        ensure()
+        if times > 0:
+            times -= 1
+            proc = server._child.proc
+            assert proc is not None
+            proc.kill()
+            proc.wait()
+
+    server._ensure_started = then_kill  # type: ignore[method-assign]
+
+
+def test_a_child_gone_when_the_batch_is_written_is_replaced_once() -> None:
+    spec = grader_config({"type": "regex", "pattern": "a"})
+    with GradingServer(spec, 5.0) as server:
+        assert [o.value for o in server.grade([("a", {})])] == [1.0]
+        kill_the_child_after_its_check(server, 1)
+        assert [(o.value, o.failure) for o in server.grade([("a", {}), ("b", {})])] == [
+            (1.0, None),
+            (0.0, None),
+        ]
+        assert server.starts == 2
+        kill_the_child_after_its_check(server, 2)  # and the new one too: no third try
+        outcomes = server.grade([("a", {})])
+    assert [(o.value, o.failure, o.message) for o in outcomes] == [
+        (0.0, "error", "the grading server takes no input")
+    ]
+    assert server.starts == 3  # the running child, then one new one
 
 
 PARENT = """

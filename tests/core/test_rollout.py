@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from core.config import ModelConfig, TinyModelConfig
+from core.config import AlgorithmConfig, ModelConfig, TinyModelConfig
 from core.models.base import CausalLM
 from core.models.tiny import TinyLM
 from core.objective.behavior import BehaviorView
@@ -227,3 +229,103 @@ def test_the_projection_multiplies_out_to_the_response_logits() -> None:
     proj = response_projection(lm, batch, 2.0)
     assert proj is not None and proj.hidden.shape == (len(batch.tokens), 32)
     assert torch.allclose(proj.materialize(), response_logits(lm, batch, 2.0), atol=1e-5)
+
+
+def test_greedy_decoding_is_the_argmax_and_records_no_behavior() -> None:
+    """Against a decode without the KV cache or padding: each prompt alone, the whole sequence
+    run again for every token."""
+    lm = tiny()
+    tok = lm.tokenizer
+    texts = ["reverse 12=", "1+2=", "sort 4312="]
+    expected: list[list[int]] = []
+    with torch.no_grad():
+        for text in texts:
+            ids, new = tok.encode_prompt(text), list[int]()
+            for _ in range(5):
+                seq = torch.tensor([ids + new])
+                mask = torch.ones_like(seq, dtype=torch.bool)
+                logits, _ = lm.forward(seq, mask, torch.arange(seq.shape[1])[None], keep_last=1)
+                nxt = int(logits[0, -1].argmax())
+                if nxt == tok.eos_id:
+                    break
+                new.append(nxt)
+            expected.append(new)
+    batch = generate(lm, [tok.encode_prompt(t) for t in texts], max_new_tokens=5, greedy=True)
+    assert batch.completions == expected
+    assert all(len(c) == 5 for c in expected)  # random weights: no row stops early
+    view = batch.behavior
+    assert (len(view), tuple(view.topk_ids.shape), tuple(view.topk_logprobs.shape)) == (
+        0,
+        (0, 1),
+        (0, 1),
+    )
+
+
+def test_finished_rows_leave_decoding_a_quarter_at_a_time() -> None:
+    """Eight rows that end one token after another (the model is made to say EOS at a fixed
+    position, and the prompts are of 8 lengths): a row that finishes is dropped from the cache
+    once the finished are a quarter of those still decoded, and the loop ends, asking no more
+    whether to stop, when the last row has."""
+    lm = tiny()
+    eos = lm.tokenizer.eos_id
+    # 9 to 2 tokens, the first rows finishing first: the rows left are not a prefix of the batch
+    prompts = [lm.tokenizer.encode_prompt("x" * n) for n in range(8, 0, -1)]
+    stop_at = 9  # the token at position 9 is EOS: the rows give 1, 2, ..., 8 tokens
+    forward, select_cache = lm.forward, lm.select_cache
+    kept: list[int] = []
+    asked: list[int] = []
+
+    def should_stop() -> bool:
+        asked.append(1)
+        return False
+
+    def eos_at_position(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        logits, cache = forward(*args, **kwargs)
+        predicted = args[2][:, -1:] + 1  # the position of the token these logits predict
+        logits[:, :, eos] = torch.where(predicted >= stop_at, 1e4, -1e4).to(logits.dtype)
+        return logits, cache
+
+    def counting_select(cache: Any, rows: torch.Tensor) -> Any:
+        kept.append(len(rows))
+        return select_cache(cache, rows)
+
+    lm.forward = eos_at_position  # type: ignore[method-assign]
+    lm.select_cache = counting_select  # type: ignore[method-assign]
+    batch = generate(lm, prompts, max_new_tokens=12, greedy=True, should_stop=should_stop)
+    assert batch.response_mask.sum(1).tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [len(c) for c in batch.completions] == [0, 1, 2, 3, 4, 5, 6, 7]
+    # 2 of 8 finished: 6 left; 2 of 6 (1 is not a quarter): 4; then 1 of 4, of 3, of 2
+    assert kept == [6, 4, 3, 2, 1]
+    assert len(asked) == 8  # once per token decoded, none after the last row's EOS
+
+
+def test_the_full_forward_gives_the_shared_prefix_logits() -> None:
+    """`prefix="full"`, the path of a model that cannot share its prompts, on a batch of more
+    rows than response tokens (20 and 3)."""
+    lm = tiny()
+    batch = generate(
+        lm, prompts(lm), max_new_tokens=3, top_k=3, generator=torch.Generator().manual_seed(4)
+    )
+    assert batch.response_mask.shape == (20, 3)
+    with torch.no_grad():
+        full = response_logits(lm, batch, 1.5, prefix="full")
+        shared = response_logits(lm, batch, 1.5, prefix="shared")
+    assert full.shape == (len(batch.tokens), lm.tokenizer.vocab_size)
+    assert torch.allclose(full, shared, atol=1e-5)
+
+
+def test_top_p_of_1_cuts_nothing_however_the_sums_round() -> None:
+    """A near-certain token with a tail of unlikely ones: in fp32 the cumulative sum is 1.0 from
+    the first token on, so a top-p cut at 1.0 would drop the whole tail (-inf: never sampled,
+    an infinite ratio against pi). top_p = 1 is no truncation at all."""
+    logits = torch.tensor([[0.0] + [-30.0] * 8])
+    assert torch.log_softmax(logits, -1).exp().cumsum(-1)[0, 0] == 1.0
+    lp = sampling_logprobs(logits, 1.0, 1.0)
+    assert torch.equal(lp, torch.log_softmax(logits, -1))
+    assert bool(torch.isfinite(lp).all())
+
+
+def test_the_engines_default_top_k_is_the_configs() -> None:
+    lm = tiny()
+    batch = generate(lm, prompts(lm)[:2], max_new_tokens=2, generator=torch.Generator())
+    assert batch.behavior.topk_ids.shape[1] == AlgorithmConfig().top_k == 20

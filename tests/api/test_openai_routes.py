@@ -21,15 +21,9 @@ from api.app import create_app
 from api.openai.errors import OpenAIErrors
 from pdppo.settings import Settings
 from pdppo.store.keys import events_key, job_key, metrics_key
+from tests.api.test_openai_translate import GRADER
 from tests.api.test_upload_route import KEYS, redis_url, settings  # noqa: F401
 
-GRADER = {
-    "type": "string_check",
-    "name": "exact",
-    "input": "{{sample.output_text}}",
-    "reference": "{{item.answer}}",
-    "operation": "eq",
-}
 METHOD = {"type": "reinforcement", "reinforcement": {"grader": GRADER}}
 SMALL = {"train": {"steps": 2, "model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2}}}}
 ROWS = b"".join(

@@ -101,3 +101,46 @@ def test_resume_answers_the_queued_job_it_made_before_a_worker_claims_it(
     assert answer.status_code == 202, answer.text
     assert answer.json()["status"] == "queued"
     assert fast.store.get("j-paused").status == "running"  # type: ignore[union-attr]
+
+
+class _Recording:
+    """A publisher that records what it was asked to publish."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, str]] = []
+
+    def submit(self, job_id: str, queue_name: str) -> None:
+        self.published.append((job_id, queue_name))
+
+
+def test_a_new_job_is_published_once_and_a_replay_is_marked_and_not_published_again(
+    settings: Settings,  # noqa: F811
+) -> None:
+    recording = _Recording()
+
+    def submit_twice(publish: bool, key: str) -> list[httpx.Response]:
+        app = create_app(settings.model_copy(update={"api_publish_tasks": publish}))
+        app.dependency_overrides[get_publisher] = lambda: recording
+
+        async def run() -> list[httpx.Response]:
+            async with app.router.lifespan_context(app):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+                    headers = {"Authorization": f"Bearer {KEYS['alice']}", "Idempotency-Key": key}
+                    return [
+                        await http.post("/v1/jobs", json=smoke_spec(), headers=headers)
+                        for _ in range(2)
+                    ]
+
+        return asyncio.run(run())
+
+    first, again = submit_twice(True, "k1")
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert "Idempotent-Replayed" not in first.headers
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert first.json()["id"] == again.json()["id"]
+    assert recording.published == [(first.json()["id"], "cpu")]
+    # a new job of a process that leaves publishing to the outbox (PDPPO_API_PUBLISH_TASKS=0)
+    quiet, _ = submit_twice(False, "k2")
+    assert quiet.status_code == 201 and quiet.json()["id"] != first.json()["id"]
+    assert recording.published == [(first.json()["id"], "cpu")]

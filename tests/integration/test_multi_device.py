@@ -253,13 +253,17 @@ def test_a_pause_asked_mid_step_waits_for_the_step_boundary_where_the_ranks_agre
     """The ranks can only stop together at a step boundary. A step longer than the cancel
     grace must not be killed for it (losing every step since the last checkpoint): the job
     tells its worker at once that the stop was heard, and the step is finished and saved."""
-    svc = make_service(**TWO_DEVICES, PDPPO_CANCEL_GRACE_SECONDS="0.5")
+    # A grace of a fraction of a step, but longer than a minibatch: the stop is heard between
+    # minibatches, and a 0.5 s grace was shorter than one minibatch of this model on CI's loaded
+    # 2 cores (steps of 10 s and more), so the worker killed the job before it said it had heard
+    # (the fresh-clone run of 8f3f275).
+    svc = make_service(**TWO_DEVICES, PDPPO_CANCEL_GRACE_SECONDS="3")
     svc.start_api()
     svc.start_worker("cpu")
     spec = two_device_spec(steps=50, checkpoint_every=0)
     spec["train"]["model"]["tiny"].update(d_model=256, n_layers=4)  # steps of seconds
     spec["train"]["rollout"].update(prompts_per_step=64, group_size=16, max_new_tokens=8)
-    spec["train"]["algorithm"]["minibatches"] = 8  # the stop is heard between them
+    spec["train"]["algorithm"]["minibatches"] = 16  # the stop is heard between them
     with svc.client("alice") as alice:
         job_id = alice.post("/v1/jobs", json=spec).json()["id"]
         wait_for(alice, job_id, lambda j: j["progress"]["step"] >= 1, timeout=120)

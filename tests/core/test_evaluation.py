@@ -43,6 +43,7 @@ from core.training.evaluation import (
     truncate_rows,
 )
 from core.training.trainer import TrainerCallback, train
+from tests.core.test_rollout import argmax_decode
 
 DIGITS = ["12", "345", "67", "890", "21", "433"]
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time", "eval_time"}
@@ -253,20 +254,8 @@ def test_greedy_completions_are_the_argmax_decode() -> None:
     task = HeldOutReverse()
     lm = tiny(cfg)
     tok = lm.tokenizer
-    expected: list[list[int]] = []
-    with torch.no_grad():
-        for example in task.held:
-            ids, new = tok.encode_prompt(example.prompt), []
-            for _ in range(cfg.rollout.max_new_tokens):
-                seq = torch.tensor([ids + new])
-                mask = torch.ones_like(seq, dtype=torch.bool)
-                logits, _ = lm.forward(seq, mask, torch.arange(seq.shape[1])[None], keep_last=1)
-                nxt = int(logits[0, -1].argmax())
-                if nxt == tok.eos_id:
-                    break
-                new.append(nxt)
-            expected.append(new)
     prompts = [tok.encode_prompt(e.prompt) for e in task.held]  # of 2 lengths: left padding
+    expected = argmax_decode(lm, prompts, cfg.rollout.max_new_tokens)
     batch = generate(lm, prompts, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True)
     assert batch.completions == expected
     assert len(batch.behavior) == 0  # nothing recorded: a greedy batch is never trained on

@@ -231,25 +231,32 @@ def test_the_projection_multiplies_out_to_the_response_logits() -> None:
     assert torch.allclose(proj.materialize(), response_logits(lm, batch, 2.0), atol=1e-5)
 
 
+def argmax_decode(lm: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding the slow, obvious way, for tests to hold `generate` to: each prompt
+    alone, without padding or the KV cache, the whole sequence run again for every token."""
+    out: list[list[int]] = []
+    with torch.no_grad():
+        for ids in prompts:
+            new: list[int] = []
+            for _ in range(max_new_tokens):
+                seq = torch.tensor([ids + new])
+                mask = torch.ones_like(seq, dtype=torch.bool)
+                logits, _ = lm.forward(seq, mask, torch.arange(seq.shape[1])[None], keep_last=1)
+                nxt = int(logits[0, -1].argmax())
+                if nxt == lm.tokenizer.eos_id:
+                    break
+                new.append(nxt)
+            out.append(new)
+    return out
+
+
 def test_greedy_decoding_is_the_argmax_and_records_no_behavior() -> None:
     """Against a decode without the KV cache or padding: each prompt alone, the whole sequence
     run again for every token."""
     lm = tiny()
     tok = lm.tokenizer
     texts = ["reverse 12=", "1+2=", "sort 4312="]
-    expected: list[list[int]] = []
-    with torch.no_grad():
-        for text in texts:
-            ids, new = tok.encode_prompt(text), list[int]()
-            for _ in range(5):
-                seq = torch.tensor([ids + new])
-                mask = torch.ones_like(seq, dtype=torch.bool)
-                logits, _ = lm.forward(seq, mask, torch.arange(seq.shape[1])[None], keep_last=1)
-                nxt = int(logits[0, -1].argmax())
-                if nxt == tok.eos_id:
-                    break
-                new.append(nxt)
-            expected.append(new)
+    expected = argmax_decode(lm, [tok.encode_prompt(t) for t in texts], 5)
     batch = generate(lm, [tok.encode_prompt(t) for t in texts], max_new_tokens=5, greedy=True)
     assert batch.completions == expected
     assert all(len(c) == 5 for c in expected)  # random weights: no row stops early

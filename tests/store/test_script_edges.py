@@ -12,9 +12,8 @@ which reads a job's state, events and indexes but not the values a script writes
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -27,6 +26,7 @@ from pdppo.store.records import JobRecord
 from pdppo.store.steering import AsyncSteering
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job
+from tests.store.test_file_records import run
 
 OLDER = "0000000000aa000000000002"  # an older version's entry: a larger id, listed first
 NEWER = "0000000000aa000000000001"
@@ -37,17 +37,6 @@ def r(server: RedisServer) -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(server.url(), decode_responses=True)
     yield conn
     conn.close()
-
-
-def run(server: RedisServer, work: Callable[[aredis.Redis], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        conn = aredis.Redis.from_url(server.url(), decode_responses=True)
-        try:
-            return await work(conn)
-        finally:
-            await conn.aclose()
-
-    return asyncio.run(main())
 
 
 def file_record(tenant: str, created_ms: int, file_id: str) -> FileRecord:

@@ -7,12 +7,9 @@ Fast enough for the quick tests of the mutation group "routes" (bench/mutation.t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -26,32 +23,16 @@ from pdppo.store.keys import (
     tenant_jobs_key,
     tenant_usage_key,
 )
-from tests.api.test_upload_route import KEYS, LINE, redis_url, settings, upload  # noqa: F401
+from tests.api.test_upload_route import (  # noqa: F401
+    KEYS,
+    LINE,
+    redis_url,
+    send,
+    settings,
+    upload,
+)
 from tests.integration.stack import smoke_spec
 from tests.store.seed import seed_job
-
-Request = tuple[str, str, str, dict[str, Any]]
-
-
-def send(settings: Settings, *requests: Request) -> list[httpx.Response]:  # noqa: F811
-    """Each (tenant, method, path, httpx arguments), in order, to one app."""
-    app = create_app(settings)
-
-    async def run() -> list[httpx.Response]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-                out = []
-                for tenant, method, path, kwargs in requests:
-                    args = {k: v for k, v in kwargs.items() if k != "headers"}
-                    headers = {
-                        "Authorization": f"Bearer {KEYS[tenant]}",
-                        **kwargs.get("headers", {}),
-                    }
-                    out.append(await client.request(method, path, headers=headers, **args))
-                return out
-
-    return asyncio.run(run())
 
 
 def _client(settings: Settings) -> redis.Redis:  # noqa: F811

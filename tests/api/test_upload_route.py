@@ -44,8 +44,12 @@ def settings(redis_url: str, tmp_path: Path) -> Settings:
     )
 
 
-def call(settings: Settings, *requests: tuple[str, str, dict[str, Any]]) -> list[httpx.Response]:
-    """Each (tenant, path, httpx arguments) as a POST (a GET when the arguments are empty)."""
+Request = tuple[str, str, str, dict[str, Any]]
+
+
+def send(settings: Settings, *requests: Request) -> list[httpx.Response]:
+    """Each (tenant, method, path, httpx arguments), in order, to one app; `headers` among the
+    arguments are sent beside the tenant's key."""
     app = create_app(settings)
 
     async def run() -> list[httpx.Response]:
@@ -53,13 +57,21 @@ def call(settings: Settings, *requests: tuple[str, str, dict[str, Any]]) -> list
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
                 out = []
-                for tenant, path, kwargs in requests:
-                    headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
-                    method = "POST" if kwargs else "GET"
-                    out.append(await client.request(method, path, headers=headers, **kwargs))
+                for tenant, method, path, kwargs in requests:
+                    args = {k: v for k, v in kwargs.items() if k != "headers"}
+                    headers = {
+                        "Authorization": f"Bearer {KEYS[tenant]}",
+                        **kwargs.get("headers", {}),
+                    }
+                    out.append(await client.request(method, path, headers=headers, **args))
                 return out
 
     return asyncio.run(run())
+
+
+def call(settings: Settings, *requests: tuple[str, str, dict[str, Any]]) -> list[httpx.Response]:
+    """Each (tenant, path, httpx arguments) as a POST (a GET when the arguments are empty)."""
+    return send(settings, *((t, "POST" if kw else "GET", path, kw) for t, path, kw in requests))
 
 
 def upload(content: bytes, filename: str = "d.jsonl", **data: str) -> dict[str, Any]:

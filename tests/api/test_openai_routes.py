@@ -33,8 +33,9 @@ ROWS = b"".join(
 )
 
 
-def run(settings: Settings, work: Any, tenant: str = "alice", **client: Any) -> Any:  # noqa: F811
-    """`work(sdk)` with an AsyncOpenAI client of `tenant` talking to the app in this process."""
+def run(settings: Settings, work: Any, api_key: str = KEYS["alice"]) -> Any:  # noqa: F811
+    """`work(sdk)` with an AsyncOpenAI client holding `api_key` (alice's), talking to the app
+    in this process."""
     app = create_app(settings.model_copy(update={"api_publish_tasks": False}))
 
     async def main() -> Any:
@@ -43,10 +44,9 @@ def run(settings: Settings, work: Any, tenant: str = "alice", **client: Any) -> 
             http = httpx2.AsyncClient(transport=transport, base_url="http://api")
             async with AsyncOpenAI(
                 base_url="http://api/v1",
-                api_key=KEYS[tenant],
+                api_key=api_key,
                 http_client=http,
                 max_retries=0,
-                **client,
             ) as sdk:
                 return await work(sdk)
 
@@ -315,8 +315,4 @@ def test_every_openai_route_wants_an_api_key(settings: Settings) -> None:  # noq
         with pytest.raises(openai.AuthenticationError):
             await sdk.fine_tuning.jobs.list()
 
-    KEYS["nobody"] = "not-a-key-of-anyone"
-    try:
-        run(settings, work, tenant="nobody")
-    finally:
-        del KEYS["nobody"]
+    run(settings, work, api_key="not-a-key-of-anyone")

@@ -38,18 +38,33 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
+from api.completions import blocking_client
 from api.dashboard import mount_dashboard
 from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.docs import mount_docs
 from api.http.limits import BodySizeLimit
 from api.http.observability import PrometheusMiddleware
+from api.openai import chat as openai_chat
 from api.openai import errors as openai_errors
 from api.openai import routes as openai_routes
+from api.openai.grading import grader_runs
 from api.openai.schemas import OpenAIErrorBody
 from api.openai.translate import Refused
 from api.pending_writes import unavailable_response
 from api.publisher import TaskPublisher
-from api.routes import artifacts, events, files, health, jobs, results, steering, storage
+from api.routes import (
+    artifacts,
+    completions,
+    events,
+    experiments,
+    files,
+    health,
+    jobs,
+    results,
+    steering,
+    storage,
+    webhooks,
+)
 from api.schemas import ErrorBody, ValidationErrorBody
 from api.storage.uploads import FORM_OVERHEAD_BYTES
 from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
@@ -159,6 +174,7 @@ async def _warn_if_evicting(client: aredis.Redis) -> None:
 _UNAUTHORIZED = (401, "missing or invalid API key (`Authorization: Bearer <key>`)")
 _NOT_FOUND = (404, "no such job, or another tenant's (indistinguishable)")
 _FILE_NOT_FOUND = (404, "no such file, or another tenant's (indistinguishable)")
+_WEBHOOK_NOT_FOUND = (404, "no such webhook, or another tenant's (indistinguishable)")
 _BAD_BODY = (400, "the body could not be read (not UTF-8 JSON)")
 _TOO_LARGE = (413, "request body larger than PDPPO_MAX_BODY_BYTES")
 _INVALID = (
@@ -194,6 +210,8 @@ def _error_statuses(route: Any, method: str, operation: dict[str, Any]) -> list[
         out.append(_NOT_FOUND)
     if get_owned_file in calls:
         out.append(_FILE_NOT_FOUND)
+    if webhooks.get_owned_webhook in calls:
+        out.append(_WEBHOOK_NOT_FOUND)
     if route.body_field is not None:
         out += [_BAD_BODY, _TOO_LARGE]
     if (
@@ -234,7 +252,8 @@ def document_errors(app: FastAPI, schema: dict[str, Any]) -> None:
     route declared (FastAPI's default and a route's own 422 model both say otherwise), and
     `ErrorBody` for the rest unless the route documents a model of its own (`/readyz`: Health).
     Errors are JSON even where the success is not (event streams, tarballs, CSV). Optional query
-    and header parameters are published without their `null` (see `_without_null`)."""
+    and header parameters are published without their `null` (see `_without_null`). On
+    `/v1/files` each error body also holds OpenAI's `error` object (`OpenAIErrorBody`)."""
     _, definitions = models_json_schema(
         [
             (ErrorBody, "serialization"),
@@ -267,12 +286,15 @@ def document_errors(app: FastAPI, schema: dict[str, Any]) -> None:
                 if not status.isdigit() or int(status) < 400:
                     continue
                 own = response.get("content", {}).get("application/json", {}).get("schema", {})
+                model: dict[str, Any]
                 if status == "422":
                     model = _ref(ValidationErrorBody)
                 elif own.get("$ref") and own != _ref(ValidationErrorBody):
                     model = own
                 else:
                     model = _ref(ErrorBody)
+                if openai_errors.is_files(route.path_format):  # both shapes: see api.openai.errors
+                    model = {"allOf": [model, _ref(OpenAIErrorBody)]}
                 response["content"] = {"application/json": {"schema": model}}
     text = json.dumps(schema["paths"])
     for unused in ("HTTPValidationError", "ValidationError"):
@@ -333,6 +355,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.hub = EventHub.from_settings(client, store, settings)
         app.state.publisher = TaskPublisher(enqueue)
+        app.state.sample_redis = blocking_client(settings)
         freeze_startup_heap()  # see its docstring: GC pauses under a storm of event streams
         await _warn_if_evicting(client)
         try:
@@ -340,6 +363,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await anyio.to_thread.run_sync(app.state.publisher.close)
             await app.state.hub.close()
+            await app.state.sample_redis.aclose()
             await client.aclose()
             await pool.aclose()
 
@@ -352,6 +376,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.grader_runs = grader_runs(settings)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RedisError, _store_unavailable)
@@ -364,7 +389,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(openai_errors.OpenAIErrors)  # outside the body limit: its 413 too
     app.add_middleware(PrometheusMiddleware)
-    routers = (jobs, steering, events, artifacts, results, files, health, storage, openai_routes)
+    routers = (
+        jobs,
+        steering,
+        events,
+        artifacts,
+        results,
+        files,
+        health,
+        storage,
+        webhooks,
+        experiments,
+        completions,
+        openai_routes,
+        openai_chat,
+    )
     for module in routers:
         app.include_router(module.router)
     mount_dashboard(app)

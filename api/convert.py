@@ -44,6 +44,8 @@ def to_job(record: JobRecord) -> Job:
             "attempts": record.attempts,
             "phase": _phase(record),
             "warnings": list(record.warnings),
+            "trackers": record.trackers or {},
+            "experiment": record.experiment,
         }
     )
 

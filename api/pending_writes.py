@@ -38,6 +38,14 @@ def pending_write(request: Request, kind: Kind, ident: str, what: str) -> None:
     request.state.pending_write = (kind, ident, what)
 
 
+def idempotent_retry(request: Request, outcome: str) -> None:
+    """Marks a create that a retry with the same Idempotency-Key makes safe: `outcome` completes
+    "a retry with the same Idempotency-Key ..." in its 503's detail (e.g. "returns that job,
+    never a second"), so the client that would otherwise fear a duplicate knows how to go on.
+    Set by the route itself, as only it knows what its key replays."""
+    request.state.idempotent_retry = outcome
+
+
 def unavailable_response(request: Request, exc: Exception) -> JSONResponse:
     """The 503 of a store error, naming what a write sent before it may have done."""
     log.warning("Redis error on %s %s: %s", request.method, request.url.path, exc)
@@ -46,14 +54,11 @@ def unavailable_response(request: Request, exc: Exception) -> JSONResponse:
     pending: tuple[Kind, str, str] | None = getattr(request.state, "pending_write", None)
     if pending is not None and isinstance(exc, _LOST_ANSWER):
         kind, ident, what = pending
+        retry: str | None = getattr(request.state, "idempotent_retry", None)
         body["detail"] = (
             f"the job store did not answer in time; {what} may still take effect when it "
             f"does (GET /v1/{kind}s/{ident} tells, once it answers)"
-            + (
-                ", and a retry with the same Idempotency-Key returns that job, never a second"
-                if kind == "job" and request.method == "POST" and request.url.path == "/v1/jobs"
-                else ""
-            )
+            + (f", and a retry with the same Idempotency-Key {retry}" if retry else "")
         )
         body[f"{kind}_id"] = ident
         headers[HEADERS[kind]] = ident

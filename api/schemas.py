@@ -74,6 +74,15 @@ class JobError(BaseModel):
     message: str = Field(description="what happened, e.g. the exception's type and message")
 
 
+class TrackerRun(BaseModel):
+    """An experiment-tracker run the job reports to (`train.report_to`)."""
+
+    run_id: str = Field(
+        description="the tracker's run id (TensorBoard: the folder of its event files)"
+    )
+    url: str | None = Field(None, description="the run's page, where the tracker has one")
+
+
 class Job(BaseModel):
     """A job as `POST /v1/jobs`, `GET /v1/jobs/{id}` and the routes that act on it return it."""
 
@@ -118,6 +127,16 @@ class Job(BaseModel):
     warnings: list[JobWarning] = Field(
         default_factory=list,
         description="set when it ends: what it learned nothing from (it still succeeded)",
+    )
+    trackers: dict[str, TrackerRun] = Field(
+        default_factory=dict,
+        description=(
+            "the experiment-tracker runs it reports to, by tracker (tensorboard, mlflow, "
+            "wandb), each added once its run is open"
+        ),
+    )
+    experiment: str | None = Field(
+        None, description="the experiment it is a child of (`/v1/experiments/{id}`), if any"
     )
 
 
@@ -197,7 +216,15 @@ class CheckpointList(BaseModel):
 
     job_id: str
     items: list[Checkpoint]
-    final_model_url: str | None = None
+    final_model_url: str | None = Field(
+        default=None,
+        description=(
+            "GET it for a .tar of the final/ folder. An hf: job's is a standard Hugging Face "
+            "folder (transformers, vLLM; a LoRA job's adapter in PEFT's format in adapter/); "
+            "a builtin:tiny job's is pdppo's own format, not a Hugging Face model (its "
+            "README.md says how to load it). See docs/users/using-the-model.md."
+        ),
+    )
 
 
 class Health(BaseModel):
@@ -368,10 +395,27 @@ class FileObject(BaseModel):
 
 
 class FileList(BaseModel):
-    """`GET /v1/files`: own files, newest first; pass `next_cursor` as `cursor` for more."""
+    """`GET /v1/files`: own files, newest first; pass `next_cursor` as `cursor` for more. The
+    same page also in OpenAI's list shape (`data`, `has_more`, the last id as `after`), which
+    the `openai` SDK reads: one answer for both kinds of client (see `api.routes.files`)."""
 
     items: list[FileObject]
     next_cursor: str | None = None
+    object: Literal["list"] = Field(default="list", description="as in OpenAI's list object")
+    data: list[FileObject] = Field(description="`items` again, for OpenAI's clients")
+    has_more: bool = Field(description="more files follow (`next_cursor` is set)")
+    first_id: str | None = Field(description="the page's first file, null when it is empty")
+    last_id: str | None = Field(
+        description="the page's last file (`after` for the next page), null when it is empty"
+    )
+
+
+class FileDeleted(BaseModel):
+    """`DELETE /v1/files/{id}`: OpenAI's deletion object (pdppo's client reads no body)."""
+
+    id: str = Field(pattern=r"^file-[0-9a-f]{32}$")
+    object: Literal["file"] = "file"
+    deleted: Literal[True] = True
 
 
 class JobCounts(BaseModel):

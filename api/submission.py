@@ -5,7 +5,7 @@ read the request and show the job.
 The job and its outbox entry are one write; the task is published after it, by a thread of
 this process, off the request path. If this process dies in between, or the publish fails,
 the job is still queued and a worker's dispatcher publishes its task within seconds
-(`pdppo.store.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
+(`pdppo.store.jobs.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
 runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
 key would get back. A 503 after the write was sent names the job it may have created
 (`api.pending_writes`).
@@ -13,6 +13,7 @@ key would get back. A 503 after the write was sent names the job it may have cre
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fastapi import HTTPException, Request
@@ -26,6 +27,7 @@ from api.schemas import SpecProblem
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
 from pdppo.store import AsyncJobStore, JobRecord, new_job_id, spec_digest
+from workers.celery_app import task_priority
 
 
 class SpecRefused(HTTPException):
@@ -53,18 +55,28 @@ async def submit(
     idempotency_key: str | None,
     *,
     openai_json: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    experiment: str | None = None,
+    admitted: bool = False,
 ) -> Submitted:
     """The new job, queued (its task published), or the one `idempotency_key` already made
     with this spec. Raises 507 over the storage quota, `SpecRefused` (422) for what admission
-    refuses, 429 past the tenant's active-job limit, 409 for a key reused with another spec."""
-    await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
-    _, _, problems = await admit(spec, settings, tenant, store)
-    if problems:
-        raise SpecRefused(problems)
+    refuses, 429 past the tenant's active-job limit, 409 for a key reused with another spec.
+
+    `experiment`: the experiment the job is a child of (its task waits behind other jobs',
+    `workers.celery_app.task_priority`); `admitted`: the caller has run the quota and admission
+    checks already (an experiment checks every child before it creates any)."""
+    if not admitted:
+        await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
+        _, _, problems = await admit(spec, settings, tenant, store)
+        if problems:
+            raise SpecRefused(problems)
     spec_json = spec.model_dump_json()
     queue = spec.queue
     job_id = new_job_id()
     pending_write(request, "job", job_id, f"the creation of job {job_id}")
+    if metadata:  # before the job: never a job its index misses (`pdppo.store.metadata`)
+        await store.metadata.add(tenant, job_id, metadata)
     result = await store.create(
         tenant=tenant,
         queue=queue,
@@ -77,6 +89,7 @@ async def submit(
         dispatch_grace=settings.outbox_grace_seconds,
         job_id=job_id,
         openai_json=openai_json,
+        experiment=experiment,
     )
     if result.outcome == "limit":
         raise HTTPException(
@@ -98,6 +111,7 @@ async def submit(
             )
         return Submitted(record, replayed=True)
     if settings.api_publish_tasks:
-        publisher.submit(record.id, queue)  # off the request path: see api/publisher.py
+        # off the request path: see api/publisher.py
+        publisher.submit(record.id, queue, task_priority(experiment))
     JOBS_SUBMITTED.labels(queue).inc()
     return Submitted(record, replayed=False)

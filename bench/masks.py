@@ -10,8 +10,10 @@ the time per step, and writes a PNG of the reward curves (median over seeds, min
 Medians of a few seeds move by more than the gaps between masks from one seed set to another,
 so the runs are paired: seed s gives every mask the same prompts and initial weights, and each
 mask is compared with `--baseline` (DPPO binary-TV) by its per-seed difference in final reward
-and in steps to the threshold, with a 95% bootstrap interval of the mean difference (10,000
-resamples of the seeds). An interval that holds 0 is no evidence either way.
+and in masked fraction, with a 95% bootstrap interval of the mean difference (10,000 resamples
+of the seeds) and an exact sign test, and by who reached the threshold. An interval that holds
+0 is no evidence either way. The statistics are `core.experiments.report`'s, the same as the
+service's experiment reports; `--out` gets them as report.json and report.csv.
 
     python bench/masks.py --seeds 16 --steps 80 --workers 2 --out runs/bench-masks
 
@@ -19,6 +21,13 @@ resamples of the seeds). An interval that holds 0 is no evidence either way.
 engine's kernels and top-K view against the trainer, on a Llama built locally (heads of 64, as
 vLLM's CPU kernels need), fp32 rollouts, so the mismatch is the engine's and the staleness'.
 The `exact` variant needs full rows of mu, which vLLM does not return, and is left out.
+
+`--setting chat-math` runs `examples/chat_math.yaml` instead (its chat Llama, built here, its
+data and graders), where seeds learn: each seed's supervised warm-up runs once and every mask of
+the seed starts from its weights (`--shared-warmup`: the first seed's for all), and the policy
+is evaluated on the held-out questions before the first step and after the last. Its primary
+metric is that last held-out reward (`--primary eval_reward_mean`), compared per seed with the
+baseline in a table of its own (the command of the 16-seed run: docs/users/metrics.md).
 
 Times are wall clock with one torch thread per worker; on a shared CPU they are noisy, so
 compare the time column within one run only.
@@ -29,12 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import random
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from core.experiments import curves, report, report_csv
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "ppo_clip": {"mask": "ppo_clip", "estimator": "binary", "delta_low": 0.2, "delta_high": 0.2},
@@ -46,7 +55,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+ROOT = Path(__file__).resolve().parents[1]
+CHAT_DATA = ROOT / "examples" / "data"
+# examples/chat_math.yaml's graders: 0.7 for the exact answer, 0.2 within 2, 0.1 for brevity
+CHAT_GRADER: dict[str, Any] = {
+    "type": "multi",
+    "graders": {
+        "answer": {"type": "numeric"},
+        "close": {"type": "numeric", "tolerance": 2.0},
+        "short": {"type": "length_penalty", "max_chars": 8},
+    },
+    "weights": {"answer": 0.7, "close": 0.2, "short": 0.1},
+}
+
+
 def base_config(args: argparse.Namespace, seed: int, algorithm: dict[str, Any]) -> dict[str, Any]:
+    if args.setting == "chat-math":
+        return chat_config(args, seed, algorithm)
     vllm = args.engine == "vllm"
     return {
         "model": {"name": f"hf:{args.model}" if vllm else "builtin:tiny"},
@@ -82,6 +107,99 @@ def base_config(args: argparse.Namespace, seed: int, algorithm: dict[str, Any]) 
     }
 
 
+def chat_config(args: argparse.Namespace, seed: int, algorithm: dict[str, Any]) -> dict[str, Any]:
+    """`examples/chat_math.yaml`'s task and knobs, from seed `seed`'s warmed-up model (no
+    warm-up of its own: every mask of a seed starts from the same weights), evaluated on the
+    held-out questions once, after the last step: the primary metric is the final held-out
+    reward, not the training reward of the last steps (which also rises when the policy only
+    sharpens on questions it has seen)."""
+    return {
+        "model": {"name": f"hf:{warm_dir(args, seed)}"},
+        "task": {
+            "name": "jsonl",
+            "path": str(CHAT_DATA / "chat_math.jsonl"),
+            "validation_path": str(CHAT_DATA / "chat_math_val.jsonl"),
+            "grader": CHAT_GRADER,
+        },
+        "rollout": {
+            "prompts_per_step": 16,
+            "group_size": 8,
+            "max_new_tokens": 4,
+            "temperature": 1.0,
+            "dtype": args.rollout_dtype,
+            "staleness": args.staleness,
+            "engine": args.engine,
+            "vllm_memory": 0.08,
+        },
+        "algorithm": {
+            "kind": args.kind,
+            "top_k": 20,
+            "delta_low": args.delta,
+            "delta_high": args.delta,
+            "normalize_std": True,
+            "minibatches": args.minibatches,
+            **algorithm,
+        },
+        "optim": {"lr": args.lr},
+        "steps": args.steps,
+        "eval_every": args.steps,
+        "eval_on_start": True,
+        "eval_samples": args.eval_samples,
+        "checkpoint_every": 0,
+        "seed": seed,
+        "device": "cpu",
+    }
+
+
+def warm_dir(args: argparse.Namespace, seed: int) -> Path:
+    """Seed `seed`'s warmed-up model; with `--shared-warmup`, the first seed's for every seed
+    (one warm-up instead of one per seed: the seeds then differ in RL only)."""
+    warm_seed = args.first_seed if args.shared_warmup else seed
+    return (args.out / "warm" / f"seed{warm_seed}").resolve()
+
+
+def warm_up(job: tuple[int, dict[str, Any], str]) -> int:
+    """Seed `seed`'s supervised warm-up on the chat_math answers (examples/chat_math.yaml's:
+    400 steps of 32 at lr 1e-3, its own RNG seed + 3), saved as a Hugging Face folder that
+    every mask of the seed then loads: the masks differ from the first RL step on, not
+    before, and the warm-up runs once per seed instead of once per run."""
+    import torch
+
+    torch.set_num_threads(1)
+    from core.config import TrainConfig
+    from core.models import load_model
+    from core.tasks import make_task
+    from core.training.callbacks import TrainerCallback
+    from core.training.warmup import Warmup
+
+    seed, cfg_dict, out = job
+    cfg = TrainConfig.model_validate(cfg_dict)
+    device = torch.device("cpu")
+    torch.manual_seed(seed)
+    lm = load_model(cfg.model, device)
+    task = make_task(cfg.task, seed=seed)
+    try:
+        Warmup(cfg, lm).run(cfg, lm, task, TrainerCallback(), device, should_stop=lambda: False)
+    finally:
+        task.close()
+    lm.save_final(Path(out))
+    return seed
+
+
+def warm_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The warm-up's config: the chat setting's, from the built model, with the warm-up on."""
+    cfg = chat_config(args, seed, {})
+    cfg["model"] = {"name": f"hf:{args.model}"}
+    cfg["rollout"].update(engine="hf", dtype="float32", staleness=0)
+    cfg["task"].update(
+        warmup_steps=args.warmup,
+        warmup_target="answer",
+        warmup_lr=1e-3,
+        warmup_batch_size=32,
+    )
+    return cfg
+
+
 def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[dict[str, float]]]:
     import torch
 
@@ -93,6 +211,9 @@ def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[d
     out_dir = Path(out) / name.replace(" ", "_") / f"seed{seed}"
     train(TrainConfig.model_validate(cfg), out_dir)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = out_dir / "eval.jsonl"
+    if evals.exists():
+        join_evals(rows, [json.loads(line) for line in evals.read_text().splitlines()])
     # keep the bench output small: weights are not needed
     import shutil
 
@@ -101,95 +222,109 @@ def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[d
     return name, seed, rows
 
 
-def steps_to(rewards: list[float], threshold: float, window: int = 5) -> int | None:
-    for i in range(window, len(rewards) + 1):
-        if sum(rewards[i - window : i]) / window >= threshold:
-            return i
-    return None
+def join_evals(rows: list[dict[str, float]], evals: list[dict[str, float]]) -> None:
+    """Each held-out evaluation joins the metrics row of the step it followed, so that the
+    primary metric is read where the training reward is; step 0's (`eval_on_start`, the
+    policy before RL) joins the first row with its keys prefixed `start_`."""
+    for row in evals:
+        step = int(row["step"])
+        values = {k: v for k, v in row.items() if k != "step"}
+        if 1 <= step <= len(rows):
+            rows[step - 1].update(values)
+        elif step == 0 and rows:
+            rows[0].update({f"start_{k}": v for k, v in values.items()})
 
 
-def summarize(runs: dict[str, dict[int, list[dict[str, float]]]], threshold: float) -> str:
+def summary_table(rep: dict[str, Any], times: dict[str, Any]) -> str:
+    """Per mask, from `core.experiments.report`: the final reward's median [min, max] over seeds,
+    the median step at which the 5-step running mean reached the threshold, the mean masked
+    fraction, and the median over seeds of the mean step time (`times`: the report of
+    `step_time` over whole runs)."""
+    threshold = rep["threshold"]
     head = (
         f"{'mask':<22}{'final reward':>22}{'steps to ' + format(threshold, '.2f'):>20}"
         f"{'masked frac':>14}{'s/step':>9}"
     )
     lines = [head, "-" * len(head)]
-    for name in VARIANTS:
-        seeds = runs.get(name, {})
-        if not seeds:
+    step_s = {arm["name"]: arm["final"]["median"] for arm in times["arms"]}
+    for arm in rep["arms"]:
+        final, reach, masked = arm["final"], arm["steps_to_threshold"], arm["masked_fraction"]
+        if final["median"] is None:
             continue
-        finals, reach, masked, step_s = [], [], [], []
-        for rows in seeds.values():
-            finals.append(final_reward(rows))
-            reach.append(steps_to(_rewards(rows), threshold))
-            masked.append(statistics.fmean(r["masked_fraction"] for r in rows))
-            step_s.append(statistics.fmean(r["step_time"] for r in rows))
-        hit = sorted(s for s in reach if s is not None)
         reach_txt = (
-            f"{statistics.median(hit):.0f} ({len(hit)}/{len(reach)} hit)" if hit else "never"
+            f"{reach['median']} ({reach['reached']}/{reach['of']} hit)"
+            if reach["reached"]
+            else "never"
         )
-        final_txt = f"{statistics.median(finals):.3f} [{min(finals):.3f},{max(finals):.3f}]"
+        final_txt = f"{final['median']:.3f} [{final['min']:.3f},{final['max']:.3f}]"
+        masked_txt = "-" if masked["mean"] is None else f"{masked['mean']:.4f}"
+        time_txt = "-" if step_s.get(arm["name"]) is None else f"{step_s[arm['name']]:.3f}"
         lines.append(
-            f"{name:<22}{final_txt:>22}{reach_txt:>20}"
-            f"{statistics.median(masked):>14.4f}{statistics.median(step_s):>9.3f}"
+            f"{arm['name']:<22}{final_txt:>22}{reach_txt:>20}{masked_txt:>14}{time_txt:>9}"
         )
     return "\n".join(lines)
 
 
-def bootstrap_ci(
-    diffs: list[float], resamples: int = 10_000, seed: int = 0
-) -> tuple[float, float, float]:
-    """Mean of `diffs` and the 2.5th and 97.5th percentiles of the means of `resamples`
-    resamples with replacement (seeded: the same runs give the same interval)."""
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
-    return statistics.fmean(diffs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
-
-
-def paired(
-    runs: dict[str, dict[int, list[dict[str, float]]]], baseline: str, threshold: float
-) -> str:
-    """Each mask against `baseline`, seed by seed: final reward and steps to `threshold`
-    (over the seeds where both reached it; the counts say where only one did)."""
-    base = runs.get(baseline, {})
+def paired_table(rep: dict[str, Any]) -> str:
+    """Each mask against the report's baseline on the paired seeds: the mean difference in final
+    reward with its 95% bootstrap interval, the sign test (won/lost/tied, two-sided p), the
+    difference in masked fraction, and who reached the threshold (both / only it / only the
+    baseline)."""
+    baseline = rep["baseline"]
+    base = next(a for a in rep["arms"] if a["name"] == baseline)
     head = (
         f"{'vs ' + baseline:<22}{'seeds':>6}{'final reward diff [95% CI]':>30}"
-        f"{'steps-to diff [95% CI]':>28}{'reached: both/only it/only base':>33}"
+        f"{'won/lost/tied':>15}{'sign p':>8}{'masked diff [95% CI]':>28}"
+        f"{'reached: both/only it/only base':>33}"
     )
     lines = [head, "-" * len(head)]
-    for name, seeds in runs.items():
-        common = sorted(set(seeds) & set(base))
-        if name == baseline or len(common) < 2:
+    for arm in rep["arms"]:
+        vs = arm["vs_baseline"]
+        if vs is None or vs["mean_diff"] is None:
             continue
-        finals = [final_reward(seeds[s]) - final_reward(base[s]) for s in common]
-        mean, lo, hi = bootstrap_ci(finals)
-        reach = [
-            (steps_to(_rewards(seeds[s]), threshold), steps_to(_rewards(base[s]), threshold))
-            for s in common
-        ]
-        both = [float(a - b) for a, b in reach if a is not None and b is not None]
-        only_it = sum(a is not None and b is None for a, b in reach)
-        only_base = sum(a is None and b is not None for a, b in reach)
-        steps_txt = "-"
-        if len(both) >= 2:
-            s_mean, s_lo, s_hi = bootstrap_ci(both)
-            steps_txt = f"{s_mean:+.1f} [{s_lo:+.1f},{s_hi:+.1f}]"
+        sign = vs["sign_test"]
+        lo, hi = vs["ci95"]
+        p = "-" if sign["p_value"] is None else f"{sign['p_value']:.3f}"
+        mf = vs["masked_fraction_diff"]
+        mf_txt = "-"
+        if mf is not None:
+            mf_txt = f"{mf['mean_diff']:+.4f} [{mf['ci95'][0]:+.4f},{mf['ci95'][1]:+.4f}]"
+        reach_txt = "-"
+        if rep["threshold"] is not None:
+            it, them = arm["steps_to_threshold"]["per_seed"], base["steps_to_threshold"]["per_seed"]
+            pairs = [(it.get(str(s)), them.get(str(s))) for s in rep["paired_seeds"]]
+            both = sum(a is not None and b is not None for a, b in pairs)
+            only_it = sum(a is not None and b is None for a, b in pairs)
+            only_base = sum(a is None and b is not None for a, b in pairs)
+            reach_txt = f"{both}/{only_it}/{only_base}"
+        diff_txt = f"{vs['mean_diff']:+.3f} [{lo:+.3f},{hi:+.3f}]"
+        wlt = f"{sign['wins']}/{sign['losses']}/{sign['ties']}"
         lines.append(
-            f"{name:<22}{len(common):>6}{f'{mean:+.3f} [{lo:+.3f},{hi:+.3f}]':>30}"
-            f"{steps_txt:>28}{f'{len(both)}/{only_it}/{only_base}':>33}"
+            f"{arm['name']:<22}{len(vs['per_seed']):>6}{diff_txt:>30}{wlt:>15}{p:>8}"
+            f"{mf_txt:>28}{reach_txt:>33}"
         )
     return "\n".join(lines)
 
 
-def final_reward(rows: list[dict[str, float]]) -> float:
-    """Mean reward of the last 10% of steps."""
-    k = max(1, len(rows) // 10)
-    return statistics.fmean(r["reward_mean"] for r in rows[-k:])
+LAST = 1e-9
+"""A `final_fraction` that reads a run's last value of a metric: the held-out evaluation after
+the last step."""
 
 
-def _rewards(rows: list[dict[str, float]]) -> list[float]:
-    return [r["reward_mean"] for r in rows]
+def held_out(runs: dict[str, dict[int, list[dict[str, float]]]], baseline: str, key: str) -> str:
+    """The primary metric `key` as it stood after the last step (the held-out evaluation the
+    last step's row carries), per mask, and each mask against `baseline` seed by seed (the same
+    report as the training reward's: paired differences, bootstrap interval, sign test)."""
+    order = [name for name in VARIANTS if name in runs]
+    rep = report(runs, metric=key, baseline=baseline, final_fraction=LAST, arm_order=order)
+    head = f"{'after the last step: ' + key:<34}{'median [min, max]':>26}"
+    lines = [head, "-" * len(head)]
+    for arm in rep["arms"]:
+        final = arm["final"]
+        if final["median"] is not None:
+            spread = f"{final['median']:.3f} [{final['min']:.3f}, {final['max']:.3f}]"
+            lines.append(f"{arm['name']:<34}{spread:>26}")
+    return "\n".join(lines) + "\n\n" + paired_table(rep)
 
 
 def plot(runs: dict[str, dict[int, list[dict[str, float]]]], path: Path) -> None:
@@ -199,18 +334,11 @@ def plot(runs: dict[str, dict[int, list[dict[str, float]]]], path: Path) -> None
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in VARIANTS:
-        seeds = runs.get(name)
-        if not seeds:
-            continue
-        curves = [[r["reward_mean"] for r in rows] for rows in seeds.values()]
-        n = min(len(c) for c in curves)
-        med = [statistics.median(c[i] for c in curves) for i in range(n)]
-        lo = [min(c[i] for c in curves) for i in range(n)]
-        hi = [max(c[i] for c in curves) for i in range(n)]
-        xs = list(range(1, n + 1))
-        (line,) = ax.plot(xs, med, label=name)
-        ax.fill_between(xs, lo, hi, alpha=0.12, color=line.get_color())
+    for name, curve in curves(runs, "reward_mean").items():
+        (line,) = ax.plot(curve["step"], curve["median"], label=name)
+        ax.fill_between(
+            curve["step"], curve["low"], curve["high"], alpha=0.12, color=line.get_color()
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("reward (median over seeds, min-max band)")
     ax.set_title("Trust-region masks under stale bf16 rollouts")
@@ -222,57 +350,115 @@ def plot(runs: dict[str, dict[int, list[dict[str, float]]]], path: Path) -> None
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed+1, ...")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument(
-        "--warmup", type=int, default=50, help="answer warm-up steps (start reward ~0.1-0.5)"
+        "--warmup", type=int, default=None, help="answer warm-up steps (default 50; chat-math 400)"
     )
     p.add_argument("--staleness", type=int, default=2)
     p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--rollout-dtype", default=None, choices=["float32", "bfloat16"])
+    p.add_argument("--lr", type=float, default=None, help="default 3e-3; chat-math 3e-4")
     p.add_argument("--threshold", type=float, default=0.8)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--masks", nargs="*", default=list(VARIANTS), help="subset of variants")
     p.add_argument("--out", type=Path, default=Path("runs/bench-masks"))
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="who samples")
     p.add_argument("--baseline", default="dppo binary-TV", help="the variant the others face")
+    p.add_argument(
+        "--setting",
+        default="reverse",
+        choices=["reverse", "chat-math"],
+        help="reverse-3 on builtin:tiny (or a random chat Llama with vLLM), or chat-math: "
+        "examples/chat_math.yaml's chat Llama, data and graders, warmed up once per seed",
+    )
+    p.add_argument("--kind", default="tv", choices=["tv", "kl", "kl_reverse"], help="chat-math")
+    p.add_argument("--delta", type=float, default=0.15, help="chat-math: delta_low = delta_high")
+    p.add_argument(
+        "--shared-warmup",
+        action="store_true",
+        help="chat-math: one warm-up (the first seed's) for every seed, not one per seed",
+    )
+    p.add_argument("--eval-samples", type=int, default=4, help="chat-math: per held-out question")
+    p.add_argument(
+        "--primary",
+        default=None,
+        help="the metric row key read after the last step for the held-out table "
+        "(chat-math: eval_reward_mean)",
+    )
     args = p.parse_args()
+    chat = args.setting == "chat-math"
+    args.warmup = args.warmup if args.warmup is not None else (400 if chat else 50)
+    args.lr = args.lr if args.lr is not None else (3e-4 if chat else 3e-3)
+    if args.rollout_dtype is None:
+        args.rollout_dtype = "float32" if args.engine == "vllm" and not chat else "bfloat16"
+    if chat and args.primary is None:
+        args.primary = "eval_reward_mean"
     pool_args: dict[str, Any] = {}
-    if args.engine == "vllm":
+    if args.engine == "vllm" or chat:
         from core.models.local_hf import make_chat_hf
 
-        args.masks = [m for m in args.masks if VARIANTS[m]["estimator"] != "exact"]
-        args.model = args.out / "model"
+        args.model = (args.out / "model").resolve()
         if not (args.model / "config.json").exists():
             make_chat_hf(args.model)
+    if args.engine == "vllm":
+        args.masks = [m for m in args.masks if VARIANTS[m]["estimator"] != "exact"]
         # a fresh process per run: one vLLM engine per process, none inherited by fork
         pool_args = {"mp_context": multiprocessing.get_context("spawn"), "max_tasks_per_child": 1}
 
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    t0 = time.perf_counter()
+    if chat:
+        todo = [
+            (s, warm_config(args, s), str(warm_dir(args, s)))
+            for s in (seeds[:1] if args.shared_warmup else seeds)
+            if not (warm_dir(args, s) / "config.json").exists()
+        ]
+        with ProcessPoolExecutor(max_workers=args.workers) as pool:
+            for seed in pool.map(warm_up, todo):
+                print(f"  seed {seed}: warmed up ({args.warmup} steps)", flush=True)
     jobs = [
         (name, seed, base_config(args, seed, VARIANTS[name]), str(args.out))
-        for seed in range(args.seeds)
+        for seed in seeds
         for name in args.masks
     ]
     runs: dict[str, dict[int, list[dict[str, float]]]] = {}
-    t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers, **pool_args) as pool:
         for name, seed, rows in pool.map(run_one, jobs):
             runs.setdefault(name, {})[seed] = rows
-            print(f"  {name} seed {seed}: final reward {rows[-1]['reward_mean']:.3f}", flush=True)
+            held = f", {args.primary} {rows[-1][args.primary]:.3f}" if args.primary else ""
+            print(
+                f"  {name} seed {seed}: final reward {rows[-1]['reward_mean']:.3f}{held}",
+                flush=True,
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs.json").write_text(json.dumps(runs))
+    task = "chat-math (examples/chat_math.yaml)" if chat else "reverse-3 task"
+    extra = f", {args.kind} divergence, delta {args.delta}" if chat else ""
+    if chat:
+        warm = f"seed {args.first_seed}'s" if args.shared_warmup else "each seed's own"
+        extra += f", {warm} warm-up"
     print(
-        f"\n{args.seeds} seeds x {len(args.masks)} masks, {args.steps} steps each, reverse-3 task"
+        f"\n{args.seeds} seeds x {len(args.masks)} masks, {args.steps} steps each, {task}"
         f" after {args.warmup} answer warm-up steps,"
         f" staleness {args.staleness},"
-        f" {'float32' if args.engine == 'vllm' else args.rollout_dtype} rollouts,"
+        f" {args.rollout_dtype} rollouts,"
         f" {args.minibatches}"
-        f" minibatches, lr {args.lr}, {args.engine} engine;"
+        f" minibatches, lr {args.lr}{extra}, {args.engine} engine;"
         f" total {time.perf_counter() - t0:.0f}s\n"
     )
-    print(summarize(runs, args.threshold))
+    order = [name for name in VARIANTS if name in runs]
+    baseline = args.baseline if args.baseline in runs else order[0]
+    rep = report(runs, baseline=baseline, threshold=args.threshold, arm_order=order)
+    times = report(runs, metric="step_time", baseline=baseline, final_fraction=1.0, arm_order=order)
+    (args.out / "report.json").write_text(json.dumps(rep, indent=1))
+    (args.out / "report.csv").write_text(report_csv(rep))
+    print(summary_table(rep, times))
     print()
-    print(paired(runs, args.baseline, args.threshold))
+    print(paired_table(rep))
+    if args.primary:
+        print()
+        print(held_out(runs, baseline, args.primary))
     png = args.out / "reward_curves.png"
     plot(runs, png)
     print(f"\nreward curves: {png}")

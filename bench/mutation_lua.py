@@ -2,11 +2,11 @@
 with `lua = true`).
 
 The store's state transitions live in Lua bodies held in Python strings (`pdppo.store.*`,
-`workers/lease.py`), where cosmic-ray sees one constant and nothing to mutate: a hand-made bug in
-a transition passed the whole suite. Here a Lua body is found in the Python source (every string
+`workers/job/lease.py`), where cosmic-ray sees one constant and nothing to mutate: a hand-made bug
+in a transition passed the whole suite. Here a Lua body is found in the Python source (every string
 literal of a logical line where one of them calls `redis.call(`, docstrings aside), lexed as Lua
-(its own strings and comments skipped), and changed in the source text itself, so a mutant is
-the Python module with one Lua body changed, applied and put back like any other.
+(its own strings and comments skipped), and changed in the source text itself, so a mutant is the
+Python module with one Lua body changed, applied and put back like any other.
 
 Operators, named like cosmic-ray's so that `[[equivalent]]` entries and rules work for them:
 `==`/`~=` swapped, `<`/`<=` and `>`/`>=` shifted, `and`/`or` swapped, a `not` dropped, a
@@ -24,7 +24,7 @@ _FINISH`, `_PUBLISH_STEP = _fenced(_PUBLISH_STEP, ...)`): those call lines are a
 (`stats.COUNT_END`, which other modules' scripts include) is anchored at the statement holding
 it, run at import: the tests that import the module. Callers in the group's other modules are
 followed too (`calls_in`: the `_FINISH` that `AsyncJobStore.fail` registers from `from
-pdppo.store.jobs_worker import _FINISH`): a mutant's `foreign` anchors, (module, line) pairs,
+pdppo.store.jobs.worker_side import _FINISH`): a mutant's `foreign` anchors, (module, line) pairs,
 whose tests it runs as well. Callers outside the group are not (the baseline measures the
 group's modules only), so a mutant may run fewer tests than reach it (a lower kill rate, never
 a higher one).
@@ -231,7 +231,7 @@ def defining_names(source: str, line: int) -> frozenset[str]:
 
 def calls_in(importer: str, exporter: str, names: frozenset[str]) -> tuple[int, ...]:
     """The lines of the module source `importer` that run a script built from what it imports
-    of `names` from the module `exporter` (dotted: `pdppo.store.jobs_worker`) by `from exporter
+    of `names` from the module `exporter` (dotted: `pdppo.store.jobs.worker_side`) by `from exporter
     import name [as alias]`: `AsyncJobStore.fail`'s call of the `_FINISH` it registers, the
     calls of `_CANCEL = COUNT_END + _CANCEL` for stats' `COUNT_END`. Other ways to reach a name
     (`import exporter`, a re-export) are not followed."""

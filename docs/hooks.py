@@ -35,9 +35,9 @@ def _type(schema: dict[str, Any]) -> str:
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
         return f"[{name}](#{_anchor(name)})"
-    for key in ("anyOf", "oneOf", "allOf"):
-        if key in schema:
-            return " or ".join(_type(sub) for sub in schema[key])
+    for key, joint in (("anyOf", " or "), ("oneOf", " or "), ("allOf", " and ")):
+        if key in schema:  # allOf: every part at once (an error of /v1/files: both shapes)
+            return joint.join(_type(sub) for sub in schema[key])
     if "const" in schema:
         return f"`{schema['const']!r}`"
     if "enum" in schema:

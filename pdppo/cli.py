@@ -11,7 +11,18 @@ from typing import Any
 import click
 
 from pdppo import __version__
-from pdppo.commands import dev, files, jobs, serve, storage, train, worker
+from pdppo.commands import (
+    dev,
+    experiments,
+    files,
+    jobs,
+    sample,
+    serve,
+    storage,
+    train,
+    webhooks,
+    worker,
+)
 
 
 class _Main(click.Group):
@@ -46,7 +57,11 @@ main.add_command(train.train)
 main.add_command(serve.serve)
 main.add_command(worker.worker)
 main.add_command(worker.healthcheck)
+main.add_command(worker.webhook_worker)
+main.add_command(worker.sample_worker)
 main.add_command(dev.dev)
 main.add_command(files.files)
-for command in [*jobs.COMMANDS, *storage.COMMANDS]:
+main.add_command(webhooks.webhooks)
+main.add_command(sample.sample)
+for command in [*jobs.COMMANDS, *storage.COMMANDS, *experiments.COMMANDS]:
     main.add_command(command)

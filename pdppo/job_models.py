@@ -2,7 +2,7 @@
 earlier jobs.
 
 Where that model is: the earlier job's worker trained into `<artifact_dir>/<id>` (its out_dir,
-`workers.runner.job_dir`) and `core.training.trainer.train` saved the final model into `final/`
+`workers.job.runner.job_dir`) and `core.training.trainer.train` saved the final model into `final/`
 there, in its family's own format (`builtin:tiny`'s safetensors and config.json, or
 `save_pretrained`). The API and every worker mount the same artifact store
 (`deploy/docker-compose.yml`: the `artifacts` volume at /artifacts), so both find it by the job id

@@ -115,7 +115,7 @@ def load_spec(path: Path) -> JobSpec:
     Relative dataset and model paths are resolved against the file's folder, exactly as
     `pdppo submit` does (`pdppo.client.resolve_spec_paths`), so the same file means the same data
     under `pdppo train` and `pdppo submit`, whatever the current directory."""
-    from pdppo.client_specs import resolve_spec_paths, spec_yaml_load
+    from pdppo.client.specs import resolve_spec_paths, spec_yaml_load
 
     path = Path(path)
     try:

@@ -2,14 +2,15 @@
 
 Imported by the API to enqueue (by task name, so the API never imports torch or the trainer) and
 by `pdppo worker`. Delivery is at-least-once (`acks_late`): a task whose worker died is delivered
-again, and the job lease (`workers.lease`) keeps a redelivered copy from running a job twice.
+again, and the job lease (`workers.job.lease`) keeps a redelivered copy from running a job twice.
 
-The outbox dispatcher (`workers.reaper.dispatch_once`) must know whether a queued job still has a
-live task, and Celery has no API for that, so `broker_view` reads kombu's Redis layout directly:
-each queue is a list named after it (plus one per non-zero priority step) that producers `LPUSH`
-to and consumers `BRPOP` from, and a message a consumer took but has not acknowledged sits in the
-`unacked` hash (delivery tag -> message) with its take time in `unacked_index`. kombu restores
-those only after `visibility_timeout`; `restore_taken` does the same for one message, earlier.
+The outbox dispatcher (`workers.upkeep.reaper.dispatch_once`) must know whether a queued job still
+has a live task, and Celery has no API for that, so `broker_view` reads kombu's Redis layout
+directly: each queue is a list named after it (plus one per non-zero priority step) that producers
+`LPUSH` to and consumers `BRPOP` from, and a message a consumer took but has not acknowledged sits
+in the `unacked` hash (delivery tag -> message) with its take time in `unacked_index`. kombu
+restores those only after `visibility_timeout`; `restore_taken` does the same for one message,
+earlier.
 """
 
 from __future__ import annotations
@@ -25,10 +26,23 @@ from kombu import Queue
 from kombu.transport.redis import PRIORITY_STEPS
 from kombu.transport.redis import Channel as RedisChannel
 
-from pdppo.settings import get_settings
+from pdppo.settings import Settings, get_settings
 
 TRAIN_TASK = "pdppo.train"
 QUEUES = ("cpu", "gpu")
+
+
+def broker_timeouts(settings: Settings) -> dict[str, float]:
+    """kombu's Redis transport waits for a reply forever by default: a worker told to stop while
+    Redis is stalled (SIGSTOP, a hung host, a half-open connection) sat in its shutdown's first
+    broker call (closing the control channel) for as long as the stall lasted. The store's
+    timeouts (`pdppo.store.retry.StoreConfig`) bound every broker call too: a stall shorter than
+    them rides through, a longer one is a lost connection, which the consumer reconnects from
+    and a shutdown passes over."""
+    return {
+        "socket_timeout": settings.redis_socket_timeout_seconds,
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+    }
 
 
 def make_celery() -> Celery:
@@ -46,8 +60,17 @@ def make_celery() -> Celery:
         task_reject_on_worker_lost=True,
         # A worker holds exactly the job it runs, never a second one waiting behind it.
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_seconds,
+            **broker_timeouts(settings),
+        },
         broker_connection_retry_on_startup=True,
+        # A Redis blip must not cancel the running job: the runner rides out outages (its lease,
+        # `pdppo.store.retry`). False is Celery 5's default, which Celery 6 flips to True; said
+        # here so that an upgrade keeps it. (Celery 5.7 still logs its pending-deprecation
+        # warning at every reconnect while the setting is False:
+        # `Consumer.on_connection_error_after_connected`.)
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_send_task_events=False,
         task_send_sent_event=False,
     )
@@ -57,14 +80,50 @@ def make_celery() -> Celery:
 celery_app = make_celery()
 
 
-def enqueue(job_id: str, queue: str) -> None:
+def side_app(name: str, queue: str) -> Celery:
+    """A Celery app of one queue beside the training one (webhooks, completions): its own, so
+    that its workers never import the trainer's task module nor start the training workers'
+    fork server, reaper and retention (`workers.tasks`' worker_ready hooks)."""
+    settings = get_settings()
+    app = Celery(name, broker=settings.redis_url)
+    app.conf.update(
+        task_queues=[Queue(queue)],
+        task_default_queue=queue,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=broker_timeouts(settings),
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    return app
+
+
+# kombu's Redis transport keeps a list per priority step of a queue and a consumer takes from the
+# step-0 list first, then 3, 6, 9 (`_brpop_start`): 0 is the most urgent.
+JOB_PRIORITY = 0
+EXPERIMENT_PRIORITY = 9
+
+
+def task_priority(experiment: str | None) -> int:
+    """An experiment's children wait behind every job submitted on its own, so that a grid of
+    dozens of runs never holds a tenant's (or anyone's) next job back until it has all run; among
+    themselves they keep the order they were queued in (seed-major, so results stay paired)."""
+    return EXPERIMENT_PRIORITY if experiment else JOB_PRIORITY
+
+
+def enqueue(job_id: str, queue: str, priority: int = JOB_PRIORITY) -> None:
     """Send the training task for `job_id`; the Celery task id is the job id (revoke by job)."""
-    celery_app.send_task(TRAIN_TASK, args=[job_id], queue=queue, task_id=job_id)
+    celery_app.send_task(TRAIN_TASK, args=[job_id], queue=queue, task_id=job_id, priority=priority)
 
 
-def revoke_queued(job_id: str) -> None:
-    """Best effort: workers drop the queued task; the task also skips a cancelled job itself."""
-    celery_app.control.revoke(job_id)
+def revoke_queued(*job_ids: str) -> None:
+    """Best effort: workers drop the queued tasks (one broadcast for all); the task also skips a
+    cancelled job itself."""
+    celery_app.control.revoke(list(job_ids))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The Celery task (`pdppo.train`) and the worker-start hooks (the job fork server, the reaper and
-the outbox dispatcher, `workers.reaper`)."""
+the outbox dispatcher, `workers.upkeep.reaper`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from celery.signals import worker_ready, worker_shutting_down
 from pdppo.settings import get_settings
 from pdppo.store import JobStore
 from workers.celery_app import TRAIN_TASK, celery_app
-from workers.heartbeat import Heartbeat
-from workers.job_process import job_context
-from workers.reaper import DispatchTiming, start_reaper
-from workers.retention import start_retention
-from workers.runner import SHUTTING_DOWN, redis_client, run_job, worker_name
+from workers.job.process import job_context
+from workers.job.runner import SHUTTING_DOWN, redis_client, run_job, worker_name
+from workers.upkeep.heartbeat import Heartbeat
+from workers.upkeep.reaper import DispatchTiming, start_reaper
+from workers.upkeep.retention import start_retention
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ MAX_JOBS_READ = 20_000
 """Active jobs read per scrape at most; past it the counts are of the first ones."""
 WORKER_ALIVE_SECONDS = 30.0
 """A worker that beat this recently counts as alive: it beats every 5 s after reaching Redis
-(`workers.heartbeat.WRITE_EVERY_SECONDS`), so this allows a few missed beats."""
+(`workers.upkeep.heartbeat.WRITE_EVERY_SECONDS`), so this allows a few missed beats."""
 ACTIVE_STATUSES = ("queued", "running", "paused")
 ENDED_STATUSES = ("succeeded", "failed", "cancelled")
 FAILURE_CODES = (

@@ -7,6 +7,12 @@ them a second shape, `OpenAIErrors` rewrites an error body on these paths as it 
 so no producer is missed. Two statuses change on the way, as OpenAI's own API answers them: a 422
 (the schema's, or admission's) becomes a 400, which the SDK raises as `BadRequestError`. Errors
 a retry cannot fix carry `x-should-retry: false`, because the SDK retries 409s by default.
+
+`/v1/files` serves both kinds of client: the SDK's `client.files.*` and pdppo's own client,
+CLI and tests, which read `detail` (and a 422's `errors`). There an error keeps its status and
+native body and gains OpenAI's `error` object beside `detail` (`alongside`), so each client
+finds what it reads; a 429 there is the tenant's file quota and a 507 its storage quota (or a
+full disk), which no retry fixes either.
 """
 
 from __future__ import annotations
@@ -19,12 +25,20 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PREFIX = "/v1/fine_tuning"
+CHAT = "/v1/chat/completions"
+FILES = "/v1/files"
 _NOT_RETRYABLE = {400, 401, 403, 404, 405, 409, 413}
+_NOT_RETRYABLE_FILES = _NOT_RETRYABLE | {422, 429, 507}
 _CODES = {401: "invalid_api_key", 404: "not_found", 409: "conflict", 429: "rate_limit_exceeded"}
 
 
 def is_openai(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
+    return path in (PREFIX, CHAT) or path.startswith(PREFIX + "/")
+
+
+def is_files(path: str) -> bool:
+    """Answered in both shapes (see the module's docstring)."""
+    return path == FILES or path.startswith(FILES + "/")
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -44,23 +58,51 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
-def _translated(status: int, body: bytes) -> tuple[int, bytes]:
-    """The native error body as OpenAI's; one that already is (a `Refused`) passes as it is."""
+def _native(body: bytes) -> dict[str, Any]:
     try:
         native = json.loads(body)
     except ValueError:
         native = {"detail": body.decode(errors="replace")}
-    if isinstance(native, dict) and isinstance(native.get("error"), dict):
-        return status, body
-    detail = native.get("detail", "") if isinstance(native, dict) else str(native)
+    return native if isinstance(native, dict) else {"detail": str(native)}
+
+
+def _as_error(status: int, native: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's error object saying what the native body says; `param` from the first of a
+    422's `errors`."""
     param = None
-    errors = native.get("errors") if isinstance(native, dict) else None
-    if errors:
+    errors = native.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
         loc = [str(p) for p in errors[0].get("loc", [])]
         param = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+    return error_body(status, str(native.get("detail", "")), param or None)
+
+
+def _translated(status: int, body: bytes) -> tuple[int, bytes]:
+    """The native error body as OpenAI's; one that already is (a `Refused`) passes as it is."""
+    native = _native(body)
+    if isinstance(native.get("error"), dict):
+        return status, body
     if status == 422:
         status = 400
-    return status, json.dumps(error_body(status, str(detail), param or None)).encode()
+    return status, json.dumps(_as_error(status, native)).encode()
+
+
+def file_error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """`error_body` on `/v1/files`, where a 429 is the tenant's file quota, not a rate: OpenAI
+    names that `insufficient_quota`."""
+    body = error_body(status, message, param)
+    if status == 429:
+        body["error"].update(type="insufficient_quota", code="insufficient_quota")
+    return body
+
+
+def alongside(status: int, body: bytes) -> tuple[int, bytes]:
+    """The native error body with OpenAI's `error` object added (`/v1/files`); the status as
+    it was, since pdppo's clients know its statuses (a 422 stays a 422)."""
+    native = _native(body)
+    error = _as_error(status, native)["error"]
+    shaped = file_error_body(status, error["message"], error["param"])
+    return status, json.dumps({**native, **shaped}).encode()
 
 
 class OpenAIErrors:
@@ -70,7 +112,14 @@ class OpenAIErrors:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_openai(scope["path"]):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if is_openai(scope["path"]):
+            shape, keep = _translated, _NOT_RETRYABLE
+        elif is_files(scope["path"]):
+            shape, keep = alongside, _NOT_RETRYABLE_FILES
+        else:
             await self.app(scope, receive, send)
             return
         start: Message | None = None
@@ -87,7 +136,7 @@ class OpenAIErrors:
             chunks.append(message.get("body", b""))
             if message.get("more_body"):
                 return
-            status, body = _translated(start["status"], b"".join(chunks))
+            status, body = shape(start["status"], b"".join(chunks))
             headers = [
                 (k, v)
                 for k, v in start.get("headers", [])
@@ -97,7 +146,7 @@ class OpenAIErrors:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
             ]
-            if status in _NOT_RETRYABLE:
+            if status in keep:
                 headers.append((b"x-should-retry", b"false"))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
@@ -107,6 +156,9 @@ class OpenAIErrors:
 
 def unexpected(request: Request) -> JSONResponse | None:
     """The 500 for these paths (Starlette answers it outside every middleware)."""
+    if is_files(request.url.path):
+        body = {"detail": "internal error", **file_error_body(500, "internal error")}
+        return JSONResponse(body, 500)
     if not is_openai(request.url.path):
         return None
     return error_response(500, "internal error")

@@ -101,7 +101,10 @@ async def download_checkpoint(job: JobDep, name: str, settings: SettingsDep) -> 
     responses={200: {"content": {"application/x-tar": {}}}},
 )
 async def download_model(job: JobDep, settings: SettingsDep) -> StreamingResponse:
-    """The final model folder as a .tar, once the job has succeeded."""
+    """The final model folder as a .tar, once the job has succeeded: for an `hf:` job a
+    standard Hugging Face folder (safetensors, config.json, generation_config.json, the
+    tokenizer and its chat template; a LoRA job's PEFT adapter in adapter/), for a
+    `builtin:tiny` job pdppo's own format, not loadable by transformers (see its README.md)."""
     if not _has_final_model(job):
         raise HTTPException(404, detail=_no_final_model(job))
     folder = _job_dir(settings.artifact_dir, job.id) / "final"

@@ -12,11 +12,12 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.deps import HubDep, JobDep, SettingsDep, TenantDep
+from api.http.tenant_slots import Slot
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
 from api.streaming.cancel import cancel_until_done
-from api.streaming.events import Slot, StreamLimitReached
+from api.streaming.events import StreamLimitReached
 from api.streaming.sse_stream import job_events
-from pdppo.store.events import EventId, EventIdError, parse_event_id
+from pdppo.store.jobs.events import EventId, EventIdError, parse_event_id
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["events"])

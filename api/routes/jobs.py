@@ -6,16 +6,15 @@ a client can ask first what a spec would cost and whether it would be taken.
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 
 from api.admission import admit
 from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.pending_writes import documented_503, pending_write
+from api.pending_writes import documented_503, idempotent_retry, pending_write
+from api.revoke import revoke_tasks
 from api.routes.storage import QUOTA_RESPONSE
 from api.schemas import (
     BudgetEstimate,
@@ -28,21 +27,8 @@ from api.schemas import (
 )
 from api.submission import submit
 from pdppo.spec import JobSpec
-from workers.celery_app import revoke_queued
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-_limiter: anyio.CapacityLimiter | None = None
-
-
-def _broker_limiter() -> anyio.CapacityLimiter:
-    """Celery's control calls are blocking, so they run in threads; but dozens of threads fighting
-    the event loop for the GIL make the tail latency of every request worse than queueing does.
-    Two threads at a time; the other requests wait their turn in the event loop."""
-    global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(2)
-    return _limiter
 
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -100,6 +86,7 @@ async def create_job(
 
     The job is written and queued as `api.submission` says (the same path as
     `POST /v1/fine_tuning/jobs`): a job this returns always runs."""
+    idempotent_retry(request, "returns that job, never a second")
     submitted = await submit(request, spec, tenant, store, settings, publisher, idempotency_key)
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -177,9 +164,6 @@ async def cancel_job(request: Request, job: JobDep, store: StoreDep) -> Job:
         status = outcome.removeprefix("already-")
         raise HTTPException(409, detail=f"job {job.id!r} already {status}; nothing to cancel")
     if outcome.startswith("cancelled-while-"):
-        try:
-            await anyio.to_thread.run_sync(revoke_queued, job.id, limiter=_broker_limiter())
-        except Exception:  # the task skips a cancelled job by itself anyway
-            log.warning("could not revoke the task of job %s", job.id, exc_info=True)
+        await revoke_tasks([job.id])
     record = await store.get(job.id)
     return to_job(record or job)

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from api.convert import steps_csv
 from api.deps import JobDep, StoreDep
 from api.schemas import EvalHistory, EvalRow, SamplesHistory, SamplesRow
-from pdppo.store.jobs_worker import SAMPLES_KEPT
+from pdppo.store.jobs.worker_side import SAMPLES_KEPT
 
 router = APIRouter(prefix="/v1/jobs", tags=["results"])
 

@@ -26,6 +26,7 @@ from core.training.steering import STEERABLE, SteeringError, check_change, leave
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord
+from workers.celery_app import task_priority
 
 router = APIRouter(prefix="/v1/jobs", tags=["steering"])
 CONFLICT_RETRIES = 5
@@ -163,7 +164,7 @@ async def pause_job(request: Request, job: JobDep, store: StoreDep) -> Job:
     worker. Pausing a paused job changes nothing. A paused job still counts among the tenant's
     active jobs."""
     pending_write(request, "job", job.id, f"the pause of job {job.id}")
-    outcome = await store.steering.pause(job.id)
+    outcome, record = await store.steering.pause(job.id)
     if outcome == "missing":
         raise HTTPException(404, detail=f"job {job.id!r} not found")
     if outcome == "cancelling":
@@ -171,8 +172,7 @@ async def pause_job(request: Request, job: JobDep, store: StoreDep) -> Job:
     if outcome.startswith("already-") and outcome != "already-paused":
         status = outcome.removeprefix("already-")
         raise HTTPException(409, detail=f"job {job.id!r} already {status}; nothing to pause")
-    record = await store.get(job.id)
-    return to_job(record or job)
+    return to_job(record or job)  # as the pause left it: a worker may carry it out meanwhile
 
 
 @router.post(
@@ -223,7 +223,8 @@ async def resume_job(
     # answer is the state this resume made, not the one a fast worker makes next
     record = await store.get(job.id)
     if outcome == "queued" and settings.api_publish_tasks:
-        publisher.submit(job.id, job.queue)  # and the outbox, should this process die first
+        # and the outbox, should this process die first
+        publisher.submit(job.id, job.queue, task_priority(job.experiment))
     return to_job(record or job)
 
 

@@ -1,5 +1,6 @@
 // pdppo dashboard: the jobs of one API key, live. Plain JS over the same /v1 API as the CLI:
-// this file (the API, the event stream, the log-in and jobs pages), `charts.js` and `job.js`.
+// this file (the API, the event stream, the log-in and jobs pages), `charts.js`, `job.js` and
+// `experiment.js`.
 //
 // The key lives in sessionStorage (gone with the tab) and travels only in the Authorization
 // header: the event stream is read with fetch and a reader, not EventSource, which cannot set
@@ -143,7 +144,9 @@ function route() {
   document.getElementById("logout").hidden = !loggedIn;
   if (!loggedIn) return loginPage(main);
   const match = location.hash.match(/^#\/jobs\/([A-Za-z0-9_-]+)$/);
-  view = match ? jobPage(main, match[1]) : jobsPage(main);
+  const experiment = location.hash.match(/^#\/experiments\/([0-9a-f]{24})$/);
+  if (experiment) view = experimentPage(main, experiment[1]);
+  else view = match ? jobPage(main, match[1]) : jobsPage(main);
 }
 
 function logout(message) {
@@ -197,7 +200,9 @@ function jobsPage(main) {
   } }, specText, el("div", { class: "row" }, el("button", { class: "primary", id: "submit" },
     "Submit job")), specErrors);
 
+  const experiments = experimentsSection();
   main.append(
+    experiments.section,
     el("section", {}, el("h2", {}, "Jobs"), el("div", { class: "row" }, "Status ", filter),
       el("table", { id: "jobs" }, el("thead", {}, el("tr", {}, ...["Name", "Status", "Progress",
         "Reward", "Created", ""].map((h) => el("th", {}, h)))), body)),
@@ -211,6 +216,7 @@ function jobsPage(main) {
     try {
       const page = await (await api("GET", `/v1/jobs?limit=100${status}`)).json();
       body.replaceChildren(...page.items.map(jobRow));
+      await experiments.refresh();
     } catch (_) { /* shown on the next refresh */ }
     if (!left) timer = setTimeout(refresh, 2000);
   }
@@ -221,7 +227,9 @@ function jobsPage(main) {
 function jobRow(job) {
   const active = ACTIVE.includes(job.status);
   return el("tr", { "data-job": job.id },
-    el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || job.id)),
+    el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || job.id),
+      job.experiment ? el("a", { href: `#/experiments/${job.experiment}`, class: "experiment-link" },
+        " (experiment)") : null),
     el("td", {}, el("span", { class: `status ${job.status}` }, job.status), " ",
       el("span", { class: "phase" }, ACTIVE.includes(job.status) ? phaseText(job.phase) : ""), " ",
       warningsBadge(job.warnings)),

@@ -33,13 +33,14 @@ function jobPage(main, jobId) {
   probe.phases = [];
   const head = el("section", { id: "job-head" });
   const steer = el("section", { class: "steer" });
+  const tryBox = el("section", { id: "job-try", class: "try", hidden: true });
   const grid = el("div", { class: "grid" });
   const configs = el("tbody", { id: "configs" });
   const evals = el("div", { id: "evals" });
   const samples = el("div", { id: "samples" });
   const checkpoints = el("ul", { id: "checkpoints" });
   const log = el("div", { id: "log" });
-  main.append(head, steer, el("section", {}, el("h2", {}, "Charts"), grid),
+  main.append(head, steer, tryBox, el("section", {}, el("h2", {}, "Charts"), grid),
     el("section", {}, el("h2", {}, "Config changes"), el("table", {}, el("thead", {},
       el("tr", {}, el("th", {}, "After step"), el("th", {}, "Version"), el("th", {}, "Changes"))),
       configs)),
@@ -86,6 +87,7 @@ function jobPage(main, jobId) {
     }
     renderHead(head, job, actions);
     if (!steer.dataset.ready) renderSteer(steer, job, refreshJob, actions);
+    if (job.status === "succeeded" && !tryBox.dataset.ready) renderTry(tryBox, job, actions);
     const list = await (await api("GET", `/v1/jobs/${jobId}/checkpoints`)).json();
     checkpoints.replaceChildren(...list.items.map((c) => el("li", {}, el("a", {
       href: "#", onclick: (e) => {
@@ -152,6 +154,7 @@ function renderHead(head, job, actions) {
       bar: el("progress"), progress: el("span", { id: "job-progress" }),
       error: el("p", { class: "error" }), about: el("p", { class: "muted" }),
       warningList: el("ul", { id: "job-warning-list", class: "warning" }),
+      trackers: el("p", { id: "job-trackers", class: "muted" }),
       action: el("p", { id: "job-action-error" }),
     };
     const post = (path) => () => actions.run(parts.action, async () => {
@@ -166,7 +169,8 @@ function renderHead(head, job, actions) {
     head.replaceChildren(
       el("h2", {}, parts.title, " ", parts.status, " ", parts.phase, " ", parts.warnings),
       el("div", { class: "row" }, parts.bar, parts.progress, parts.pause, parts.resume,
-        parts.cancel, csv), parts.action, parts.error, parts.warningList, parts.about);
+        parts.cancel, csv), parts.action, parts.error, parts.warningList, parts.trackers,
+      parts.about);
     head.parts = parts;
   }
   const parts = head.parts;
@@ -182,6 +186,10 @@ function renderHead(head, job, actions) {
     parts.warningList.replaceChildren(...warnings.map((w) => el("li", { "data-code": w.code },
       `${w.code}: ${w.message}`)));
   }
+  const trackers = Object.entries(job.trackers || {});
+  if (parts.trackers.childElementCount !== trackers.length) {
+    parts.trackers.replaceChildren(...trackers.map(([name, run]) => trackerLink(name, run)));
+  }
   parts.bar.max = p.total || 1;
   parts.bar.value = p.step;
   parts.progress.textContent = `step ${p.step} / ${p.total}`;
@@ -191,6 +199,15 @@ function renderHead(head, job, actions) {
   parts.error.textContent = job.error ? `${job.error.code}: ${job.error.message}` : "";
   parts.about.textContent = `id ${job.id} · queue ${job.queue} · created `
     + `${new Date(job.created_at).toLocaleString()} · attempts ${job.attempts}`;
+}
+
+// An experiment-tracker run the job reports to (train.report_to): a link to its page where the
+// tracker has one (MLflow, W&B online; http(s) only), else its id (TensorBoard's folder).
+function trackerLink(name, run) {
+  const url = run.url && /^https?:\/\//.test(run.url) ? run.url : null;
+  const label = `${name}: ${url ? "open run" : run.run_id}`;
+  return el("span", { class: "tracker", "data-tracker": name },
+    url ? el("a", { href: url, target: "_blank", rel: "noopener" }, label) : label, " ");
 }
 
 function renderSteer(steer, job, refresh, actions) {
@@ -229,4 +246,40 @@ function renderSteer(steer, job, refresh, actions) {
     STEERABLE.find(([p]) => p === path)[1], input)), mask,
   el("button", { class: "primary", id: "steer-apply" }, "Apply")), message);
   steer.replaceChildren(el("h2", {}, "Steer (applies at the next step)"), form);
+}
+
+// A prompt box for a succeeded job: its final model answers on a sample worker
+// (POST /v1/jobs/{id}/completions). Shown once the job has succeeded, never before.
+function renderTry(box, job, actions) {
+  box.dataset.ready = "1";
+  box.hidden = false;
+  const prompt = el("textarea", { id: "try-prompt", rows: 3, placeholder: "a prompt" });
+  const chat = el("input", { id: "try-chat", type: "checkbox" });
+  const maxTokens = el("input", { id: "try-max-tokens", type: "number", min: 1, value: 32 });
+  const temperature = el("input", { id: "try-temperature", type: "number", min: 0, max: 2,
+    step: "any", value: 1 });
+  const send = el("button", { class: "primary", id: "try-send" }, "Generate");
+  const message = el("span", { id: "try-message", class: "muted" });
+  const answer = el("div", { id: "try-answers" });
+  const form = el("form", { onsubmit: async (e) => {
+    e.preventDefault();
+    if (!prompt.value) return;
+    const body = { max_tokens: parseInt(maxTokens.value, 10) || 32,
+      temperature: Number(temperature.value) };
+    if (chat.checked) body.messages = [{ role: "user", content: prompt.value }];
+    else body.prompt = prompt.value;
+    send.disabled = true;
+    message.textContent = "generating …";
+    const out = await actions.run(message, async () => (await api("POST",
+      `/v1/jobs/${job.id}/completions`, body)).json());
+    send.disabled = false;
+    if (!out) return;
+    message.textContent = `${out.usage.completion_tokens} tokens in `
+      + `${Math.round(out.timings.total_ms)} ms${out.cold ? " (model loaded)" : ""}`;
+    answer.replaceChildren(...out.choices.map((c) => el("pre", { class: "try-answer",
+      "data-finish": c.finish_reason }, c.text)));
+  } }, prompt, el("div", { class: "row" }, el("label", {}, chat, " as a chat turn"),
+    el("label", {}, "max tokens ", maxTokens), el("label", {}, "temperature ", temperature),
+    send, message));
+  box.replaceChildren(el("h2", {}, "Try the model"), form, answer);
 }

@@ -169,6 +169,13 @@ class _Form:
                 400, 'every part of the form needs `Content-Disposition: form-data; name="..."`'
             )
         name = raw_name.decode("utf-8", "replace")
+        if name.startswith("expires_after"):  # OpenAI's form sends expires_after[anchor] ...
+            raise field_error(
+                "expires_after",
+                "not supported: pdppo keeps a file until it is deleted "
+                "(DELETE /v1/files/{id}); leave `expires_after` out",
+                "extra",
+            )
         if name not in FIELDS:
             shown = name[:64]
             raise field_error(

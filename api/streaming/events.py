@@ -5,10 +5,10 @@ job's backlog at once (after a deploy, a network blip). Read per subscriber and 
 event, that was a thousand Redis connections and millions of small writes, and the event loop had
 no time left for anything else (health checks took seconds). So:
 
-- Admission: an API process holds at most `sse_max_streams` streams, and a tenant at most
-  `sse_max_streams_per_tenant`; past either the route answers 429 with a Retry-After drawn from
-  RETRY_AFTER_SECONDS (so refused clients do not come back as one herd). A stream holds its slot
-  from admission to the end of its response, however that ends.
+- Admission (`api.http.tenant_slots`): an API process holds at most `sse_max_streams` streams,
+  and a tenant at most `sse_max_streams_per_tenant`; past either the route answers 429 with a
+  Retry-After drawn from RETRY_AFTER_SECONDS (so refused clients do not come back as one herd).
+  A stream holds its slot from admission to the end of its response, however that ends.
 - Backlog: pages of BACKLOG_PAGE entries, each read by one script that returns the page already
   encoded as SSE frames (`AsyncEventStore.encoded_events_after`: redis-py would spend 50-150 ms
   of the loop parsing a 1000-entry XRANGE). Subscribers replaying from the same id at the same
@@ -45,9 +45,8 @@ import ctypes
 import functools
 import gc
 import logging
-import random
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
@@ -57,11 +56,12 @@ from prometheus_client import Counter
 from redis.driver_info import DriverInfo
 
 from api.http.observability import SSE_FEEDS, SSE_SUBSCRIBERS
+from api.http.tenant_slots import LimitReached, Slot, TenantSlots
 from api.streaming.cancel import cancel_until_done
 from api.streaming.sse_frames import Batch, Entry, Frame, Page, Turns, encode
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore, events_key
-from pdppo.store.events import AsyncEventStore, EventId, parse_event_id
+from pdppo.store.jobs.events import AsyncEventStore, EventId, parse_event_id
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 5000  # a feed's XREAD BLOCK; its connection's socket timeout is this plus the reply's
@@ -124,25 +124,8 @@ def redis_driver_info() -> DriverInfo:
     return DriverInfo()
 
 
-class StreamLimitReached(Exception):
-    """Refused: `limit` ("tenant" or "total") is reached, at `value` streams."""
-
-    def __init__(self, limit: str, value: int, retry_after: int) -> None:
-        super().__init__(limit, value)
-        self.limit, self.value, self.retry_after = limit, value, retry_after
-
-
-class Slot:
-    """An admitted stream; `release` (idempotent) gives its place back."""
-
-    def __init__(self, hub: EventHub, tenant: str) -> None:
-        self._hub: EventHub | None = hub
-        self.tenant = tenant
-
-    def release(self) -> None:
-        hub, self._hub = self._hub, None
-        if hub is not None:
-            hub._release(self.tenant)
+StreamLimitReached = LimitReached
+"""Refused: `limit` ("tenant" or "total") is reached, at `value` streams."""
 
 
 class Subscriber:
@@ -219,8 +202,9 @@ class EventHub:
         self.max_streams_per_tenant = max_streams_per_tenant
         self.feeds: dict[str, Feed] = {}
         self._lock = asyncio.Lock()
-        self._open: defaultdict[str, int] = defaultdict(int)
-        self._open_total = 0
+        self.slots = TenantSlots(
+            max_streams, max_streams_per_tenant, RETRY_AFTER_SECONDS, self._released
+        )
         self._peak = 0  # most streams open at once since the last `_tidy`
         self._reads = asyncio.Semaphore(BACKLOG_READS)
         self.turns = Turns(REPLAY_WRITERS, REPLAY_TURN_SECONDS)
@@ -259,29 +243,21 @@ class EventHub:
 
     def admit(self, tenant: str) -> Slot:
         """A place for one more stream of `tenant`, or StreamLimitReached."""
-        retry_after = random.randint(*RETRY_AFTER_SECONDS)
-        if self._open_total >= self.max_streams:
-            SSE_REFUSED.labels("total").inc()
-            raise StreamLimitReached("total", self.max_streams, retry_after)
-        if self._open[tenant] >= self.max_streams_per_tenant:
-            SSE_REFUSED.labels("tenant").inc()
-            raise StreamLimitReached("tenant", self.max_streams_per_tenant, retry_after)
-        self._open[tenant] += 1
-        self._open_total += 1
-        self._peak = max(self._peak, self._open_total)
+        try:
+            slot = self.slots.admit(tenant)
+        except LimitReached as exc:
+            SSE_REFUSED.labels(exc.limit).inc()
+            raise
+        self._peak = max(self._peak, self.slots.total)
         SSE_SUBSCRIBERS.inc()
-        return Slot(self, tenant)
+        return slot
 
-    def _release(self, tenant: str) -> None:
-        self._open[tenant] -= 1
-        if not self._open[tenant]:
-            del self._open[tenant]
-        self._open_total -= 1
+    def _released(self, open_total: int) -> None:
         SSE_SUBSCRIBERS.dec()
-        if self._open_total <= self._peak // 4 and self._peak >= STORM_STREAMS:
+        if open_total <= self._peak // 4 and self._peak >= STORM_STREAMS:
             # A storm is ending: give its memory back soon rather than whenever (`_tidy`), once
             # its last streams are gone too.
-            self._peak = self._open_total
+            self._peak = open_total
             asyncio.get_running_loop().call_later(TIDY_DELAY_SECONDS, _tidy)
 
     # -- backlog --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sse_starlette import ServerSentEvent
 
-from pdppo.store.events import EventId, parse_event_id
+from pdppo.store.jobs.events import EventId, parse_event_id
 
 Entry = tuple[str, dict[str, str]]
 WRITE_BYTES = 64 * 1024  # one write to a client: uvicorn's high-water mark

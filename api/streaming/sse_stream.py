@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 from api.streaming.events import EventHub
 from api.streaming.sse_frames import PING, frames_after, pieces
 from pdppo.store import JobRecord
-from pdppo.store.events import EventId
+from pdppo.store.jobs.events import EventId
 
 log = logging.getLogger(__name__)
 

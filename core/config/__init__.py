@@ -25,7 +25,7 @@ One spec must not be able to take a shared worker down, so validation is strict:
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -46,6 +46,9 @@ from core.config.types import (
 
 SEED_OFFSETS = 3
 """The trainer seeds its generators with seed, seed + 1, seed + 2 and seed + 3."""
+
+TRACKER_WORDS = ("mlflow", "wandb", "tensorboard", "tracking", "tracker", "api_key")
+"""Words of a train-level key that tries to set where or as whom the run reports."""
 
 MAX_SEED = 2**63 - 1 - SEED_OFFSETS
 """Largest seed: seed + SEED_OFFSETS must still fit torch's signed 64-bit seed."""
@@ -282,6 +285,16 @@ class TrainConfig(Strict):
     keep_checkpoints: int = Field(
         default=3, ge=1, le=1000, description="How many most recent checkpoints to keep on disk."
     )
+    save_merged: bool = Field(
+        default=True,
+        description=(
+            "With model.lora: also save the adapters merged into the base as a whole Hugging "
+            "Face model in final/ (loadable alone by transformers and vLLM, and by a later "
+            "job:<id>, without the base), beside the PEFT adapter in final/adapter/, which is "
+            "always saved. False: final/ holds only adapter/ (a later job:<id> then applies it "
+            "to the base it names, which must still be where it was). Ignored without LoRA."
+        ),
+    )
     seed: int = Field(
         default=0,
         ge=0,
@@ -347,6 +360,45 @@ class TrainConfig(Strict):
         ),
     )
 
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list,
+        max_length=3,
+        description=(
+            "Experiment trackers the run reports to, besides the service's dashboard: each "
+            "step's metrics, the evaluations, the config and its changes, samples and "
+            "checkpoints. Names only: where a tracker is and as whom it reports (a tracking "
+            "URI, a W&B project, a key) is the operator's setting (PDPPO_MLFLOW_TRACKING_URI, "
+            "PDPPO_WANDB_PROJECT, ...), never a spec's. Each needs its extra on the worker "
+            "(pip install 'pdppo[tensorboard]'); a tracker that is down never stops the run."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_tracker_settings(cls, data: Any) -> Any:
+        """A spec names trackers; their addresses and credentials are the operator's. Said
+        plainly rather than as an unknown field, since a user coming from TRL expects them."""
+        if not isinstance(data, dict):
+            return data
+        named = sorted(
+            key
+            for key in data
+            if isinstance(key, str)
+            and key != "report_to"
+            and any(word in key.lower() for word in TRACKER_WORDS)
+        )
+        for entry in data.get("report_to") or []:
+            if not isinstance(entry, str) or any(c in entry for c in ":/=@"):
+                named.append(f"report_to entry {str(entry)[:80]!r}")
+        if named:
+            raise ValueError(
+                f"{', '.join(named)}: a spec names its trackers only (report_to: "
+                "[tensorboard, mlflow, wandb]); tracking URIs, projects and credentials are set "
+                "by the operator (PDPPO_MLFLOW_TRACKING_URI, PDPPO_WANDB_PROJECT, "
+                "PDPPO_WANDB_ENTITY, WANDB_API_KEY), never in a spec"
+            )
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         if self.optim.lr is None:
@@ -366,6 +418,8 @@ class TrainConfig(Strict):
                 f"completions per update, rollout.prompts_per_step * rollout.group_size / "
                 f"algorithm.minibatches = {per_update}"
             )
+        if len(set(self.report_to)) != len(self.report_to):
+            raise ValueError(f"report_to={self.report_to} names a tracker twice")
         self._check_engine()
         self._check_sharding()
         t = self.task

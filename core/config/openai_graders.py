@@ -128,22 +128,105 @@ class OpenAITextSimilarity(_OpenAIGrader):
 
 class OpenAIPython(_OpenAIGrader):
     """`def grade(sample, item) -> float` in `source`, run in the grading server's process
-    under its deadline; refused unless the operator allows it (PDPPO_PYTHON_GRADERS), because
-    it is a tenant's code on the worker."""
+    under its deadline (`sample`: `output_text`, `output_json`, `output_tools`; `item`: the
+    record). Refused unless the operator allows it (PDPPO_OPENAI_PYTHON_GRADERS), because it is a
+    tenant's code on the worker."""
 
     type: Literal["python"]
     source: Annotated[str, Field(min_length=1, max_length=100_000)]
     image_tag: Annotated[str, Field(max_length=200)] | None = Field(
         default=None, description="Accepted for compatibility; pdppo runs its own image."
     )
+    pass_threshold: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description="When set, the score is 1 at or above it and 0 below."
+    )
+
+
+class OpenAITextPart(BaseModel):
+    """One text part of a message's content."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["input_text", "output_text"]
+    text: Template
+
+    @field_validator("text")
+    @classmethod
+    def _templates(cls, value: str) -> str:
+        template_paths(value)
+        return value
+
+
+class OpenAIMessage(BaseModel):
+    """A message of a `score_model` grader's input: text only (images and audio are refused,
+    pdppo's endpoints are text models)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Template | OpenAITextPart | list[OpenAITextPart]
+
+    @field_validator("content")
+    @classmethod
+    def _templates(
+        cls, value: str | OpenAITextPart | list[OpenAITextPart]
+    ) -> str | OpenAITextPart | list[OpenAITextPart]:
+        if isinstance(value, str):
+            template_paths(value)
+        return value
+
+    def text(self) -> str:
+        """The content as one text (parts joined by blank lines)."""
+        if isinstance(self.content, str):
+            return self.content
+        parts = self.content if isinstance(self.content, list) else [self.content]
+        return "\n\n".join(p.text for p in parts)
+
+
+SCORE_BOUND = 1e9
+"""The largest score a range or threshold names: every number a spec holds is bounded."""
+
+
+class OpenAISamplingParams(BaseModel):
+    """What OpenAI's `score_model` passes to the model; sent to the endpoint as they are
+    (`max_completions_tokens` as `max_tokens`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    # an int64, as the endpoints take it
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    max_completions_tokens: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class OpenAIScoreModel(_OpenAIGrader):
-    """A model that scores the sample: refused, pdppo has no model endpoint to call."""
+    """A model that reads the rendered `input` messages and answers a score in `range`: the
+    grader calls the operator's OpenAI-compatible endpoint (PDPPO_SCORE_MODEL_ENDPOINT), reads
+    the number in the reply and maps `range` onto [0, 1]. Refused where no endpoint is set."""
 
     type: Literal["score_model"]
-    model: Annotated[str, Field(max_length=200)]
-    input: list[dict[str, object]] = Field(default_factory=list)
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    input: list[OpenAIMessage] = Field(min_length=1, max_length=64)
+    range: list[Annotated[float, Field(ge=-SCORE_BOUND, le=SCORE_BOUND)]] = Field(
+        default_factory=lambda: [0.0, 1.0],
+        min_length=2,
+        max_length=2,
+        description="The scores the model answers, [low, high]; low maps to 0, high to 1.",
+    )
+    sampling_params: OpenAISamplingParams | None = None
+    pass_threshold: Annotated[float, Field(ge=-SCORE_BOUND, le=SCORE_BOUND)] | None = Field(
+        default=None, description="When set (in `range`'s units), 1 at or above it, 0 below."
+    )
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, value: list[float]) -> list[float]:
+        if not value[0] < value[1]:
+            raise ValueError(f"range [{value[0]:g}, {value[1]:g}] must be [low, high], low < high")
+        return value
 
 
 OpenAILeafGrader = Annotated[
@@ -243,8 +326,10 @@ __all__ = [
     "OpenAIGrader",
     "OpenAIGraderConfig",
     "OpenAILeafGrader",
+    "OpenAIMessage",
     "OpenAIMulti",
     "OpenAIPython",
+    "OpenAISamplingParams",
     "OpenAIScoreModel",
     "OpenAIStringCheck",
     "OpenAITextSimilarity",

@@ -57,6 +57,16 @@ class Grader(abc.ABC):
         return self.score(completion, record)
 
 
+class GraderLoadError(ValueError):
+    """A tenant's python grader could not be loaded: its top level raised, ended the process,
+    or did not finish in time. The tenant's to fix, so a job fails as `invalid_input` and
+    graders.run answers 400; `where` is the grader's place in the spec (`...grader`)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
 def field_value(record: Record, name: str) -> Any:
     """The record's field `name`, or a ValueError that names it (a missing field is the
     dataset's fault, said the same way by every grader)."""

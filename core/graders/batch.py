@@ -18,10 +18,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from core.config.graders import GraderConfig
+from core.config.graders import GraderConfig, OpenAIGrader
 from core.graders.base import Grader, Record, check_unit
 from core.graders.build import Multi, build_grader
+from core.graders.hosted import holds_python
 from core.graders.openai import Multi as OpenAIMulti
+from core.graders.options import GraderOptions
 from core.graders.server import GradingServer, Outcome
 
 log = logging.getLogger(__name__)
@@ -77,12 +79,19 @@ class BatchGrader:
         where: str = "task.grader",
         *,
         batch_timeout_seconds: float | None = None,
+        options: GraderOptions | None = None,
     ) -> None:
-        self.grader = build_grader(cfg, where)  # bad patterns, schemas, plugin names: here
+        """`options`: what the operator lets OpenAI graders do (`core.graders.options`)."""
+        # bad patterns, schemas, plugin names, python that does not compile: here
+        self.grader = build_grader(cfg, where, options=options)
         self.parts = part_names(self.grader)
         self.server = (
             GradingServer(
-                cfg, timeout_seconds, where=where, batch_timeout_seconds=batch_timeout_seconds
+                cfg,
+                timeout_seconds,
+                where=where,
+                batch_timeout_seconds=batch_timeout_seconds,
+                options=options,
             )
             if self.grader.isolated
             else None
@@ -142,3 +151,18 @@ def part_names(grader: Grader) -> list[str]:
     """The sub-score names a grader reports: a `multi`'s graders (pdppo's or OpenAI's), none
     for the others."""
     return list(grader.graders) if isinstance(grader, Multi | OpenAIMulti) else []
+
+
+def load_python_graders(
+    cfg: GraderConfig | None, where: str, options: GraderOptions | None = None
+) -> bool:
+    """Runs the top level of `cfg`'s python graders once, in a grading server started for it
+    and stopped after, so that a job whose grader cannot load fails before training rather than
+    scoring 0 on every step. GraderLoadError naming the grader (its code raised, ended the server
+    or did not finish in `options.python_load_seconds`), StartFailed (the server itself could
+    not start). False, starting nothing, when `cfg` holds no python grader."""
+    if not (isinstance(cfg, OpenAIGrader) and holds_python(cfg.grader)):
+        return False
+    with GradingServer(cfg, 1.0, where=where, options=options) as server:
+        server.start()
+    return True

@@ -17,18 +17,24 @@ from core.config.graders import (
 from core.graders.base import Grader, Record, Scored
 from core.graders.numbers import Math, Numeric
 from core.graders.openai import build_openai
+from core.graders.options import GraderOptions
 from core.graders.plugins import Plugin
 from core.graders.schema import JsonSchema
 from core.graders.text import LengthPenalty, Regex, StringCheck
 
 
 def build_grader(
-    cfg: GraderConfig, where: str = "task.grader", *, load_plugins: bool = False
+    cfg: GraderConfig,
+    where: str = "task.grader",
+    *,
+    load_plugins: bool = False,
+    options: GraderOptions | None = None,
 ) -> Grader:
     """The grader `cfg` declares; a ValueError naming the spec field (`where`) when it cannot
     be built: a pattern that does not compile, a schema that is not one, a plugin that is not
     installed. Plugins are only imported with `load_plugins` (the grading server does that;
-    the trainer's process only checks their names)."""
+    the trainer's process only checks their names), and so is a python grader's code.
+    `options`: what the operator lets OpenAI graders do (None: no python, no score_model)."""
     if isinstance(cfg, StringCheckGrader):
         return StringCheck(cfg)
     if isinstance(cfg, RegexGrader):
@@ -44,9 +50,9 @@ def build_grader(
     if isinstance(cfg, PluginGrader):
         return Plugin(cfg, where, load=load_plugins)
     if isinstance(cfg, MultiGrader):
-        return Multi(cfg, where, load_plugins=load_plugins)
+        return Multi(cfg, where, load_plugins=load_plugins, options=options)
     if isinstance(cfg, OpenAIGrader):
-        return build_openai(cfg.grader, f"{where}.grader")
+        return build_openai(cfg.grader, f"{where}.grader", options, load=load_plugins)
     raise TypeError(f"{where}: unknown grader config {type(cfg).__name__}")
 
 
@@ -55,9 +61,18 @@ class Multi(Grader):
     every sub-score is a part, reported as the metric `grader/<name>` whatever its weight, so a
     weight of 0 watches a grader without rewarding it."""
 
-    def __init__(self, cfg: MultiGrader, where: str, *, load_plugins: bool) -> None:
+    def __init__(
+        self,
+        cfg: MultiGrader,
+        where: str,
+        *,
+        load_plugins: bool,
+        options: GraderOptions | None = None,
+    ) -> None:
         self.graders = {
-            name: build_grader(sub, f"{where}.graders.{name}", load_plugins=load_plugins)
+            name: build_grader(
+                sub, f"{where}.graders.{name}", load_plugins=load_plugins, options=options
+            )
             for name, sub in cfg.graders.items()
         }
         self.weights = {name: cfg.weights.get(name, 1.0) for name in cfg.graders}

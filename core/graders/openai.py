@@ -1,28 +1,27 @@
 """OpenAI's graders (`core.config.openai_graders`), scoring as OpenAI describes them.
 
-Templates are rendered per completion: `{{item.<path>}}` from the record (a string as it is,
-anything else as JSON), `{{sample.output_text}}` the completion, `{{sample.output_json...}}` the
-completion parsed as JSON. A completion that is not the JSON a template asks for is a wrong
-answer (0), not a grader failure; a record without a field a template names fails the job at
-load time, like every grader's `check`.
+Templates (`core.graders.templates`) are rendered per completion: `{{item.<path>}}` from the
+record (a string as it is, anything else as JSON), `{{sample.output_text}}` the completion,
+`{{sample.output_json...}}` the completion parsed as JSON. A completion that is not the JSON a
+template asks for is a wrong answer (0), not a grader failure; a record without a field a
+template names fails the job at load time, like every grader's `check`.
 
 The similarity metrics come from the libraries that define them (the `similarity` extra): a
 missing one fails the job when its grader is built, naming the extra; they are imported when first
-used, in the grading server.
+used, in the grading server. `python` and `score_model` (`core.graders.hosted`) are built only
+where the operator's `GraderOptions` allow them; `refusal` says why not, at submission and on the
+worker.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
 
 from core.config.openai_graders import (
     FORMULA_FUNCTIONS,
-    TEMPLATE_RE,
     OpenAIGraderConfig,
     OpenAILeafGrader,
     OpenAIMulti,
@@ -35,44 +34,9 @@ from core.config.openai_graders import (
 )
 from core.extras import require
 from core.graders.base import Grader, Record, Scored
-
-
-class NotJson(ValueError):
-    """The completion is not the JSON a template reads: the answer is wrong, it scores 0."""
-
-
-def _lookup(value: Any, keys: list[str], where: str) -> Any:
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            raise KeyError(where)
-        value = value[key]
-    return value
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def render(template: str, completion: str, record: Record) -> str:
-    """`template` with each `{{...}}` replaced; KeyError naming a record path that is missing,
-    NotJson when the completion is not the JSON that `sample.output_json` reads."""
-
-    def value(path: str) -> str:
-        namespace, *keys = path.split(".")
-        if namespace == "item":
-            return _text(_lookup(dict(record), keys, path))
-        if keys == ["output_text"]:
-            return completion
-        try:
-            parsed = json.loads(completion)
-        except ValueError:
-            raise NotJson(f"the completion is not JSON, which {{{{{path}}}}} reads") from None
-        try:
-            return _text(_lookup(parsed, keys[1:], path))
-        except KeyError:
-            raise NotJson(f"the completion's JSON has no {'.'.join(keys[1:])}") from None
-
-    return TEMPLATE_RE.sub(lambda m: value(m.group(1)), template)
+from core.graders.hosted import Python, ScoreModel
+from core.graders.options import ENDPOINT_SETTING, PYTHON_SETTING, GraderOptions
+from core.graders.templates import NotJson, check_paths, render
 
 
 class _Templated(Grader):
@@ -85,14 +49,7 @@ class _Templated(Grader):
         ]
 
     def check(self, record: Record) -> None:
-        for path in self.item_paths:
-            try:
-                _lookup(dict(record), path.split(".")[1:], path)
-            except KeyError:
-                raise ValueError(
-                    f"the record has no {path.removeprefix('item.')!r}, which the grader's "
-                    f"template {{{{{path}}}}} reads"
-                ) from None
+        check_paths(self.item_paths, record)
 
     def pair(self, completion: str, record: Record) -> tuple[str, str] | None:
         """The rendered (input, reference), or None when the completion is not the JSON the
@@ -227,9 +184,12 @@ class Multi(Grader):
     """Sub-graders combined by `calculate_output`, clipped to [0, 1]; each sub-score is a part
     (the metric `grader/<name>`)."""
 
-    def __init__(self, cfg: OpenAIMulti, where: str) -> None:
+    def __init__(
+        self, cfg: OpenAIMulti, where: str, options: GraderOptions, *, load: bool = False
+    ) -> None:
         self.graders = {
-            name: build_leaf(sub, f"{where}.graders.{name}") for name, sub in cfg.graders.items()
+            name: build_leaf(sub, f"{where}.graders.{name}", options, load=load)
+            for name, sub in cfg.graders.items()
         }
         self.formula = parse_formula(cfg.calculate_output)
         self.isolated = any(g.isolated for g in self.graders.values())
@@ -249,48 +209,69 @@ class Multi(Grader):
         return self.grade(completion, record).value
 
 
-def refusal(cfg: OpenAILeafGrader, where: str) -> str | None:
-    """Why this service cannot run the grader `cfg` (at `where`), or None: a spec with one is
-    refused at submission (`api.admission`), not failed on a worker."""
-    if isinstance(cfg, OpenAIPython):
+def refusal(cfg: OpenAILeafGrader, where: str, options: GraderOptions | None = None) -> str | None:
+    """Why this service cannot run the grader `cfg` (at `where`) with the operator's `options`,
+    or None: a spec with one is refused at submission (`api.admission`), and again by a worker
+    whose options differ from the API's."""
+    options = options or GraderOptions()
+    if isinstance(cfg, OpenAIPython) and not options.python:
         return (
             f"{where}: python graders are off on this service (they run a tenant's code on "
-            "the workers); use string_check, text_similarity or multi"
+            f"the workers; the operator turns them on with {PYTHON_SETTING}=true); use "
+            "string_check, text_similarity or multi"
         )
-    if isinstance(cfg, OpenAIScoreModel):
+    if isinstance(cfg, OpenAIScoreModel) and options.score_model is None:
         return (
             f"{where}: score_model graders need a model endpoint, which this service has not "
-            "configured; use string_check, text_similarity or multi"
+            f"configured ({ENDPOINT_SETTING}); use string_check, text_similarity or multi"
         )
     return None
 
 
-def refusals(cfg: OpenAIGraderConfig, where: str) -> list[tuple[str, str]]:
+def refusals(
+    cfg: OpenAIGraderConfig, where: str, options: GraderOptions | None = None
+) -> list[tuple[str, str]]:
     """(where, why) for each grader in `cfg` this service cannot run."""
     leaves = cfg.graders.items() if isinstance(cfg, OpenAIMulti) else [("", cfg)]
     out = []
     for name, leaf in leaves:
         at = f"{where}.graders.{name}" if name else where
-        problem = refusal(leaf, at)
+        problem = refusal(leaf, at, options)
         if problem is not None:
             out.append((at, problem))
     return out
 
 
-def build_leaf(cfg: OpenAILeafGrader, where: str) -> Grader:
-    problem = refusal(cfg, where)
+def build_leaf(
+    cfg: OpenAILeafGrader, where: str, options: GraderOptions, *, load: bool = False
+) -> Grader:
+    """`load`: run a python grader's code (the grading server only; elsewhere it is compiled
+    and checked, never run)."""
+    problem = refusal(cfg, where, options)
     if problem is not None:
         raise ValueError(problem)
     if isinstance(cfg, OpenAIStringCheck):
         return StringCheck(cfg)
     if isinstance(cfg, OpenAITextSimilarity):
         return TextSimilarity(cfg, where)
+    if isinstance(cfg, OpenAIPython):
+        return Python(cfg, where, load=load)
+    if isinstance(cfg, OpenAIScoreModel) and options.score_model is not None:
+        return ScoreModel(cfg, options.score_model)
     raise TypeError(f"{where}: unknown grader config {type(cfg).__name__}")
 
 
-def build_openai(cfg: OpenAIGraderConfig, where: str) -> Grader:
+def build_openai(
+    cfg: OpenAIGraderConfig,
+    where: str,
+    options: GraderOptions | None = None,
+    *,
+    load: bool = False,
+) -> Grader:
     """The grader an OpenAI grader object declares; a ValueError naming `where` when this
-    service cannot run it."""
+    service cannot run it (`options`: what the operator allows; None allows neither python
+    nor score_model)."""
+    options = options or GraderOptions()
     if isinstance(cfg, OpenAIMulti):
-        return Multi(cfg, where)
-    return build_leaf(cfg, where)
+        return Multi(cfg, where, options, load=load)
+    return build_leaf(cfg, where, options, load=load)

@@ -17,7 +17,11 @@ spawn would re-import: a Celery worker, a pytest session). Parent and child spea
 the child's stdin and stdout; in the child, fd 1 is pointed at stderr before any grader loads, so
 a plugin that prints cannot corrupt the protocol. The child dies with its parent: it exits on EOF
 of its stdin, and on Linux the kernel sends it SIGKILL when the parent dies (PR_SET_PDEATHSIG),
-which also covers a child busy inside a hung grader. Caveat of PDEATHSIG: it fires when the
+which also covers a child busy inside a hung grader. Loading a tenant's python grader runs its
+top level (`core.graders.hosted`): the child tells the parent when each starts, and from then the
+parent gives it `GraderOptions.python_load_seconds`, not the minute of STARTUP_SECONDS that an
+operator's plugin imports may need; a top level that raises, exits or runs past that is a
+`GraderLoadError` from `start()`. Caveat of PDEATHSIG: it fires when the
 *thread* that started the child ends; a server used from a short-lived thread is then restarted
 on its next batch, at the cost of one start.
 """
@@ -41,7 +45,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core.config.graders import GraderConfig
-from core.graders.base import Record, check_unit
+from core.graders.base import GraderLoadError, Record, check_unit
+from core.graders.options import LOAD_SETTING, GraderOptions
 from core.process.parent_death import die_with_parent
 
 STARTUP_SECONDS = 60.0
@@ -77,8 +82,9 @@ class Outcome:
     message: str = ""
 
 
-class _StartFailed(Exception):
-    pass
+class StartFailed(RuntimeError):
+    """The grading server could not start for a reason other than a tenant's code: no
+    interpreter, out of processes, a plugin that fails to import, a start past STARTUP_SECONDS."""
 
 
 class _Unsendable(Exception):
@@ -101,13 +107,17 @@ class GradingServer:
         where: str = "task.grader",
         startup_seconds: float = STARTUP_SECONDS,
         batch_timeout_seconds: float | None = None,
+        options: GraderOptions | None = None,
     ) -> None:
-        self.config_line = json.dumps(
-            {"grader": _dump(cfg), "where": where}, separators=(",", ":")
-        ).encode()
+        # the options travel on the child's stdin, with the score model's key: never in argv
+        # or the environment, where other processes of the machine could read them
+        options = options or GraderOptions()
+        setup = {"grader": _dump(cfg), "where": where, "options": options.to_json()}
+        self.config_line = json.dumps(setup, separators=(",", ":")).encode()
         self.timeout = timeout_seconds
         self.batch_timeout = batch_timeout_seconds
         self.startup_seconds = startup_seconds
+        self.load_seconds = options.python_load_seconds
         self.starts = 0  # children started so far (1 + restarts), for tests and logs
         self._lock = threading.Lock()
         self._child = _Child()
@@ -124,6 +134,13 @@ class GradingServer:
         starts a new one."""
         with self._lock:
             self._child.stop()
+
+    def start(self) -> None:
+        """Starts the child now if none runs, rather than at the next `grade`: GraderLoadError
+        when a python grader's top level raised, ended the child or ran past `python_load_
+        seconds` (the tenant's to fix); StartFailed for any other failure to start."""
+        with self._lock:
+            self._ensure_started()
 
     @property
     def pid(self) -> int | None:
@@ -155,7 +172,7 @@ class GradingServer:
                 try:
                     self._ensure_started()
                     sent = self._send([items[i] for i in pending])
-                except (_StartFailed, _Unsendable) as e:
+                except (StartFailed, GraderLoadError, _Unsendable) as e:
                     for i in pending:
                         outcomes[i] = Outcome(0.0, failure="error", message=str(e))
                     break
@@ -183,19 +200,40 @@ class GradingServer:
         try:
             child.start()
         except OSError as e:  # no such interpreter, out of processes or file descriptors
-            raise _StartFailed(f"cannot start the grading server: {e}") from None
+            raise StartFailed(f"cannot start the grading server: {e}") from None
         deadline = time.monotonic() + self.startup_seconds
         # a child that could not take the line has died (or will): its stdout tells which
         child.write(self.config_line + b"\n", deadline)
-        line = child.read_line(deadline)
-        if not isinstance(line, bytes):
-            child.stop()
-            why = "took too long to start" if line == "timeout" else "exited while starting"
-            raise _StartFailed(f"the grading server {why}{child.exit_note()}")
-        reply = _decode(line)
+        loading: dict[str, Any] = {}  # the python grader whose top level runs now
+        while True:
+            line = child.read_line(deadline)
+            if not isinstance(line, bytes):
+                child.stop()
+                if loading:
+                    raise self._load_failed(loading, line)
+                why = "took too long to start" if line == "timeout" else "exited while starting"
+                raise StartFailed(f"the grading server {why}{child.exit_note()}")
+            reply = _decode(line)
+            if "loading" not in reply:
+                break
+            loading = reply  # its own time from now: a tenant's code, not our imports
+            deadline = time.monotonic() + self.load_seconds
         if not reply.get("ready"):
             child.stop()
-            raise _StartFailed(str(reply.get("error", "the grading server failed to start")))
+            error = str(reply.get("error", "the grading server failed to start"))
+            if "load_error" in reply:
+                raise GraderLoadError(error, str(reply["load_error"]))
+            raise StartFailed(error)
+
+    def _load_failed(
+        self, loading: dict[str, Any], line: Literal["timeout", "eof"]
+    ) -> GraderLoadError:
+        where, name = str(loading.get("loading")), str(loading.get("name"))
+        if line == "timeout":
+            why = f"did not finish loading in {self.load_seconds:g} s ({LOAD_SETTING})"
+        else:
+            why = f"ended the grading server while loading{self._child.exit_note()}"
+        return GraderLoadError(f"{where}: python grader {name!r} {why}", where)
 
     def _send(self, items: Sequence[tuple[str, Record]]) -> bool:
         """Sends one batch; records shared by several items (a group of completions of one
@@ -272,6 +310,7 @@ class _Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            env=child_environment(),
         )
         assert self.proc.stdin is not None
         os.set_blocking(self.proc.stdin.fileno(), False)
@@ -333,6 +372,13 @@ class _Child:
         return line
 
 
+def child_environment() -> dict[str, str]:
+    """The parent's environment less the service's settings (`PDPPO_*`: API keys, the Redis URL
+    and its password, the score model's key): graders, a tenant's python included, have no use
+    for them. PYTHONPATH and the rest stay (plugins are found on it)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PDPPO_")}
+
+
 def _wait(fd: int, event: int, seconds: float) -> bool:
     """True when `fd` is ready for `event` (or hung up) within `seconds`. poll, not select:
     a trainer holding many files can have pipe fds past select's limit of 1024."""
@@ -384,10 +430,16 @@ def serve(parent_pid: int) -> None:
         from pydantic import TypeAdapter
 
         from core.graders.build import build_grader
+        from core.graders.hosted import LOADING
 
         setup = json.loads(first)
         cfg: GraderConfig = TypeAdapter(GraderConfig).validate_python(setup["grader"])
-        grader = build_grader(cfg, setup["where"], load_plugins=True)
+        options = GraderOptions.from_json(setup.get("options"))
+        LOADING.set(lambda where, name: answer({"loading": where, "name": name}))
+        grader = build_grader(cfg, setup["where"], load_plugins=True, options=options)
+    except GraderLoadError as e:
+        answer({"ready": False, "error": str(e), "load_error": e.where})
+        return
     except Exception as e:
         answer({"ready": False, "error": f"cannot build the grader: {_describe(e)}"})
         return

@@ -27,7 +27,13 @@ def final_model_family(folder: Path) -> str:
 
     `core.models.tiny.TinyLM.save_final` writes a config.json that names `builtin:tiny` (with
     the model's dims); `save_pretrained` writes Hugging Face's own, which has no `model` key.
+    An adapter-only LoRA model (`save_merged: false`) has no config.json but adapter/'s.
     Raises ValueError for a folder without a readable config.json."""
+    if (
+        not (folder / "config.json").exists()
+        and (folder / "adapter" / "adapter_config.json").exists()
+    ):
+        return "hf"
     try:
         with open_regular_file(folder / "config.json", None, max_bytes=_CONFIG_BYTES) as fh:
             meta = json.loads(fh.read())

@@ -137,8 +137,10 @@ class CausalLM(abc.ABC):
         raise TypeError(f"{type(self).__name__} cannot drop rows from its cache")
 
     @abc.abstractmethod
-    def save_final(self, path: Path) -> None:
-        """The trained model in its family's own format, loadable without pdppo where possible."""
+    def save_final(self, path: Path, *, merged: bool = True) -> None:
+        """The trained model in its family's own format, loadable without pdppo where possible.
+        `merged` (`TrainConfig.save_merged`): for a model with adapters, also save them merged
+        into the base."""
 
     def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
         """`save_final` of the weights in `state` (this model's own are sharded,

@@ -19,6 +19,7 @@ from core.config import ModelConfig
 from core.disk.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 from core.extras import require
 from core.models.base import CausalLM
+from core.models.hf_final import ADAPTER_DIR, adapter_only_base, merge_adapter, save_hf_final
 from core.models.local_hf import make_chat_hf, make_tiny_hf
 
 __all__ = ["HFLM", "HFTokenizer", "make_chat_hf", "make_tiny_hf", "resolve_hf_source"]
@@ -139,16 +140,24 @@ class HFLM(CausalLM):
             require("model.lora (LoRA adapters)", "lora", ("peft",))
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        adapter: Path | None = None
         if folder is None:
             source = resolve_hf_source(cfg.name, data_roots)
         else:
             source = check_model_dir(str(folder), None, what=f"model.name={cfg.name!r}")
+            base = adapter_only_base(Path(source))
+            if base is not None:  # `save_merged: false`: the adapter goes onto its base
+                require(f"model.name={cfg.name!r} (a LoRA adapter)", "lora", ("peft",))
+                adapter = Path(source) / ADAPTER_DIR
+                source = resolve_hf_source(f"hf:{base}")
         self.source = source  # what a vLLM rollout engine loads too (core.rollout.vllm_engine)
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         # transformers renamed `torch_dtype` to `dtype` (4.56); older releases ignore `dtype`
         dtype_arg = "dtype" if _transformers_at_least("4.56") else "torch_dtype"
         module: Any = AutoModelForCausalLM.from_pretrained(source, **{dtype_arg: dtype})
-        self.hf_tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(source))
+        if adapter is not None:
+            module = merge_adapter(module, adapter)
+        self.hf_tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(str(adapter or source)))
         self.tokenizer = self.hf_tokenizer
         self.max_seq_len = getattr(module.config, "max_position_embeddings", None)
         self.lora = cfg.lora is not None
@@ -317,23 +326,14 @@ class HFLM(CausalLM):
         return cache
 
     def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        module: Any = self.module
-        module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+        save_hf_final(path, self.module, self.hf_tokenizer.tok, lora=self.lora, state=state)
 
     def blocks(self) -> list[torch.nn.Module]:
         return list(self._base_model().get_decoder().layers)
 
-    def save_final(self, path: Path) -> None:
-        """Safetensors via save_pretrained; LoRA adapters are merged so the result loads alone."""
-        import copy
-
-        path.mkdir(parents=True, exist_ok=True)
-        module: Any = self.module
-        if self.lora:
-            module = copy.deepcopy(module).merge_and_unload()
-        module.save_pretrained(str(path), safe_serialization=True)
-        self.hf_tokenizer.tok.save_pretrained(str(path))
+    def save_final(self, path: Path, *, merged: bool = True) -> None:
+        """A standard Hugging Face folder, and PEFT's adapter folder for LoRA (`hf_final`)."""
+        save_hf_final(path, self.module, self.hf_tokenizer.tok, lora=self.lora, merged=merged)
 
 
 def _can_share_prefix(config: Any, attn: str | None) -> bool:

@@ -252,12 +252,16 @@ class TinyLM(CausalLM):
             raise TypeError(f"select_cache takes a decoding KVBuffer, got {type(cache).__name__}")
         return cache.select(rows)
 
-    def save_final(self, path: Path) -> None:
+    def save_final(self, path: Path, *, merged: bool = True) -> None:
+        """pdppo's own format (no adapters: `merged` has nothing to do), with a README.md: the
+        folder looks like a Hugging Face one (config.json, model.safetensors), and
+        `from_pretrained` on it says only that config.json lacks a `model_type`."""
         path.mkdir(parents=True, exist_ok=True)
         save_model(self.module, str(path / "model.safetensors"))
         cfg = self.cfg.model_dump()
         meta = {"model": "builtin:tiny", "tiny": cfg, "vocab_size": self.cfg.vocab_size}
         (path / "config.json").write_text(json.dumps(meta, indent=2))
+        (path / "README.md").write_text(TINY_README)
 
     def save_final_state(self, path: Path, state: dict[str, Tensor]) -> None:
         whole = TinyLM(self.cfg)  # on the CPU, where `state` is
@@ -267,6 +271,26 @@ class TinyLM(CausalLM):
     def blocks(self) -> list[nn.Module]:
         assert isinstance(self.module, TinyTransformer)
         return list(self.module.blocks)
+
+
+TINY_README = """\
+# A pdppo `builtin:tiny` model: not a Hugging Face model
+
+This folder holds pdppo's built-in toy transformer (`model.name: builtin:tiny`), trained from
+scratch with its byte tokenizer. It is not a Hugging Face model: `transformers`
+(`AutoModelForCausalLM.from_pretrained`), PEFT and vLLM cannot load it (transformers answers
+"Unrecognized model ... Should have a `model_type` key in its config.json").
+
+Load it with pdppo (`pip install pdppo`):
+
+    from pathlib import Path
+    from core.models.tiny import load_tiny_final
+
+    lm = load_tiny_final(Path("final"))  # lm.module: a torch.nn.Module; lm.tokenizer: bytes
+
+or start a later job from it with `model.name: job:<this job's id>`. A job on an `hf:` model
+writes a standard Hugging Face folder instead (docs/users/using-the-model.md).
+"""
 
 
 def load_tiny_final(path: Path) -> TinyLM:

@@ -46,8 +46,10 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from core.objective import full_vocab
 from core.objective.behavior import BehaviorView
 from core.objective.lazy_logits import GatheredLogits
+from core.objective.row_sums import chunk_sums, log_of_sum
 
 Kind = Literal["tv", "kl", "kl_reverse"]
 Estimator = Literal["exact", "binary", "topk", "topk_tail"]
@@ -114,14 +116,13 @@ def softmax_stats(
 
     Given the sampled `tokens` (N,) it also sums the mass and squares of every other token
     (`rest_mass`, `rest_sq`), and given `view_ids` (N, K) the mass and squares outside the view
-    and the token (`tail_mass`, `tail_sq`, the bucket R): each summed directly, with the
-    excluded columns zeroed in the scratch, never as a total minus a part, which near pi_a = 1
-    (or with a view holding nearly all the mass) would be all rounding (module docstring).
+    and the token (`tail_mass`, `tail_sq`, the bucket R): each summed directly, never as a total
+    minus a part, which near pi_a = 1 (or with a view holding nearly all the mass) would be all
+    rounding (module docstring; `core.objective.row_sums`).
 
-    Cheaper than `log_softmax`: nothing of size (N, V) is written back, and every chunk's
-    exponentials go to one reused scratch buffer, so no fresh pages are faulted in per chunk.
-    (Row sums stay `sum`s: a batched-matmul dot product was faster but accumulated 3e-5
-    relative error over 32k entries.)
+    Under half a `log_softmax`: nothing of size (N, V) is written back, and each chunk costs
+    one fused softmax into a reused scratch (no fresh pages faulted in per chunk), two maxima
+    and two reductions, each over a chunk that stays in cache.
     """
     n, v = logits.shape
     if view_ids is not None and tokens is None:
@@ -142,43 +143,33 @@ def softmax_stats(
     scratch_z = torch.empty(rows_max, v, device=logits.device) if entropy else None
     for rows in chunks:
         z = logits[rows].float()
-        e = scratch.narrow(0, 0, z.shape[0])  # fails, where a slice would resize: never too small
-        zmax = z.amax(dim=-1, keepdim=True)
-        zmax = torch.where(torch.isfinite(zmax), zmax, torch.zeros_like(zmax))
-        # z - zmax, kept apart for the entropy when it is asked (else computed in e's place)
-        shifted = torch.sub(
-            z, zmax, out=e if scratch_z is None else scratch_z.narrow(0, 0, z.shape[0])
+        c = z.shape[0]
+        sums = chunk_sums(
+            z,
+            scratch.narrow(0, 0, c),  # fails, where a slice would resize: never too small
+            None if tokens is None else tokens[rows].unsqueeze(-1),
+            None if view_ids is None else view_ids[rows],
+            None if scratch_z is None else scratch_z.narrow(0, 0, c),
         )
-        torch.exp(shifted, out=e)  # (C, V), each row's largest entry is 1
-        s1 = e.sum(dim=-1)
-        zmax_out[rows] = zmax.squeeze(-1)
-        log_norm[rows] = s1.log()
-        if ent is not None and scratch_z is not None:
+        s1 = sums.total
+        s2 = s1 * s1
+        log_s1 = log_of_sum(s1)
+        zmax_out[rows] = sums.zmax
+        log_norm[rows] = log_s1
+        sum_sq[rows] = sums.sum_sq / s2
+        if ent is not None and sums.ez is not None:
             # H = log s1 - sum_i pi_i (z_i - zmax): taken from the row's maximum like the
             # log-partition (as lse - sum_i pi_i z_i, logits in the thousands lost 6e-4 nats to
-            # cancellation); entries with z = -inf have e = 0 and contribute nothing.
-            ez = shifted.mul_(e).nan_to_num_(nan=0.0)
-            ent[rows] = s1.log() - ez.sum(dim=-1) / s1
-        s2 = s1 * s1
-        if tokens is None or rest_mass is None or rest_sq is None:
-            sum_sq[rows] = e.square_().sum(dim=-1) / s2
-            continue
-        a = tokens[rows].unsqueeze(-1)  # (C, 1)
-        e_a = e.gather(-1, a).squeeze(-1)
-        e.scatter_(-1, a, 0.0)  # everything but the sampled token
-        rest_mass[rows] = e.sum(dim=-1) / s1
-        if view_ids is not None and tail_mass is not None and tail_sq is not None:
-            ids = view_ids[rows]
-            e_ids = e.gather(-1, ids)  # the view's entries (a's is 0 by now)
-            e.scatter_(-1, ids, 0.0)  # the bucket R alone
-            tail_mass[rows] = e.sum(dim=-1) / s1
-            tail_sq[rows] = e.square_().sum(dim=-1) / s2
-            e.scatter_(-1, ids, e_ids * e_ids)  # back to everything but a, squared
-        else:
-            e.square_()
-        others_sq = e.sum(dim=-1)
-        rest_sq[rows] = others_sq / s2
-        sum_sq[rows] = (others_sq + e_a * e_a) / s2
+            # cancellation)
+            ent[rows] = log_s1 - sums.ez / s1
+        if rest_mass is not None and rest_sq is not None:
+            assert sums.rest is not None and sums.rest_sq is not None
+            rest_mass[rows] = sums.rest / s1
+            rest_sq[rows] = sums.rest_sq / s2
+        if tail_mass is not None and tail_sq is not None:
+            assert sums.tail is not None and sums.tail_sq is not None
+            tail_mass[rows] = sums.tail / s1
+            tail_sq[rows] = sums.tail_sq / s2
     return SoftmaxStats(zmax_out, log_norm, sum_sq, ent, rest_mass, rest_sq, tail_mass, tail_sq)
 
 
@@ -378,42 +369,48 @@ def _full_vocab(
     kind: str,
     estimator: str,
 ) -> tuple[Tensor, Tensor | None]:
-    """`exact` (full mu) and `topk_tail` (mu imputed on the tail), chunked over rows."""
+    """`exact` (full mu) and `topk_tail` (mu imputed on the tail), chunked over rows into
+    reused scratch (`core.objective.full_vocab`): about twice a log_softmax, not ten."""
     n, v = logits.shape
     d_out = torch.empty(n, dtype=torch.float32, device=logits.device)
     g_out = torch.empty_like(d_out) if advantages is not None else None
     if estimator == "topk_tail":
         ids, logm_s, w = _view_categories(behavior, tokens, estimator)
-    for rows in _row_chunks(n, v):
-        logp = torch.log_softmax(logits[rows].float(), dim=-1)  # (C, V)
+    step = max(1, min(n, full_vocab.chunk_rows(v)))  # no rows: no chunk, and no zero step
+    scratch = full_vocab.Scratch.make(step, v, logits.device)
+    tail_logm = None
+    if estimator == "topk_tail" and kind != "tv":  # the KL kinds read log mu itself
+        tail_logm = torch.empty(step, v, device=logits.device)
+    for start in range(0, n, step):
+        rows = slice(start, min(start + step, n))
+        z = logits[rows].float()
+        s = scratch.rows(z.shape[0])
         a = tokens[rows].unsqueeze(-1)
+        adv = None if advantages is None else advantages[rows].float().unsqueeze(-1)
+        full_vocab.probs_into(z, s.p)
         if estimator == "exact":
             assert behavior.full_logprobs is not None
             logm = behavior.full_logprobs[rows].float()
+            if kind != "kl_reverse":
+                torch.exp(logm, out=s.m)
         else:
             ids_c = ids[rows]
-            p_tail = logp.exp().scatter_(-1, ids_c, 0.0).sum(-1)  # pi_R, summed over R
-            b = _bucket(logp.gather(-1, ids_c), logm_s[rows], w[rows], p_tail)
-            logm = logp + (b.m_r.log() - b.p_r.log()).unsqueeze(-1)
-            logm.scatter_(-1, ids_c, logm_s[rows])
-        dlogp = None
-        if advantages is not None:
-            adv = advantages[rows].float().unsqueeze(-1)
-            p = logp.exp()
-            p_a = p.gather(-1, a)
-            p.scatter_(-1, a, 0.0)  # the others' mass and squares, summed without cancellation
-            rest = p.sum(-1, keepdim=True)
-            rest_sq = torch.linalg.vecdot(p, p).unsqueeze(-1)
-            # Near pi_a = 1 the rates come from the others' sums (no cancellation); elsewhere
-            # from 1 - pi_a, exact enough there (>= 1/4) and free of log_softmax's rounding of
-            # the partition function, which shifts the sum of these p by up to ~4e-7.
-            near_one = p_a > 0.5
-            plain_c = p_a - (rest_sq + p_a * p_a)
-            c = torch.where(near_one, p_a * rest - rest_sq, plain_c)  # pi_a - q
-            own = torch.where(near_one, rest * rest + rest_sq, 1.0 - p_a - plain_c)
-            dlogp = p.add_(c).mul_(-adv)  # reuses p's buffer: -A (pi_i + c) for i != a
-            dlogp.scatter_(-1, a, adv * own)  # A (1 - pi_a - c)
-        d, g = _category_terms(logp, logm, dlogp, None, kind)
+            p_ids = s.p.gather(-1, ids_c)
+            p_tail = s.p.scatter_(-1, ids_c, 0.0).sum(-1)  # pi_R, summed over R
+            s.p.scatter_(-1, ids_c, p_ids)
+            b = _bucket(p_ids.log(), logm_s[rows], w[rows], p_tail)
+            log_ratio = (b.m_r.log() - b.p_r.log()).unsqueeze(-1)  # mu_i / pi_i on R
+            torch.mul(s.p, log_ratio.exp(), out=s.m)
+            s.m.scatter_(-1, ids_c, logm_s[rows].clamp_min(LOG_FLOOR).exp())
+            logm = s.m  # unused by TV
+            if tail_logm is not None:
+                logm = tail_logm.narrow(0, 0, z.shape[0])
+                full_vocab.log_probs_into(z, s.p, logm).add_(log_ratio)
+                logm.scatter_(-1, ids_c, logm_s[rows])
+        if kind == "tv":
+            d, g = full_vocab.tv_terms(s, a, adv)
+        else:
+            d, g = full_vocab.kl_terms(s, z, logm, a, adv, kind)
         d_out[rows] = d
         if g_out is not None and g is not None:
             g_out[rows] = g

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.config import TaskConfig
+from core.graders import GraderOptions
 from core.tasks.base import Example, Grades, Task, positional_credit
 from core.tasks.builtin import ArithmeticTask, DigitStringTask
 from core.tasks.jsonl import JsonlTask
@@ -23,18 +24,22 @@ def make_task(
     file_paths: Mapping[str, Path] | None = None,
     *,
     seed: int = 0,
+    grader_options: GraderOptions | None = None,
 ) -> Task:
     """The task `cfg` names. `data_roots`: the folders a dataset file (`task.path`) must lie
     under once symlinks are resolved; the service passes its PDPPO_DATA_ROOTS, a local
     `pdppo train` passes None (no restriction). `file_paths`: where the worker put the uploaded
     files the spec names (`task.file`, `task.validation_file`), by file id; they come from the
     artifact store, not from the data roots; a file id missing from it is a ValueError. `seed`
-    (the run's): which records `task.validation_fraction` holds out.
+    (the run's): which records `task.validation_fraction` holds out. `grader_options`: what the
+    operator lets OpenAI graders do (None: no python, no score_model).
 
     A JSONL task with a grader that runs in the grading server holds a child process once it
     has graded: call its `close()` when the run ends (it is also stopped at exit)."""
     if cfg.name == "jsonl":
-        return JsonlTask.from_config(cfg, data_roots, file_paths, seed=seed)
+        return JsonlTask.from_config(
+            cfg, data_roots, file_paths, seed=seed, grader_options=grader_options
+        )
     if cfg.name == "arithmetic":
         return ArithmeticTask(cfg.min_len, cfg.max_len)
     return DigitStringTask(cfg.name, cfg.min_len, cfg.max_len)

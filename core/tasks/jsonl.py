@@ -27,7 +27,7 @@ from typing import Any, Literal
 from core.config import TaskConfig
 from core.config.graders import GraderConfig, RegexGrader
 from core.disk.safe_files import DEFAULT_MAX_BYTES, DEFAULT_MAX_LINE_BYTES, iter_lines
-from core.graders import BatchGrader
+from core.graders import BatchGrader, GraderOptions
 from core.tasks.base import Example, Grades, Task
 from core.tasks.records import numbered_records, to_example
 
@@ -56,6 +56,7 @@ class JsonlTask(Task):
         grader: GraderConfig | None = None,
         grader_timeout_seconds: float = 5.0,
         grader_batch_timeout_seconds: float | None = None,
+        grader_options: GraderOptions | None = None,
         validation: Source | None = None,
         validation_fraction: float = 0.0,
         seed: int = 0,
@@ -68,6 +69,7 @@ class JsonlTask(Task):
         `grader`: how completions are scored (unset: `match` on `answer`, which `match="regex"`
         runs as a `regex` grader on the record's `answer`, under the same deadline). The grading
         server, if the grader needs one, starts at the first `grade`; `close()` stops it.
+        `grader_options`: what the operator lets OpenAI graders do (`core.graders.options`).
         `validation_fraction`: without a `validation` file, hold out this fraction of the
         records, chosen by `seed`."""
         if match not in ("exact", "numeric", "regex"):
@@ -86,7 +88,10 @@ class JsonlTask(Task):
             None
             if grader is None
             else BatchGrader(
-                grader, grader_timeout_seconds, batch_timeout_seconds=grader_batch_timeout_seconds
+                grader,
+                grader_timeout_seconds,
+                batch_timeout_seconds=grader_batch_timeout_seconds,
+                options=grader_options,
             )
         )
         try:
@@ -110,6 +115,7 @@ class JsonlTask(Task):
         data_roots: Sequence[str] | None = None,
         file_paths: Mapping[str, Path] | None = None,
         seed: int = 0,
+        grader_options: GraderOptions | None = None,
     ) -> JsonlTask:
         """The task of a `task.name='jsonl'` spec; a ValueError when it names an uploaded file
         that `file_paths` does not hold."""
@@ -131,6 +137,7 @@ class JsonlTask(Task):
             grader=cfg.grader,
             grader_timeout_seconds=cfg.grader_timeout_seconds,
             grader_batch_timeout_seconds=cfg.grader_batch_timeout_seconds,
+            grader_options=grader_options,
             validation=validation,
             validation_fraction=cfg.validation_fraction,
             seed=seed,

@@ -62,6 +62,11 @@ class TrainerCallback:
     def on_config(self, step: int, version: int, changes: dict[str, Any]) -> None:
         """Change `version` applies from step `step + 1` on; `changes`: {dotted path: value}."""
 
+    def on_trackers(self, runs: dict[str, dict[str, str]]) -> None:
+        """The experiment-tracker runs this run reports to (`report_to`), once each is open:
+        {tracker: {"run_id": ..., "url": ...}} (no url where the tracker has none). Told on
+        the training thread, at a step boundary (`core.training.reporting`)."""
+
 
 PHASES = ("loading model", "warm-up", "training", "evaluating", "saving")
 """What a run does, in the order a fresh run meets them; `training`, `evaluating` and `saving`

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from core.config import OptimConfig, TrainConfig
+from core.config import TrainConfig
+from core.graders import GraderOptions
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
 from core.parallel.distributed import World, check_world
@@ -30,6 +31,7 @@ from core.rollout import RolloutBatch, StopRequested, generate
 from core.tasks import Example, Task, make_task
 from core.training.callbacks import Phases, TrainerCallback
 from core.training.checkpoint import save_checkpoint, save_sharded_checkpoint
+from core.training.devices import build_optimizer, resolve_device
 from core.training.evaluation import StepRollout
 from core.training.reference import ReferencePolicy
 from core.training.schedule import lr_at
@@ -44,41 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' was requested but CUDA is not available")
-    return torch.device(name)
-
-
-def build_optimizer(
-    params: list[torch.nn.Parameter], o: OptimConfig, device: torch.device
-) -> torch.optim.Optimizer:
-    """AdamW with one kernel for all tensors: `fused` on CPU and CUDA (torch's default is a
-    Python loop over the tensors on CPU, 3.7 ms a step for the 0.5M-parameter example Llama
-    against 0.8 fused, bench/step_breakdown.py), `foreach` elsewhere. The same update rule; a
-    resumed run builds the same optimizer, so it stays equal to an uninterrupted one."""
-    kernel = _adamw_kernel(device)
-    return torch.optim.AdamW(
-        params,
-        lr=o.peak_lr,
-        betas=(o.beta1, o.beta2),
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-        foreach=kernel["foreach"],
-        fused=kernel["fused"],
-    )
-
-
-def _adamw_kernel(device: torch.device) -> dict[str, bool | None]:
-    """`fused` where torch has the kernel, else `foreach`; also re-applied after a checkpoint
-    loads, whose param groups carry the flags of the machine that wrote it."""
-    if device.type in ("cpu", "cuda"):
-        return {"fused": True, "foreach": None}
-    return {"fused": None, "foreach": True}
 
 
 @dataclass(frozen=True)
@@ -106,6 +73,7 @@ class _Run:
         file_paths: Mapping[str, Path] | None = None,
         model_dir: Path | None = None,
         world: World | None = None,
+        grader_options: GraderOptions | None = None,
     ) -> None:
         self.world = world or World()
         check_world(cfg, self.world)
@@ -133,7 +101,7 @@ class _Run:
         self.reference = ReferencePolicy(self.lm) if cfg.algorithm.kl_beta > 0 else None
         self.silence = SilenceWatch(cfg.silent_steps, jsonl_task=cfg.task.name == "jsonl")
         self.task: Task = make_task(
-            cfg.task, data_roots=data_roots, file_paths=file_paths, seed=cfg.seed
+            cfg.task, data_roots, file_paths, seed=cfg.seed, grader_options=grader_options
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])

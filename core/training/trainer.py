@@ -43,17 +43,21 @@ from typing import TYPE_CHECKING
 
 from core.config import TrainConfig
 from core.disk.atomic_dir import discard_dir, write_dir_atomically
+from core.graders import GraderOptions
 from core.parallel.distributed import World
 from core.parallel.sharding import full_state, gathered
 from core.rollout import StopRequested
+from core.tracking import Reporter, TrackingOptions
 from core.training.callbacks import TrainerCallback
 from core.training.checkpoint import latest_checkpoint, load_checkpoint, warmup_unfinished
-from core.training.evaluation import RunResults
-from core.training.run import _adamw_kernel, _Run
-from core.training.run import (
+from core.training.devices import _adamw_kernel
+from core.training.devices import (
     build_optimizer as build_optimizer,  # re-exported: callers import these here
 )
-from core.training.run import resolve_device as resolve_device
+from core.training.devices import resolve_device as resolve_device
+from core.training.evaluation import RunResults
+from core.training.reporting import ReportingCallback, tracking_for
+from core.training.run import _Run
 from core.training.silence import RunWarning, run_warnings
 from core.training.update import group_advantages as group_advantages
 
@@ -81,6 +85,8 @@ def train(
     file_paths: Mapping[str, Path] | None = None,
     model_dir: Path | None = None,
     world: World | None = None,
+    tracking: TrackingOptions | None = None,
+    grader_options: GraderOptions | None = None,
 ) -> TrainResult:
     """Run (or, with resume=True, continue from the latest checkpoint in out_dir) a training run.
 
@@ -92,18 +98,31 @@ def train(
     `data_roots`: the only folders local models and datasets may be read from, symlinks resolved
     (a service passes its operator's roots; None, for a local run, allows any path).
     `file_paths`: local paths of the uploaded files the spec names, by file id (the worker's).
-    `model_dir`: the final-model folder a `model.name: job:<id>` stands for (the worker's)."""
+    `model_dir`: the final-model folder a `model.name: job:<id>` stands for (the worker's).
+    `tracking`: where the trackers of `config.report_to` report, and the operator's own
+    (`core.tracking.TrackingOptions`; None: each tracker's defaults, TensorBoard under
+    `out_dir`); rank 0 alone reports, off the training thread (`core.training.reporting`).
+    `grader_options`: what the operator lets OpenAI graders do (`core.graders.GraderOptions`;
+    None: no python, no score_model)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cb = callback or TrainerCallback()
-    run = _Run(config, out_dir, cb, data_roots, file_paths, model_dir, world)
+    rank0 = world is None or world.rank == 0
+    reporting = tracking_for(config, tracking) if rank0 else None
+    inner = callback or TrainerCallback()
+    # a run that reports nowhere keeps its caller's callback as it is
+    cb = ReportingCallback(inner) if reporting is not None else inner
+    run = _Run(config, out_dir, cb, data_roots, file_paths, model_dir, world, grader_options)
     try:
-        return _train_run(run, resume)
+        return _train_run(run, resume, reporting)
     finally:
-        run.task.close()  # its grading server, if it has one
+        try:
+            if isinstance(cb, ReportingCallback):
+                cb.close()  # the trackers' last reports, for a bounded time
+        finally:
+            run.task.close()  # its grading server, if it has one
 
 
-def _train_run(run: _Run, resume: bool) -> TrainResult:
+def _train_run(run: _Run, resume: bool, tracking: TrackingOptions | None) -> TrainResult:
     config, out_dir, cb = run.cfg, run.out_dir, run.cb
     writer = run.world.rank == 0  # the one rank that writes files (all of them are replicas)
     # eval.jsonl, samples.jsonl
@@ -132,6 +151,11 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
         discard_dir(out_dir / "final")
         metrics_path.write_text("")
         results.reset()
+    if tracking is not None and isinstance(cb, ReportingCallback):
+        # a resumed run continues its tracker runs (from its checkpoint, or from the start)
+        resume_step = run.step if ckpt is not None else (0 if resume else None)
+        reporter = Reporter(tracking, out_dir, resume_step=resume_step)
+        cb.attach(reporter, config, out_dir if ckpt is not None and writer else None)
     if ckpt is None:
         _steer(run, results)  # a change made while the job was queued applies from the start
     # a checkpoint stopped during the warm-up is no step's: step 0 is saved again after it
@@ -205,7 +229,11 @@ def _train_run(run: _Run, resume: bool) -> TrainResult:
             )
     elif writer:
         weights = run.lm.module.state_dict().values()
-        write_dir_atomically(final, run.lm.save_final, _tensor_bytes(weights))
+        write_dir_atomically(
+            final,
+            lambda tmp: run.lm.save_final(tmp, merged=config.save_merged),
+            _tensor_bytes(weights),
+        )
     warnings: list[RunWarning] = []
     if writer:
         cb.on_log(f"final model saved to {final}")

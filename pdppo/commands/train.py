@@ -147,12 +147,17 @@ def _train(config_json: str, out: Path, resume: bool, quiet: bool, world: Any = 
     from core.config import TrainConfig
     from core.training.trainer import TrainerCallback
     from core.training.trainer import train as run_training
+    from pdppo.settings import Settings
 
     config = TrainConfig.model_validate_json(config_json)
     shown = world is None or world.rank == 0
     progress: Any = _progress(config.steps, quiet) if shown else TrainerCallback()
+    # the operator's trackers and addresses (PDPPO_REPORT_TO, PDPPO_MLFLOW_TRACKING_URI, ...)
+    tracking = Settings().tracking_options(run_name=Path(out).resolve().name, tags={})
     try:
-        return run_training(config, out, callback=progress, resume=resume, world=world)
+        return run_training(
+            config, out, callback=progress, resume=resume, world=world, tracking=tracking
+        )
     finally:
         if shown:
             progress.bar.close()

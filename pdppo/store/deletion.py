@@ -1,5 +1,5 @@
 """Deleting what a tenant keeps: an ended job (`DELETE /v1/jobs/{id}`), an uploaded file
-(`DELETE /v1/files/{id}`), and an old job's artifacts (retention, `workers.retention`).
+(`DELETE /v1/files/{id}`), and an old job's artifacts (retention, `workers.upkeep.retention`).
 
 Each decision is one Lua script, so that what it checks still holds when it acts:
 
@@ -18,7 +18,7 @@ KEYS, which a single Redis (what the service runs on) allows and Redis Cluster w
 A deleted job's record, events, metrics, evaluations and samples go in the script; its folder is
 removed by the caller right after. The script also puts the id in the purge set, which the
 caller empties once the folder is gone: if it dies in between, a worker's retention pass removes
-the folder (`workers.retention`), so no crash leaves a folder that nothing will ever delete.
+the folder (`workers.upkeep.retention`), so no crash leaves a folder that nothing will ever delete.
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ def listing_member(created_ms: int, file_id: str) -> str:
 
 
 CURSOR_PATTERN = r"^[0-9]{13}-file-[0-9a-f]{32}$"
+FILE_ID_PATTERN = r"^file-[0-9a-f]{32}$"
 
 
 @dataclass(frozen=True)
@@ -153,22 +154,46 @@ class AsyncFileStore:
         return int(count), int(used or 0)
 
     async def list_files(
-        self, tenant: str, *, limit: int, cursor: str | None = None
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        cursor: str | None = None,
+        ascending: bool = False,
+        purpose: str | None = None,
     ) -> tuple[list[FileRecord], str | None]:
-        """One page, newest first; the cursor is the last member of the previous page."""
-        upper = f"({cursor}" if cursor else "+"
-        found = await self.redis.zrevrangebylex(
-            tenant_files_key(tenant), upper, "-", start=0, num=limit + 1
-        )
-        members = cast(list[str], found)
-        page = members[:limit]
-        pipe = self.redis.pipeline(transaction=False)
-        for member in page:
-            pipe.hgetall(tenant_file_key(tenant, member.split("-", 1)[1]))
-        raws = await pipe.execute()
-        records = [FileRecord.from_hash(raw) for raw in raws if raw]  # deleted in between: gone
-        next_cursor = page[-1] if len(members) > limit else None
-        return records, next_cursor
+        """One page, newest first (oldest with `ascending`); the cursor is the last member of
+        the previous page, in either order. With `purpose`, only the files uploaded with it: the
+        walk reads on past the others, so it costs up to the tenant's files
+        (PDPPO_MAX_FILES_PER_TENANT), a pipeline per hundred."""
+        key = tenant_files_key(tenant)
+        found: list[FileRecord] = []
+        after = cursor
+        while len(found) <= limit:
+            want = limit + 1 - len(found) if purpose is None else 100
+            if ascending:
+                lower = f"({after}" if after else "-"
+                got = await self.redis.zrangebylex(key, lower, "+", start=0, num=want)
+            else:
+                upper = f"({after}" if after else "+"
+                got = await self.redis.zrevrangebylex(key, upper, "-", start=0, num=want)
+            members = cast(list[str], got)
+            pipe = self.redis.pipeline(transaction=False)
+            for member in members:
+                pipe.hgetall(tenant_file_key(tenant, member.split("-", 1)[1]))
+            raws = await pipe.execute()
+            for raw in raws:
+                if not raw:  # deleted in between: gone
+                    continue
+                record = FileRecord.from_hash(raw)
+                if purpose is None or record.purpose == purpose:
+                    found.append(record)
+            if len(members) < want:
+                break
+            after = members[-1]
+        page = found[:limit]
+        next_cursor = page[-1].member if len(found) > limit else None
+        return page, next_cursor
 
     async def create(
         self, record: FileRecord, *, max_files: int, max_bytes: int

@@ -38,7 +38,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError, TryAgainError
 from redis.retry import Retry
 
-from pdppo.store.events import _log_data
+from pdppo.store.jobs.events import _log_data
 from pdppo.store.keys import events_key
 
 if TYPE_CHECKING:

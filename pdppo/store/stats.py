@@ -22,7 +22,7 @@ Counted where the change happens:
 
 Workers alive: each worker's dispatcher pass (which just reached Redis) also stamps the worker's
 name in the sorted set `WORKERS` with the time, so the API sees who reached Redis lately,
-without the heartbeat files (`workers.heartbeat`) that live on each worker's own disk.
+without the heartbeat files (`workers.upkeep.heartbeat`) that live on each worker's own disk.
 """
 
 from __future__ import annotations

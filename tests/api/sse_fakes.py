@@ -13,7 +13,7 @@ from api.streaming.events import EventHub
 from api.streaming.sse_frames import Batch
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore
-from pdppo.store.events import EncodedPage, parse_event_id
+from pdppo.store.jobs.events import EncodedPage, parse_event_id
 
 Entry = tuple[str, dict[str, str]]
 

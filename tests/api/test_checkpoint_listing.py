@@ -10,7 +10,7 @@ import pytest
 
 from api.routes import artifacts
 from core.disk.atomic_dir import discard_dir
-from pdppo.store.records import JobRecord
+from pdppo.store.jobs.records import JobRecord
 
 
 def job(status: str) -> JobRecord:

@@ -55,7 +55,7 @@ def test_the_page_loads_nothing_from_another_origin() -> None:
     targets = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert targets and all(not re.match(r"^[a-z]+://|^//", t) for t in targets), targets
     scripts = [t for t in targets if t.endswith(".js") and not t.startswith("vendor/")]
-    assert scripts == ["charts.js", "job.js", "app.js"]
+    assert scripts == ["charts.js", "job.js", "experiment.js", "app.js"]
     for script in scripts:
         code = (STATIC / script).read_text()
         assert "EventSource" not in code.replace("not EventSource", "")  # keys never in a URL

@@ -9,25 +9,26 @@ from api.publisher import TaskPublisher
 
 
 def test_publishes_in_order_and_goes_on_after_a_failure() -> None:
-    sent: list[tuple[str, str]] = []
+    sent: list[tuple[str, str, int]] = []
 
-    def publish(job_id: str, queue: str) -> None:
+    def publish(job_id: str, queue: str, priority: int) -> None:
         if job_id == "bad":
             raise ConnectionError("broker down")
-        sent.append((job_id, queue))
+        sent.append((job_id, queue, priority))
 
     publisher = TaskPublisher(publish)
-    for job_id in ("a", "bad", "b", "c"):
+    for job_id in ("a", "bad", "b"):
         publisher.submit(job_id, "cpu")
+    publisher.submit("c", "cpu", 9)
     publisher.close()
-    assert sent == [("a", "cpu"), ("b", "cpu"), ("c", "cpu")]
+    assert sent == [("a", "cpu", 0), ("b", "cpu", 0), ("c", "cpu", 9)]
 
 
 def test_submit_returns_while_a_publish_blocks() -> None:
     release = threading.Event()
     sent: list[str] = []
 
-    def publish(job_id: str, queue: str) -> None:
+    def publish(job_id: str, queue: str, priority: int) -> None:
         release.wait(10)
         sent.append(job_id)
 
@@ -44,7 +45,7 @@ def test_submit_returns_while_a_publish_blocks() -> None:
 
 def test_close_gives_up_after_its_timeout() -> None:
     stuck = threading.Event()
-    publisher = TaskPublisher(lambda job_id, queue: stuck.wait(30) and None)
+    publisher = TaskPublisher(lambda job_id, queue, priority: stuck.wait(30) and None)
     publisher.submit("x", "cpu")
     started = time.monotonic()
     publisher.close(timeout=0.2)

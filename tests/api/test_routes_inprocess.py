@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 import redis
+import redis.asyncio as aredis
 
 from api.app import create_app
 from api.deps import get_publisher
 from api.routes.results import _format_from
 from pdppo.settings import Settings
-from pdppo.store.jobs_worker import JobStore
+from pdppo.store.jobs.steering import AsyncSteering
+from pdppo.store.jobs.worker_side import JobStore
 from tests.api.test_upload_route import KEYS, call, redis_url, settings  # noqa: F401
 from tests.integration.stack import smoke_spec
 from tests.store.seed import seed_job
@@ -76,7 +81,7 @@ class _ClaimingAtOnce:
     def __init__(self, url: str) -> None:
         self.store = JobStore(redis.Redis.from_url(url, decode_responses=True))
 
-    def submit(self, job_id: str, queue_name: str) -> None:
+    def submit(self, job_id: str, queue_name: str, priority: int = 0) -> None:
         assert self.store.claim(job_id, "w-fast")
 
 
@@ -109,7 +114,7 @@ class _Recording:
     def __init__(self) -> None:
         self.published: list[tuple[str, str]] = []
 
-    def submit(self, job_id: str, queue_name: str) -> None:
+    def submit(self, job_id: str, queue_name: str, priority: int = 0) -> None:
         self.published.append((job_id, queue_name))
 
 
@@ -144,3 +149,78 @@ def test_a_new_job_is_published_once_and_a_replay_is_marked_and_not_published_ag
     quiet, _ = submit_twice(False, "k2")
     assert quiet.status_code == 201 and quiet.json()["id"] != first.json()["id"]
     assert recording.published == [(first.json()["id"], "cpu")]
+
+
+TOKEN = "w1:0123456789abcdef"  # the lease of the worker running the job
+
+
+def _hand_back(url: str) -> None:
+    """The job's worker stops it and hands it back, as it does once it saw the pause."""
+    store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+    job = store.get("j1")
+    assert job is not None
+    store.requeue_if_orphaned(job, "stopped", lease_token=TOKEN)
+
+
+def _resume(url: str) -> None:
+    """Another client resumes the job."""
+
+    async def main() -> None:
+        conn = aredis.Redis.from_url(url, decode_responses=True)
+        try:
+            await AsyncSteering(conn).resume("j1", tenant="alice", max_active=5)
+        finally:
+            await conn.aclose()
+
+    with ThreadPoolExecutor(1) as pool:  # a loop of its own, as another API process has
+        pool.submit(asyncio.run, main()).result()
+
+
+# (seeded state, what happens right after the pause script and before the answer is made,
+# the answer: status code, the job's status, its pause_requested)
+PAUSE_ROWS = [
+    ("queued", None, (202, "paused", False)),
+    ("running", None, (202, "running", True)),
+    ("running", _hand_back, (202, "running", True)),
+    ("running+pause", None, (202, "running", True)),
+    ("running+pause", _hand_back, (202, "running", True)),
+    ("paused", None, (202, "paused", False)),
+    ("paused", _resume, (202, "paused", False)),
+    ("running+cancel", None, (409, None, None)),
+    ("succeeded", None, (409, None, None)),
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "between", "expected"),
+    PAUSE_ROWS,
+    ids=[f"{s}-{b.__name__ if b else 'alone'}" for s, b, _ in PAUSE_ROWS],
+)
+def test_pause_answers_the_job_as_its_script_left_it(
+    state: str,
+    between: Callable[[str], None] | None,
+    expected: tuple[int, str | None, bool | None],
+    settings: Settings,  # noqa: F811
+    redis_url: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the answer says is the moment of the pause, not of a read after it: a worker that
+    carries the pause out (or a resume) in between must not make a request answer `paused`."""
+    status, _, flag = state.partition("+")
+    fields = {f"{flag}_requested": "1"} if flag else {}
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    token = TOKEN if status == "running" else None
+    seed_job(client, "j1", status, tenant="alice", lease_token=token, **fields)
+    pause = AsyncSteering.pause
+
+    async def pause_then(self: AsyncSteering, job_id: str) -> Any:
+        done = await pause(self, job_id)
+        if between is not None:
+            between(redis_url)
+        return done
+
+    monkeypatch.setattr(AsyncSteering, "pause", pause_then)
+    (answer,) = call(settings, ("alice", "/v1/jobs/j1/pause", {"json": {}}))
+    body = answer.json()
+    got = (answer.status_code, body.get("status"), body.get("pause_requested"))
+    assert got == expected, answer.text

@@ -106,6 +106,29 @@ def test_submitting_a_job_documents_each_status_with_its_model(schema: dict[str,
     assert {s: answers[s] for s in errors} == {s: {"application/json": ERROR} for s in errors}
 
 
+@pytest.mark.parametrize(
+    ("path", "retry"),
+    [
+        ("/v1/jobs", "a retry with the same Idempotency-Key returns it"),
+        (
+            "/v1/experiments",
+            "a retry with the same Idempotency-Key returns the experiment and makes its missing "
+            "children, never a second of any",
+        ),
+    ],
+)
+def test_a_create_documents_what_a_retry_after_its_503_does(
+    schema: dict[str, Any], path: str, retry: str
+) -> None:
+    """A 503 after the create's write was sent may hide a made job: the schema says, as the
+    503's detail does (tests/integration/test_redis_stall_writes.py), that a retry with the
+    same Idempotency-Key never makes it twice."""
+    answer = schema["paths"][path]["post"]["responses"]["503"]
+    assert answer["content"]["application/json"]["schema"]["$ref"].endswith("/StoreUnavailableBody")
+    assert retry in answer["description"], answer["description"]
+    assert set(answer["headers"]) == {"Pdppo-Job-Id", "Retry-After"}
+
+
 def test_validating_a_spec_documents_its_answer_as_a_200(schema: dict[str, Any]) -> None:
     """`POST /v1/jobs:validate` answers problems as data in a 200, and only a spec that is not
     one as a 422: a client tells them apart by the status alone."""

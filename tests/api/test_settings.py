@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from api.app import _field
 from pdppo.settings import Settings, parse_api_keys
-from pdppo.store.events import parse_event_id as parse_id
+from pdppo.store.jobs.events import parse_event_id as parse_id
 
 
 def test_api_keys_map_each_key_to_its_tenant() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from api.streaming.events import BACKLOG_PAGE, EventHub
 from api.streaming.sse_stream import _ended
-from pdppo.store.events import EncodedPage, parse_event_id
+from pdppo.store.jobs.events import EncodedPage, parse_event_id
 from tests.api.sse_fakes import (
     Entry,
     FakeEvents,

@@ -48,7 +48,7 @@ def test_a_stream_whose_client_left_gives_its_place_back_though_a_cancel_was_los
 
         scope = {"type": "http", "method": "GET"}
         await asyncio.wait_for(stream(scope, receive, send), 2)  # type: ignore[arg-type]
-        assert hub._open_total == 0
+        assert hub.slots.total == 0
         hub.admit("alice").release()  # its place is free again
 
     asyncio.run(scenario())

@@ -9,7 +9,7 @@ import pytest
 from sse_starlette import ServerSentEvent
 
 from api.streaming.sse_frames import WRITE_BYTES, Batch, encode, frames_after, pieces
-from pdppo.store.events import EventIdError, parse_event_id
+from pdppo.store.jobs.events import EventIdError, parse_event_id
 from tests.api.sse_fakes import Entry, entries, event_ids
 
 

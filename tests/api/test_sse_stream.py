@@ -17,7 +17,7 @@ from api.streaming.events import BACKLOG_PAGE
 from api.streaming.sse_frames import PING
 from api.streaming.sse_stream import job_events
 from pdppo.store import JobRecord
-from pdppo.store.events import EncodedPage
+from pdppo.store.jobs.events import EncodedPage
 from tests.api.sse_fakes import (
     FakeEvents,
     FakeJob,

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from api.app import create_app
+from api.openai.errors import error_body, file_error_body
 from api.storage.uploads import FORM_OVERHEAD_BYTES
 from pdppo.settings import Settings
 from tests.integration.stack import RedisServer
@@ -74,6 +75,15 @@ def call(settings: Settings, *requests: tuple[str, str, dict[str, Any]]) -> list
     return send(settings, *((t, "POST" if kw else "GET", path, kw) for t, path, kw in requests))
 
 
+def native(response: httpx.Response) -> dict[str, Any]:
+    """An error body of `/v1/files` less OpenAI's `error` object, which says the same (checked
+    here): what pdppo's own clients read."""
+    body: dict[str, Any] = response.json()
+    error = body.pop("error")
+    assert error == file_error_body(response.status_code, body["detail"], error["param"])["error"]
+    return body
+
+
 def upload(content: bytes, filename: str = "d.jsonl", **data: str) -> dict[str, Any]:
     return {"files": {"file": (filename, content, "application/x-ndjson")}, "data": data}
 
@@ -98,11 +108,11 @@ def test_the_body_limit_is_the_file_limit_plus_the_form_overhead(settings: Setti
         "train",
     )
     assert past.status_code == 413
-    assert past.json() == {
-        "detail": f"file: larger than the limit of {MAX_FILE} bytes (PDPPO_MAX_FILE_BYTES)"
-    }
+    too_big = f"file: larger than the limit of {MAX_FILE} bytes (PDPPO_MAX_FILE_BYTES)"
+    assert past.json() == {"detail": too_big, **error_body(413, too_big)}
     assert huge.status_code == 413
-    assert huge.json() == {"detail": f"request body is larger than the limit of {body_limit} bytes"}
+    over = f"request body is larger than the limit of {body_limit} bytes"
+    assert huge.json() == {"detail": over, **error_body(413, over)}  # the body limit's, too
     assert body_limit == MAX_FILE + (1 << 20)
 
 
@@ -124,12 +134,20 @@ def test_an_empty_file_is_422_and_bad_forms_answer_their_bodies(settings: Settin
     assert no_file.status_code == 422
     assert no_file.json()["errors"][0]["loc"] == ["body", "other"]
     assert twice.status_code == 422
-    assert twice.json() == {
+    assert native(twice) == {
         "detail": "file: given more than once",
         "errors": [{"loc": ["body", "file"], "msg": "given more than once", "type": "duplicate"}],
     }
     (listing,) = call(settings, ("alice", "/v1/files", {}))
-    assert listing.json() == {"items": [], "next_cursor": None}
+    assert listing.json() == {
+        "items": [],
+        "next_cursor": None,
+        "object": "list",
+        "data": [],
+        "has_more": False,
+        "first_id": None,
+        "last_id": None,
+    }
 
 
 def test_two_tenants_uploading_the_same_bytes_and_name_each_get_their_own_file(
@@ -179,12 +197,12 @@ def test_the_storage_quota_to_the_byte_and_each_tenants_usage(settings: Settings
         "(pdppo delete ID) or files (pdppo files delete ID) first"
     )
     assert over.status_code == 507
-    assert over.json() == {
+    assert native(over) == {
         "detail": "tenant 'alice' keeps 136 bytes (136 of uploaded files, 0 of job artifacts); "
         f"this upload would pass {tail}"
     }
     assert at_quota.status_code == 507
-    assert at_quota.json() == {
+    assert native(at_quota) == {
         "detail": "tenant 'alice' keeps 340 bytes (340 of uploaded files, 0 of job artifacts); "
         f"that is at least {tail}"
     }

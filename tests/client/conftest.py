@@ -71,9 +71,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """An xfail test's failure goes to its tmp_path/failure.txt: pytest shows only the reason,
-    but keeps its last three runs' tmp_path folders, so a failure of a full-suite run (where
-    test_dev_restarts_redis_and_the_jobs_survive fails, alone it passes) can be read there next
-    to the children's logs."""
+    but keeps its last three runs' tmp_path folders, so a failure that happens only in a
+    full-suite run can be read there next to the children's logs."""
     report = yield
     tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
     if call.excinfo is not None and hasattr(report, "wasxfail") and tmp_path is not None:

@@ -9,81 +9,31 @@ fast the job runs or how much the client has buffered.
 
 from __future__ import annotations
 
-import contextlib
 import http.server
-import socket
 import threading
 
+from tests.tcp_proxy import TcpProxy
 
-class DroppingProxy:
+
+class DroppingProxy(TcpProxy):
     """Connection i (from 0) is cut after `cut_after[i]` response bytes; later ones live."""
 
     def __init__(self, target_host: str, target_port: int, cut_after: list[int]) -> None:
-        self.target = (target_host, target_port)
         self.cut_after = cut_after
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self.accepted = 0
         self.cuts = 0
-        self._lock = threading.Lock()
-        self._open: list[socket.socket] = []
-        self._closed = False
-        threading.Thread(target=self._accept_loop, daemon=True).start()
+        super().__init__(target_host, target_port, "dropping proxy")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                downstream, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                downstream.close()
-                continue
-            with self._lock:
-                index = self.accepted
-                self.accepted += 1
-                self._open += [downstream, upstream]
-            limit = self.cut_after[index] if index < len(self.cut_after) else None
-            threading.Thread(
-                target=self._pump, args=(downstream, upstream, None), daemon=True
-            ).start()
-            threading.Thread(
-                target=self._pump, args=(upstream, downstream, limit), daemon=True
-            ).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
-        sent = 0
-        try:
-            while chunk := src.recv(65536):
-                if limit is not None and sent + len(chunk) >= limit:
-                    dst.sendall(chunk[: limit - sent])
-                    with self._lock:
-                        self.cuts += 1
-                    break
-                dst.sendall(chunk)
-                sent += len(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()
+    def forward(self, index: int, to_server: bool, chunk: bytes, sent: int) -> tuple[bytes, bool]:
+        limit = self.cut_after[index] if index < len(self.cut_after) else None
+        if to_server or limit is None or sent + len(chunk) < limit:
+            return chunk, False
         with self._lock:
-            victims, self._open = self._open, []
-        for sock in victims:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            self.cuts += 1
+        return chunk[: limit - sent], True
 
 
 class BadGateway:

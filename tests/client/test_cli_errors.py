@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,23 @@ REFUSED_SPEC = smoke_spec(steps=-1)
 BAD_JSONL = '{"prompt": 5}\n'
 GOOD_JSONL = '{"prompt": "12=", "answer": "21"}\n'
 # Commands that read PDPPO_* settings and talk to no API: their bad input is a bad setting.
-SETTINGS_COMMANDS = {("serve",), ("worker",), ("healthcheck",)}
+SETTINGS_COMMANDS = {
+    ("serve",),
+    ("worker",),
+    ("healthcheck",),
+    ("webhook-worker",),
+    ("sample-worker",),
+}
+UNKNOWN_WEBHOOK = "wh_" + "0" * 24
+UNKNOWN_EXPERIMENT = "0" * 24
+UNKNOWN_DELIVERY = "msg_" + "0" * 32
+PUBLIC_URL = "https://93.184.216.34/hook"  # an address literal: no DNS
+REFUSED_URL = "https://10.0.0.1/hook"  # a private address: the API's 400
 # Flags without which a command would not read the file under test.
-EXTRA_ARGS: dict[tuple[str, ...], list[str]] = {("dev",): ["--demo", "--once", "--port", "0"]}
+EXTRA_ARGS: dict[tuple[str, ...], list[str]] = {
+    ("dev",): ["--demo", "--once", "--port", "0"],
+    ("experiment",): ["--grid", "algorithm.mask=predictive,dppo", "--seeds", "2"],
+}
 
 
 def _commands(
@@ -72,7 +87,8 @@ def _kinds(path: tuple[str, ...], command: click.Command) -> list[str]:
     if "url" in _options(command):
         kinds += ["unreachable", "server_error"]
         args = {p.name for p in command.params if isinstance(p, click.Argument)}
-        if args & {"job_id", "file_id", "spec_path", "path"}:
+        named = {"job_id", "file_id", "spec_path", "path", "webhook_id", "endpoint_url"}
+        if args & (named | {"experiment_id"}):
             kinds.append("client_error")
     if "api_key" in _options(command):
         kinds.append("wrong_key")
@@ -140,6 +156,16 @@ def _args(path: tuple[str, ...], command: click.Command, kind: str, files: Files
             value = files.refused_spec if kind == "client_error" else files.spec
         elif param.name == "path":
             value = files.bad_jsonl if kind == "client_error" else files.jsonl
+        elif param.name == "webhook_id":
+            value = UNKNOWN_WEBHOOK
+        elif param.name == "experiment_id":
+            value = UNKNOWN_EXPERIMENT
+        elif param.name == "delivery_id":
+            value = UNKNOWN_DELIVERY
+        elif param.name == "endpoint_url":
+            value = REFUSED_URL if kind == "client_error" else PUBLIC_URL
+        elif param.name == "prompt":
+            value = "12="
         elif param.name == "settings":
             value = "optim.lr=0.001"
         else:
@@ -167,6 +193,7 @@ def test_every_command_is_tried() -> None:
     untried = [" ".join(path) for path, command in COMMANDS.items() if not _kinds(path, command)]
     assert not untried, f"no bad input chosen for: {untried}"
     assert {("submit",), ("files", "upload"), ("dev",), ("train",)} <= set(COMMANDS)
+    assert {("experiment",), ("experiments", "report"), ("experiments", "delete")} <= set(COMMANDS)
     for path, command in COMMANDS.items():
         for kind in _kinds(path, command):
             _args(path, command, kind, Files(*(Path("x"),) * 6))  # every argument fillable
@@ -227,3 +254,25 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
         )
         assert done.returncode == 1, done.stderr
         assert "Traceback" in done.stderr and "httpx.ConnectError" in done.stderr, done.stderr
+
+
+def test_raw_logs_from_a_closed_port_say_cannot_reach_at_once(tmp_path: Path) -> None:
+    """`logs --raw` goes straight to the event stream (no job read first, as plain `logs`
+    does): a refused first connection must read like every other command's, not like a stream
+    lost after a minute and a half of reconnects."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PDPPO_")}
+    env |= {"PDPPO_URL": f"http://127.0.0.1:{free_port()}", "PDPPO_API_KEY": KEYS[TENANT]}
+    started = time.monotonic()
+    done = subprocess.run(
+        [*pdppo_command(), "logs", "--raw", UNKNOWN_JOB],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    code, needle = EXPECTED["unreachable"]
+    assert (done.returncode, needle in done.stderr) == (code, True), done.stderr
+    assert "lost the job's event stream" not in done.stderr
+    assert took < 20, f"took {took:.1f}s"  # one refused connection; it was 88 s of reconnects

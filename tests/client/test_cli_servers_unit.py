@@ -6,6 +6,7 @@ Found by the mutation run of the commands (bench/mutation.toml, group "commands"
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,14 +18,25 @@ from pdppo.settings import get_settings
 
 
 @pytest.fixture(autouse=True)
-def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def fresh_settings() -> Iterator[None]:
     """The commands read `get_settings()` (cached) and set PDPPO_WORKER_DEVICES and
-    CUDA_VISIBLE_DEVICES themselves: each test starts and ends without either."""
-    for name in ("PDPPO_WORKER_DEVICES", "CUDA_VISIBLE_DEVICES", "PDPPO_LOG_LEVEL"):
-        monkeypatch.delenv(name, raising=False)
+    CUDA_VISIBLE_DEVICES in this process's environment themselves: each test starts without
+    either, and the environment is put back as it was after it. (monkeypatch.delenv of a name
+    that is absent records nothing to undo, so a `--gpus 2,3` here used to leave
+    PDPPO_WORKER_DEVICES=2 behind, and every worker a later test of the same pytest process
+    started took two-device jobs.)"""
+    names = ("PDPPO_WORKER_DEVICES", "CUDA_VISIBLE_DEVICES", "PDPPO_LOG_LEVEL")
+    saved = {name: os.environ.pop(name, None) for name in names}
     get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        get_settings.cache_clear()
 
 
 def serve_call(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> dict[str, Any]:
@@ -103,6 +115,15 @@ def test_worker_without_gpus_keeps_the_settings_device_count(
     code, out, _ = worker_run(monkeypatch, ["--devices", "2"])
     assert code == 0, out
     assert out.splitlines()[0] == "pdppo worker: 2 device(s), queues cpu.x2,cpu"
+
+
+def test_worker_sends_no_event_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery's event heartbeat publishes with unlimited retries from the worker's event loop: a
+    worker told to stop while Redis was down never exited (the integration test is
+    tests/integration/test_worker_stop_redis_down.py). Nothing in pdppo reads those events."""
+    code, out, argv = worker_run(monkeypatch, [])
+    assert code == 0, out
+    assert argv[-3:] == ["--without-gossip", "--without-mingle", "--without-heartbeat"]
 
 
 @pytest.mark.parametrize(

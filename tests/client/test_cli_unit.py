@@ -18,7 +18,7 @@ import yaml
 from tqdm import tqdm
 
 from pdppo.client import ApiError, Event, FollowError, Job
-from pdppo.client_specs import SpecFileError
+from pdppo.client.specs import SpecFileError
 from pdppo.commands import jobs
 from pdppo.commands.errors import DEBUG_HINT, ServerError, UserError, _one_line, explain
 from pdppo.settings import Settings
@@ -244,8 +244,8 @@ def test_eval_and_samples_lines() -> None:
 
 
 def test_file_and_usage_lines() -> None:
-    from pdppo.client_files import File
-    from pdppo.client_storage import Usage
+    from pdppo.client.files import File
+    from pdppo.client.storage import Usage
     from pdppo.commands.files import _file_line
     from pdppo.commands.storage import usage_lines
 
@@ -312,6 +312,13 @@ def test_every_client_command_takes_url_and_key_and_says_what_it_cannot_reach(
         ["logs", "job-1"],
         ["delete", "job-1"],
         ["usage"],
+        ["webhooks", "create", "https://example.com/h"],
+        ["webhooks", "list"],
+        ["webhooks", "show", "wh_1"],
+        ["webhooks", "delete", "wh_1"],
+        ["webhooks", "deliveries", "wh_1"],
+        ["webhooks", "redeliver", "wh_1", "msg_1"],
+        ["webhooks", "test", "wh_1"],
     ]
     url = closed_url()
     runner = CliRunner()
@@ -353,6 +360,10 @@ def test_every_option_of_the_client_commands_is_taken(tmp_path: Any) -> None:
         ["status", "job-1", "--json"],
         ["list", "--status", "running", "--limit", "5", "--json"],
         ["usage", "--json"],
+        ["webhooks", "create", "https://e.com/h", "--event", "job.failed", "--event", "job.queued"],
+        ["webhooks", "create", "https://e.com/h", "--description", "d", "--json"],
+        ["webhooks", "list", "--json"],
+        ["webhooks", "deliveries", "wh_1", "--limit", "5", "--json"],
     ]
     url = closed_url()
     for args in commands:

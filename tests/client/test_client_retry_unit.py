@@ -1,4 +1,4 @@
-"""Unit tests of the client's retried writes (`pdppo.client_retry`), against a scripted transport.
+"""Unit tests of the client's retried writes (`pdppo.client.retry`), against a scripted transport.
 
 The stall itself, with a real Redis and API, is in `tests/integration/test_redis_stall_writes.py`;
 these pin what a live stack cannot produce on demand: a cancel whose first try landed behind a

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from pdppo.client import ApiError, Client, Event, Job, _detail_text
-from pdppo.client_errors import _raise_for_status
-from pdppo.client_retry import _detail, _retry_after, send_with_retry
-from pdppo.client_specs import SpecFileError, resolve_spec_paths, spec_to_dict
+from pdppo.client.errors import _raise_for_status
+from pdppo.client.retry import _detail, _retry_after, send_with_retry
+from pdppo.client.specs import SpecFileError, resolve_spec_paths, spec_to_dict
 from tests.client.scripted import scripted
 
 URL = "http://pdppo.test"

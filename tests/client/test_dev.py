@@ -48,7 +48,7 @@ def test_dev_runs_the_demo_keeps_its_data_and_stops_cleanly(tmp_path: Path) -> N
         assert time.monotonic() - asked < 30
     finally:
         dev.kill()
-    assert "stopped: redis, api and worker are down." in dev.output
+    assert "stopped: redis, api, worker, webhook worker and sample worker are down." in dev.output
     deadline = time.monotonic() + 10
     while any(running(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -89,5 +89,7 @@ def test_dev_once_exits_nonzero_when_the_demo_fails(tmp_path: Path) -> None:
         assert dev.proc.wait(180) == 1
     finally:
         dev.kill()
-    dev.wait_for("stopped: redis, api and worker are down.", timeout=5)
+    dev.wait_for(
+        "stopped: redis, api, worker, webhook worker and sample worker are down.", timeout=5
+    )
     assert re.search(r"demo failed: HTTP 422 .*train\.steps", dev.output), dev.output

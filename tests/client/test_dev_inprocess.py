@@ -44,7 +44,8 @@ def test_a_demo_job_that_fails_exits_1_on_a_free_port_when_the_asked_one_is_busy
     assert job_id is not None, result.stderr
     assert result.stdout.splitlines()[-1] == f"demo job {job_id.group(1)} failed"
     assert f"see {data / 'logs' / 'worker.log'}" in result.stderr.splitlines()
-    assert result.stderr.splitlines()[-1] == "stopped: redis, api and worker are down."
+    stopped = "stopped: redis, api, worker, webhook worker and sample worker are down."
+    assert result.stderr.splitlines()[-1] == stopped
 
 
 def test_a_demo_the_api_refuses_exits_1_and_says_why(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ does, and reads the pids from the start markers `pdppo dev` writes into the appe
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -90,7 +91,7 @@ def test_dev_restarts_a_killed_worker_and_a_job_then_succeeds(tmp_path: Path) ->
         assert dev.stop(signal.SIGTERM) == 130
     finally:
         dev.kill()
-    assert "stopped: redis, api and worker are down." in dev.output
+    assert "stopped: redis, api, worker, webhook worker and sample worker are down." in dev.output
     assert not wait_gone(seen), "pdppo dev left processes behind"
     assert not processes_mentioning(str(data))
     assert "worker stopped by pdppo dev" in worker_log.read_text()
@@ -112,7 +113,9 @@ def test_dev_gives_up_on_a_worker_that_keeps_getting_killed(tmp_path: Path) -> N
     finally:
         dev.kill()
     assert code == 1, dev.output
-    dev.wait_for("stopped: redis, api and worker are down.", timeout=5)
+    dev.wait_for(
+        "stopped: redis, api, worker, webhook worker and sample worker are down.", timeout=5
+    )
     assert "Error: pdppo dev gave up on the worker: it died 3 times within 300s" in dev.output
     assert "the last time: worker (pid" in dev.output and "killed by SIGKILL" in dev.output
     assert dev.output.count("restarting worker in") == 2, dev.output
@@ -134,7 +137,9 @@ def test_dev_gives_up_on_a_worker_that_cannot_start(tmp_path: Path) -> None:
     finally:
         dev.kill()
     assert code == 1, dev.output
-    dev.wait_for("stopped: redis, api and worker are down.", timeout=5)
+    dev.wait_for(
+        "stopped: redis, api, worker, webhook worker and sample worker are down.", timeout=5
+    )
     assert "gave up on the worker: it died 2 times" in dev.output
     assert "exited with code 2" in dev.output
     assert "unknown queues ['nonesuch']" in dev.output  # the log's last lines say why
@@ -142,10 +147,6 @@ def test_dev_gives_up_on_a_worker_that_cannot_start(tmp_path: Path) -> None:
     assert len(started_pids(data / "logs" / "worker.log", "worker")) == 2
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known issue, under investigation: fails in a full-suite run, passes alone",
-)
 def test_dev_restarts_redis_and_the_jobs_survive(tmp_path: Path) -> None:
     data = tmp_path / "data"
     redis_log = data / "logs" / "redis.log"
@@ -164,7 +165,11 @@ def test_dev_restarts_redis_and_the_jobs_survive(tmp_path: Path) -> None:
             dev.wait_for(rf"redis \(pid {first}\) killed by SIGKILL", 30)
             second = wait_for_start(redis_log, "redis", 2, timeout=30)
             assert second != first and running(second)
-            assert "DB loaded from append only file" in redis_log.read_text()
+            # The start marker is launch.py's, written before it execs redis-server: the server's
+            # own lines follow once it gets the CPU, which on a loaded machine can take a while
+            # (the test read the log at once and failed in 1 of 5 full-suite runs).
+            log = wait_for_log(redis_log, "DB loaded from append only file", 30)
+            assert re.search(rf"^{second}:M .* DB loaded from append only file", log, re.M), log
 
             # The API and the worker reconnect by themselves; the first call may still see the
             # dropped connection (503), so retry briefly.

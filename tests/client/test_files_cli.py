@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,27 @@ def test_client_file_methods(client: Client, tmp_path: Path) -> None:
         client.upload_file(bad)
     assert refused.value.status_code == 422
     assert "line 2: 'prompt' must be a string, not a number" in str(refused.value)
+
+
+def test_the_client_still_pages_and_deletes_files(client: Client, tmp_path: Path) -> None:
+    """`GET /v1/files` also answers OpenAI's list fields, `DELETE` a 200 with OpenAI's object
+    (it was 204): pdppo's client pages by `cursor` and deletes as before."""
+    ids = []
+    for i in range(3):
+        path = tmp_path / f"page{i}.jsonl"
+        path.write_bytes(GOOD + json.dumps({"prompt": f"page {i} {time.time_ns()}"}).encode())
+        ids.append(client.upload_file(path).id)
+    first = client.list_files(limit=2)
+    assert [f.id for f in first.items] == [ids[2], ids[1]] and first.next_cursor
+    second = client.list_files(limit=2, cursor=first.next_cursor)
+    assert second.items[0].id == ids[0]
+    assert client.delete_file(ids[1]) is None
+    assert [f.id for f in client.iter_files(page_size=1) if f.id in ids] == [ids[2], ids[0]]
+    with pytest.raises(ApiError) as gone:
+        client.delete_file(ids[1])
+    assert (gone.value.status_code, gone.value.detail) == (404, f"file {ids[1]!r} not found")
+    for file_id in (ids[0], ids[2]):
+        client.delete_file(file_id)
 
 
 def test_files_commands(cli_env: dict[str, str], tmp_path: Path) -> None:

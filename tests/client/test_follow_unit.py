@@ -121,14 +121,43 @@ def test_follow_does_not_retry_a_client_error() -> None:
     assert len(seen) == 1
 
 
-def test_follow_gives_up_when_the_server_stays_away() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+def _refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
 
-    transport, seen = scripted([refuse])
+
+def _flowing(request: httpx.Request) -> httpx.Response:
+    """A stream that sends one event, then drops: the server was there."""
+    return httpx.Response(
+        200, headers=SSE, stream=_DroppingStream([_event(1, "status", "{}")], True)
+    )
+
+
+def test_follow_raises_a_refused_first_connection_at_once() -> None:
+    """Nothing ever answered (a wrong URL, a server that is down): httpx's own error, which the
+    CLI reports as "cannot reach", after one try rather than a minute and a half of them."""
+    transport, seen = scripted([_refuse])
+    with _client(transport) as client, pytest.raises(httpx.ConnectError):
+        list(client.follow("j", last_event_id="4-0"))
+    assert len(seen) == 1
+
+
+def test_follow_waits_out_a_refusal_once_the_stream_has_flowed() -> None:
+    """A server that answered and then refuses is restarting: reconnect, resume after the last
+    event seen."""
+    done = httpx.Response(
+        200, headers=SSE, stream=_DroppingStream([_event(2, "done", "{}")], False)
+    )
+    transport, seen = scripted([_flowing, _refuse, _refuse, lambda r: done])
+    with _client(transport) as client:
+        assert [e.id for e in client.follow("j")] == ["1-0", "2-0"]
+    assert [r.headers.get("last-event-id") for r in seen] == [None, "1-0", "1-0", "1-0"]
+
+
+def test_follow_gives_up_when_the_server_stays_away() -> None:
+    transport, seen = scripted([_flowing, _refuse])
     with _client(transport, max_reconnects=3) as client, pytest.raises(FollowError):
         list(client.follow("j"))
-    assert len(seen) == 4  # the first try and three reconnects
+    assert len(seen) == 4  # the connection that dropped and three reconnects
 
 
 def test_reconnects_back_off_exponentially_up_to_a_cap(
@@ -136,11 +165,7 @@ def test_reconnects_back_off_exponentially_up_to_a_cap(
 ) -> None:
     slept: list[float] = []
     monkeypatch.setattr("pdppo.client.time.sleep", slept.append)
-
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
-
-    transport, _ = scripted([refuse])
+    transport, _ = scripted([_flowing, _refuse])
     client = Client(
         "http://pdppo.test",
         "key",

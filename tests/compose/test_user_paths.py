@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import tarfile
+import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from pdppo.client import Client
 from tests.compose.stack import REPO, Stack, wait_job
 from tests.integration.conftest import metric_steps, read_events
 from tests.integration.stack import records, smoke_spec
+from tests.integration.webhook_receiver import Receiver
 
 
 def test_the_smoke_job_submitted_from_the_host_cli_succeeds_streams_and_downloads(
@@ -104,8 +106,16 @@ def test_the_dashboard_and_every_file_it_loads_come_from_the_container(
     assert page.url.path == "/ui/", page.url
     assert "<html" in page.text.lower()
     assets = re.findall(r'(?:src|href)="([^"#:]+\.(?:js|css))"', page.text)
-    # uPlot's css and js, js-yaml, app.css, and the page's charts.js, job.js and app.js
-    assert len(assets) == 7, assets
+    assert assets == [
+        "vendor/uPlot.min.css",
+        "app.css",
+        "vendor/uPlot.iife.min.js",
+        "vendor/js-yaml.umd.min.js",
+        "charts.js",
+        "job.js",
+        "experiment.js",
+        "app.js",
+    ]
     for asset in assets:
         response = alice.get(f"/ui/{asset}")
         assert response.status_code == 200, asset
@@ -119,3 +129,35 @@ def test_the_dashboard_and_every_file_it_loads_come_from_the_container(
         assert len(files) == count, (docs, files)
         assert all(alice.get(f).status_code == 200 for f in files), files
         assert re.findall(r'(?:src|href)="(https?://[^"]+)"', html) == [], docs
+
+
+def test_a_webhook_reaches_a_receiver_on_the_host_signed(stack: Stack, alice: httpx.Client) -> None:
+    """The webhooks service delivers from its container to a receiver on the host, through the
+    compose network's gateway (a private address: .ci/compose allows 172.16.0.0/12)."""
+    from standardwebhooks import Webhook
+
+    receiver = Receiver()
+    receiver.start(host="0.0.0.0")
+    try:
+        networks = stack.inspect("webhooks")["NetworkSettings"]["Networks"]
+        gateway = next(iter(networks.values()))["Gateway"]
+        port = receiver.url.rsplit(":", 1)[1]
+        made = alice.post(
+            "/v1/webhooks", json={"url": f"http://{gateway}:{port}/ok", "events": ["job.cancelled"]}
+        )
+        assert made.status_code == 201, made.text
+        job = alice.post("/v1/jobs", json=smoke_spec(steps=500)).json()["id"]
+        alice.post(f"/v1/jobs/{job}/cancel")
+        deadline = time.monotonic() + 120
+        while not receiver.at("/ok") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        got = receiver.at("/ok")
+    finally:
+        receiver.stop()
+    assert len(got) == 1, f"the receiver got {len(got)} requests"
+    body = Webhook(made.json()["secret"]).verify(got[0].body, got[0].headers)
+    assert (body["type"], body["data"]["id"], body["data"]["status"]) == (
+        "job.cancelled",
+        job,
+        "cancelled",
+    )

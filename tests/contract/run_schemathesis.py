@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         "HF_HUB_OFFLINE": "1",
         "HF_HOME": str(root / "hf"),
         "PDPPO_LOG_LEVEL": "WARNING",
+        # The schema's example webhook URL is a documentation address (192.0.2.0/24, refused by
+        # default): allowed here, the fuzzer registers endpoints and follows them to their
+        # routes. Nothing is delivered: no webhook worker runs.
+        "PDPPO_WEBHOOK_ALLOWED_NETWORKS": "192.0.2.0/24",
     }
     service = Service(redis, root / "service", env=env)
     args.report_dir.mkdir(parents=True, exist_ok=True)

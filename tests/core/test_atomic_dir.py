@@ -27,7 +27,7 @@ def _killed_during_final_save(out: str) -> None:
     """The trainer, whose final save dies by SIGKILL between its two files."""
     from core.models import tiny
 
-    def dies_halfway(self: TinyLM, path: Path) -> None:
+    def dies_halfway(self: TinyLM, path: Path, **kwargs: object) -> None:
         path.mkdir(parents=True, exist_ok=True)
         tiny.save_model(self.module, str(path / "model.safetensors"))
         os.kill(os.getpid(), signal.SIGKILL)
@@ -58,6 +58,7 @@ def test_a_completed_run_has_a_whole_final_model_and_no_temporary_folder(tmp_pat
     result = train(small_config(steps=1, checkpoint_every=1), tmp_path)
     assert result.final_model == tmp_path / "final"
     assert sorted(p.name for p in (tmp_path / "final").iterdir()) == [
+        "README.md",
         "config.json",
         "model.safetensors",
     ]

@@ -57,11 +57,11 @@ def logits_of(lm: CausalLM) -> torch.Tensor:
 def capture_final(monkeypatch: pytest.MonkeyPatch, family: type[CausalLM]) -> list[torch.Tensor]:
     """The logits of each model `family.save_final` saves, computed just before it does."""
     seen: list[torch.Tensor] = []
-    save: Callable[[Any, Path], None] = family.save_final
+    save: Callable[..., None] = family.save_final
 
-    def spy(self: CausalLM, path: Path) -> None:
+    def spy(self: CausalLM, path: Path, **kwargs: Any) -> None:
         seen.append(logits_of(self))
-        save(self, path)
+        save(self, path, **kwargs)
 
     monkeypatch.setattr(family, "save_final", spy)
     return seen

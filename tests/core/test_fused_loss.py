@@ -237,10 +237,14 @@ def test_fused_equals_unfused_across_dtypes_bias_and_a_frozen_projection(
     dtype: torch.dtype, bias: bool, frozen: bool
 ) -> None:
     """bf16 hidden states and projection are computed in fp32 like the reference's
-    `.float()` logits; a frozen projection (LoRA) gets no gradient and costs none."""
+    `.float()` logits; a frozen projection (LoRA) gets no gradient and costs none.
+
+    The loss gets the absolute tolerance of the test above, for the same reason: its terms
+    cancel to about 0.006, so one ulp of a row's log-partition (the unfused pass sums whole
+    rows, the fused one chunks of 37 columns) moves it by 1e-5 of the total."""
     case = make_case(seed=3, dtype=dtype, bias=bias, temperature=1.0)
     for estimator in ("binary", "topk"):
-        compare(case, frozen=frozen, estimator=estimator, kind="kl")
+        compare(case, frozen=frozen, loss_abs=1e-6, estimator=estimator, kind="kl")
 
 
 def test_peaked_rows_keep_their_precision() -> None:

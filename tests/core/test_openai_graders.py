@@ -289,7 +289,12 @@ def test_python_and_score_model_graders_are_refused_when_built() -> None:
     assert str(caught.value).startswith(
         "task.grader.grader: python graders are off on this service"
     )
-    score_model = {"type": "score_model", "name": "s", "model": "gpt-4o", "input": []}
+    score_model = {
+        "type": "score_model",
+        "name": "s",
+        "model": "gpt-4o",
+        "input": [{"role": "user", "content": "{{sample.output_text}}"}],
+    }
     with pytest.raises(ValueError) as caught:
         openai(
             {
@@ -361,7 +366,9 @@ def test_a_batch_reports_each_sub_grader_and_counts_a_failing_formula_as_an_erro
         # the second and third divide by zero; a failed item's parts count 0
         {"grader_errors": 2 / 3, "grader_timeouts": 0.0, "grader/a": 1 / 3, "grader/b": 1 / 3}
     )
-    with BatchGrader(ADAPTER.validate_python({"type": "openai", "grader": served}), 5.0) as batch:
+    # a minute per completion: the grading server's first rouge score imports its libraries,
+    # which took over 5 s in a loaded CI run (two of three completions timed out and scored 0)
+    with BatchGrader(ADAPTER.validate_python({"type": "openai", "grader": served}), 60.0) as batch:
         assert batch.server is not None
         grades = batch.grade(completions, records)
     assert grades.rewards == pytest.approx([1.0, 0.5, 0.25])

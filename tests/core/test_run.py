@@ -18,7 +18,8 @@ import torch
 
 from core.parallel.distributed import World
 from core.rollout import RolloutBatch, StopRequested, generate
-from core.training.run import _as_random_state, _batch_stats, _Rollout, _Run, resolve_device
+from core.training.devices import resolve_device
+from core.training.run import _as_random_state, _batch_stats, _Rollout, _Run
 from tests.core.trainer_runs import Recorder, small_config
 
 

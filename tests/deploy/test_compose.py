@@ -62,7 +62,9 @@ def _env(service: dict[str, Any]) -> dict[str, str]:
 
 
 def test_compose_has_every_service(services: dict[str, Any]) -> None:
-    assert {"redis", "api", "worker-gpu", "worker-cpu", "flower"} <= set(services)
+    assert {"redis", "api", "worker-gpu", "worker-cpu", "webhooks", "sample", "flower"} <= set(
+        services
+    )
 
 
 def test_redis_persists_and_never_evicts(services: dict[str, Any]) -> None:
@@ -98,7 +100,7 @@ def test_gpu_worker_reserves_nvidia_gpus_and_runs_one_worker_per_gpu(
 
 
 def test_cpu_worker_and_api_use_the_slim_image(services: dict[str, Any]) -> None:
-    for name in ("api", "worker-cpu"):
+    for name in ("api", "worker-cpu", "webhooks"):
         dockerfile = ROOT / services[name]["build"]["dockerfile"]
         assert re.fullmatch(r"python:3\.\d+-slim", _default_base(dockerfile.read_text()))
     assert _command(services["worker-cpu"])[-2:] == ["--queues", "cpu"]
@@ -165,7 +167,7 @@ def test_every_pdppo_variable_is_a_setting(services: dict[str, Any]) -> None:
 
 
 def test_every_pdppo_service_reaches_redis_by_service_name(services: dict[str, Any]) -> None:
-    for name in PDPPO_SERVICES:
+    for name in (*PDPPO_SERVICES, "webhooks"):
         assert _env(services[name])["PDPPO_REDIS_URL"].startswith("redis://redis:"), name
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
 
@@ -190,7 +192,44 @@ def _gpu_script_invocation() -> list[str]:
     return [w for w in words[1:] if w != "&"]
 
 
-@pytest.mark.parametrize("service", PDPPO_SERVICES)
+def test_webhooks_service_runs_the_webhook_worker_like_a_cpu_worker(
+    services: dict[str, Any],
+) -> None:
+    """No GPU, the CPU image, restarted as the workers are, and a healthcheck that pings the
+    node name its command sets (tests/client/test_webhooks_cli runs that check for real)."""
+    hooks, cpu = services["webhooks"], services["worker-cpu"]
+    assert _command(hooks) == ["pdppo", "webhook-worker", "--name", "pdppo-webhooks@%h"]
+    assert hooks["image"] == cpu["image"] and hooks["build"] == cpu["build"]
+    assert "deploy" not in hooks and "profiles" not in hooks
+    assert hooks["restart"] == cpu["restart"] == "unless-stopped"
+    assert _env(hooks) == _env(services["api"])  # the same settings as the API that registers
+    assert "PDPPO_WEBHOOK_ALLOWED_NETWORKS" in _env(hooks)
+    test = hooks["healthcheck"]["test"]
+    assert (
+        test[:3] == ["CMD", "python", "-c"]
+        and "'pdppo-webhooks@' + socket.gethostname()" in (test[3])
+    )
+
+
+def test_sample_service_runs_the_sample_worker_on_the_artifacts(
+    services: dict[str, Any],
+) -> None:
+    """The CPU image, the API's settings (its limits and timeout), the final models read-only
+    where the API finds them, and a healthcheck that pings the node name its command sets."""
+    sample, cpu = services["sample"], services["worker-cpu"]
+    assert _command(sample) == ["pdppo", "sample-worker", "--name", "pdppo-sample@%h"]
+    assert sample["image"] == cpu["image"] and sample["build"] == cpu["build"]
+    assert "deploy" not in sample and "profiles" not in sample
+    assert sample["restart"] == "unless-stopped"
+    assert _env(sample) == _env(services["api"])
+    assert sample["volumes"] == [f"artifacts:{_env(services['api'])['PDPPO_ARTIFACT_DIR']}:ro"]
+    test = sample["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    assert "'pdppo-sample@' + socket.gethostname()" in test[3]
+    assert "workers.sample_app" in test[3]
+
+
+@pytest.mark.parametrize("service", [*PDPPO_SERVICES, "webhooks", "sample"])
 def test_service_command_is_a_real_cli_invocation(services: dict[str, Any], service: str) -> None:
     """`pdppo serve/worker` with exactly these options must parse (checked via --help)."""
     argv = _command(services[service])

@@ -61,6 +61,9 @@ def test_every_operation_and_every_status_it_answers_is_on_the_page(
     assert "| `limit` | query | integer (>= 1, <= 100, default `20`) | no | page size |" in listing
     assert "| 200 | Successful Response | `application/json` [JobList](#model-joblist) |" in listing
     assert "headers `Pdppo-Job-Id`, `Retry-After`" in sections["POST /v1/jobs"]
+    both = "[ErrorBody](#model-errorbody) and [OpenAIErrorBody](#model-openaierrorbody) |"
+    conflict = re.search(r"^\| 409 \|.*$", sections["DELETE /v1/files/{file_id}"], re.MULTILINE)
+    assert conflict is not None and conflict.group(0).endswith(both), conflict
 
 
 def test_every_model_is_on_the_page_with_its_fields(schema: dict[str, Any]) -> None:

@@ -38,8 +38,10 @@ CORE_RULES: dict[str, frozenset[str]] = {
     "core.tasks": frozenset({"core.config", "core.disk", "core.graders"}),
     "core.models": frozenset({"core.config", "core.disk", "core.extras", "core.tasks"}),
     "core.budget": frozenset({"core.config", "core.disk"}),
+    "core.experiments": frozenset({"core.config"}),
     "core.parallel": frozenset({"core.config", "core.models"}),
     "core.rollout": frozenset({"core.config", "core.models", "core.objective", "core.parallel"}),
+    "core.tracking": frozenset({"core.extras"}),
     "core.training": frozenset(
         {
             "core.budget",
@@ -53,6 +55,7 @@ CORE_RULES: dict[str, frozenset[str]] = {
             "core.process",
             "core.rollout",
             "core.tasks",
+            "core.tracking",
         }
     ),
     # core/__init__.py: the public API

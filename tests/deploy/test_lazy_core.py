@@ -54,3 +54,15 @@ def test_without_torch_a_public_name_says_which_extra() -> None:
     assert _run(code) == (
         "core.policy_loss needs the worker extra: pip install 'pdppo[worker]' (torch is missing)"
     )
+
+
+def test_the_api_starts_without_scipy() -> None:
+    """Experiment reports need scipy (about 1 s to import): loaded on the first report, not by
+    every API process at start."""
+    code = (
+        "import sys, api.app, core.experiments\n"
+        "before = 'scipy' in sys.modules\n"
+        "core.experiments.report\n"
+        "print(before, 'scipy' in sys.modules)"
+    )
+    assert _run(code) == "False True"

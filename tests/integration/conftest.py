@@ -21,7 +21,7 @@ import redis
 import redis.asyncio as aredis
 from httpx_sse import connect_sse
 
-from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs.api_side import AsyncJobStore
 from tests.integration.stack import REDIS_DATABASES, RedisServer, Service
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -125,20 +125,32 @@ def bob(service: Service) -> Iterator[httpx.Client]:
         yield client
 
 
+def wait_path(
+    client: httpx.Client,
+    path: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = 60,
+    interval: float = 0.05,
+) -> dict[str, Any]:
+    """GET `path` until its JSON satisfies `predicate`; the last answer is in the timeout's
+    message, so a test that gives up says what it saw."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got: dict[str, Any] = client.get(path).json()
+        if predicate(got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting on {path}: {got}")
+        time.sleep(interval)
+
+
 def wait_for(
     client: httpx.Client,
     job_id: str,
     predicate: Callable[[dict[str, Any]], bool],
     timeout: float = 60,
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
-        if predicate(job):
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting on job {job_id}: {job}")
-        time.sleep(0.05)
+    return wait_path(client, f"/v1/jobs/{job_id}", predicate, timeout)
 
 
 def wait_status(
@@ -146,6 +158,11 @@ def wait_status(
 ) -> dict[str, Any]:
     wanted = {statuses} if isinstance(statuses, str) else statuses
     return wait_for(client, job_id, lambda job: job["status"] in wanted, timeout)
+
+
+def handled(log: str, job_id: str) -> bool:
+    """The worker got the task and is done with it (ran the skip, or discarded it as revoked)."""
+    return f"job {job_id}: " in log or f"revoked task: pdppo.train[{job_id}]" in log
 
 
 def read_events(
@@ -174,6 +191,16 @@ def read_events(
 
 def metric_steps(events: list[dict[str, Any]]) -> list[int]:
     return [e["data"]["step"] for e in events if e["event"] == "metrics"]
+
+
+def every_step_once(client: httpx.Client, job_id: str, steps: int) -> list[dict[str, Any]]:
+    """Asserts that the job's metrics rows and its event stream each hold steps 1..`steps` once,
+    in order (what a resumed or interrupted job owes); returns the events for further checks."""
+    history = client.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
+    assert [row["step"] for row in history] == list(range(1, steps + 1))
+    events = read_events(client, job_id)
+    assert metric_steps(events) == list(range(1, steps + 1))
+    return events
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

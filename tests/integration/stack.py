@@ -287,6 +287,30 @@ class Service:
             time.sleep(0.1)
         return proc
 
+    def start_webhook_worker(self, timeout: float = 60) -> subprocess.Popen[bytes]:
+        """`pdppo webhook-worker`, logging to webhooks-<n>.log; counted among `workers`."""
+        log_name = f"webhooks-{len(self.workers)}.log"
+        proc = self._spawn(["webhook-worker", "--loglevel", "INFO"], log_name)
+        self.workers.append(proc)
+        deadline = time.monotonic() + timeout
+        while " ready." not in self.tail(log_name, 20_000):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"webhook worker did not start: {self.tail(log_name)}")
+            time.sleep(0.1)
+        return proc
+
+    def start_sample_worker(self, timeout: float = 60) -> subprocess.Popen[bytes]:
+        """`pdppo sample-worker`, logging to sample-<n>.log; counted among `workers`."""
+        log_name = f"sample-{len(self.workers)}.log"
+        proc = self._spawn(["sample-worker", "--loglevel", "INFO"], log_name)
+        self.workers.append(proc)
+        deadline = time.monotonic() + timeout
+        while " ready." not in self.tail(log_name, 20_000):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sample worker did not start: {self.tail(log_name)}")
+            time.sleep(0.1)
+        return proc
+
     def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
         """kill -9, as when a machine dies: no cleanup, no ack, the lease just stops renewing."""
         os.kill(proc.pid, signal.SIGKILL)
@@ -364,3 +388,51 @@ def stall(server: RedisServer, seconds: float) -> threading.Thread:
     finally:
         probe.close()
     return thread
+
+
+def start_celery_worker(
+    argv: list[str], env: dict[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """A Celery worker process in a session of its own, logging to `log_path`; returns once it
+    says ` ready.` (60 s at most; a death before that fails with its log)."""
+    with log_path.open("ab") as log:
+        worker = subprocess.Popen(
+            argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + 60
+    while " ready." not in log_path.read_text(errors="replace"):
+        assert worker.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.1)
+    return worker
+
+
+def check_compose_healthcheck(svc: Service, name: str) -> None:
+    """deploy/docker-compose.yml's service `name` (a worker started with its own node name), its
+    command and healthcheck as written, run against `svc`: healthy while that worker runs, not
+    before or after (another worker of its kind, under another node name, does not count)."""
+    import yaml
+
+    compose = yaml.safe_load((REPO / "deploy" / "docker-compose.yml").read_text())
+    service = compose["services"][name]
+    check = service["healthcheck"]["test"]
+    assert check[:2] == ["CMD", "python"]
+
+    def healthcheck() -> int:
+        probe = [sys.executable, *check[2:]]
+        done = subprocess.run(probe, env=svc.env, cwd=REPO, capture_output=True, timeout=60)
+        return done.returncode
+
+    assert healthcheck() == 1
+    log_path = svc.root / f"compose-{name}.log"
+    worker = start_celery_worker([*pdppo_command(), *service["command"][1:]], svc.env, log_path)
+    try:
+        # healthy within the start period, as Docker allows: the webhook worker's scheduler
+        # writes its first heartbeat after its first pass, a moment after `ready.`
+        deadline = time.monotonic() + 30
+        while healthcheck() != 0:
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.5)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    assert healthcheck() == 1

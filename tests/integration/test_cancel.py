@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from tests.integration.conftest import read_events, wait_for, wait_status
+from tests.integration.conftest import handled, read_events, wait_for, wait_status
 from tests.integration.stack import Service, smoke_spec
 
 LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it
@@ -22,24 +22,23 @@ def test_cancel_running_job_stops_within_seconds_and_keeps_a_checkpoint(
     cancel = alice.post(f"/v1/jobs/{job['id']}/cancel")
     assert cancel.status_code == 202, cancel.text
     assert cancel.json()["cancel_requested"] is True
-    done = wait_status(alice, job["id"], {"cancelled", "succeeded", "failed"}, timeout=10)
+    done = wait_status(alice, job["id"], {"cancelled", "succeeded", "failed"}, timeout=30)
     took = time.monotonic() - asked
 
     assert done["status"] == "cancelled", done
-    assert took < 5, f"cancel took {took:.1f}s"
+    # the job stopped by itself at its next step, not by the kill after the 5 s grace: the log
+    # says which; the bound is wide because a loaded CI machine slows the process's exit
+    assert took < 15, f"cancel took {took:.1f}s"
     assert done["progress"]["step"] < 5000
     checkpoints = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()
     assert [c["step"] for c in checkpoints["items"]] == [done["progress"]["step"]]
     assert checkpoints["final_model_url"] is None
     events = read_events(alice, job["id"])
     assert events[-1]["event"] == "done" and events[-1]["data"] == {"status": "cancelled"}
+    logs = [e["data"]["message"] for e in events if e["event"] == "log"]
+    assert f"cancelled (at step {done['progress']['step']})" in logs, logs[-5:]
     again = alice.post(f"/v1/jobs/{job['id']}/cancel")
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
-
-
-def handled(log: str, job_id: str) -> bool:
-    """The worker got the task and is done with it (ran the skip, or discarded it as revoked)."""
-    return f"job {job_id}: " in log or f"revoked task: pdppo.train[{job_id}]" in log
 
 
 def test_cancelled_queued_job_never_runs(alice: httpx.Client, service: Service) -> None:

@@ -41,7 +41,12 @@ from celery import Celery
 from kombu import Queue
 
 from pdppo.store import events_key, job_key, lease_key
-from tests.integration.conftest import TERMINAL, metric_steps, read_events, wait_for, wait_status
+from tests.integration.conftest import (
+    TERMINAL,
+    every_step_once,
+    wait_for,
+    wait_status,
+)
 from tests.integration.stack import Service, children, running, smoke_spec
 from workers.celery_app import TRAIN_TASK
 
@@ -61,7 +66,7 @@ def publish_again(redis_url: str, job_id: str) -> None:
 
 
 def job_processes(worker: subprocess.Popen[bytes]) -> list[int]:
-    """The worker's job processes: children of its fork server (`workers.job_process`)."""
+    """The worker's job processes: children of its fork server (`workers.job.process`)."""
     found = []
     for child in children(worker.pid):
         try:
@@ -167,10 +172,10 @@ def lease_expiry(client: redis.Redis, job_id: str) -> float:
 def test_a_redelivered_task_never_runs_a_job_twice_at_once(
     make_service: Callable[..., Service], whole_machine: bool
 ) -> None:
-    """Protects the lease in `workers.runner` (`run_job` skipping a task whose lease is held,
+    """Protects the lease in `workers.job.runner` (`run_job` skipping a task whose lease is held,
     `_supervise` killing the job on a lost lease) and the fence of issue 12: the store's scripts
-    refusing a stale lease token (`pdppo.store.jobs_worker`), and the job process's own watch of
-    its lease and the gate before each checkpoint (`workers.lease.LeaseFence`)."""
+    refusing a stale lease token (`pdppo.store.jobs.worker_side`), and the job process's own watch
+    of its lease and the gate before each checkpoint (`workers.job.lease.LeaseFence`)."""
     svc = make_service()
     svc.start_api()
     svc.start_worker()
@@ -258,10 +263,7 @@ def test_a_redelivered_task_never_runs_a_job_twice_at_once(
         assert done["status"] == "succeeded", done
         assert done["attempts"] == 2
         assert done["progress"] == {"step": STEPS, "total": STEPS}
-        events = read_events(alice, job_id)
-        assert metric_steps(events) == list(range(1, STEPS + 1))
-        history = alice.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
-        assert [row["step"] for row in history] == list(range(1, STEPS + 1))
+        events = every_step_once(alice, job_id, STEPS)
         statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
         assert statuses == ["queued", "running", "queued", "running", "succeeded"]
 

@@ -23,7 +23,7 @@ from tests.integration.conftest import read_events, wait_status
 from tests.integration.stack import KEYS, Service, pdppo_command, smoke_spec
 from tests.store.conftest import client, server
 from tests.workers.test_publisher import running_job
-from workers.job_process import EventPublisher, backfill
+from workers.job.process import EventPublisher, backfill
 
 __all__ = ["client", "server"]  # the store tests' own redis-server, for the publisher test
 

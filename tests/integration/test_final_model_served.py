@@ -80,7 +80,7 @@ def test_a_succeeded_jobs_model_is_served_whole(alice: httpx.Client) -> None:
     assert model.status_code == 200
     with tarfile.open(fileobj=io.BytesIO(model.content)) as tar:
         names = sorted(m.name for m in tar.getmembers() if m.isfile())
-    assert names == ["final/config.json", "final/model.safetensors"]
+    assert names == ["final/README.md", "final/config.json", "final/model.safetensors"]
 
 
 def test_a_job_killed_during_its_final_save_serves_nothing_until_it_succeeds(
@@ -120,6 +120,7 @@ def test_a_job_killed_during_its_final_save_serves_nothing_until_it_succeeds(
         assert_no_final_model(alice, job_id, "running")
         if (folder / "final").exists():  # killed after the rename: whole
             assert sorted(p.name for p in (folder / "final").iterdir()) == [
+                "README.md",
                 "config.json",
                 "model.safetensors",
             ]
@@ -132,5 +133,5 @@ def test_a_job_killed_during_its_final_save_serves_nothing_until_it_succeeds(
         assert model.status_code == 200
         with tarfile.open(fileobj=io.BytesIO(model.content)) as tar:
             names = sorted(m.name for m in tar.getmembers() if m.isfile())
-        assert names == ["final/config.json", "final/model.safetensors"]
+        assert names == ["final/README.md", "final/config.json", "final/model.safetensors"]
         assert not (folder / "final.tmp").exists()

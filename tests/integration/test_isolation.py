@@ -81,7 +81,7 @@ def test_cancel_lands_inside_a_long_rollout(alice: httpx.Client, service: Servic
     took = time.monotonic() - asked
 
     assert done["status"] == "cancelled", done
-    assert took < 3, f"cancel took {took:.1f}s"
+    assert took < 15, f"cancel took {took:.1f}s"  # not the rollout's 35 s; the logs say how
     assert done["progress"]["step"] == 0
     messages = logs(alice, job["id"])
     assert "stopped during generation of step 1; stopped at step 0" in messages
@@ -227,11 +227,12 @@ def test_timeout_above_the_server_maximum_is_refused(alice: httpx.Client) -> Non
 def test_out_of_memory_in_the_job_fails_it_and_the_worker_survives(
     make_service: Callable[..., Service],
 ) -> None:
-    """Under the job's address-space limit a too-large model fails to allocate inside the job
-    process, which reports it; the budget check that would refuse it at submit is lifted. The
-    model (0.8 B parameters, 3.2 GB) is over the limit, while its checkpoint (about 10 GB) fits
-    the test machine's disk: a far larger one would be refused at start for the disk instead
-    (storage_full, `workers.job_storage`), before any allocation."""
+    """Under the job's address-space limit a step too large for it fails to allocate inside the
+    job process, which reports it; the budget check that would refuse it at submit is lifted.
+    The weights are small (a 64-wide model with a 262,144-token head: 34 M parameters, a 0.4 GB
+    first checkpoint, so the disk check at start passes on any test machine), while the unfused
+    loss's logits for its 256 sequences (256 x ~26 tokens x 1 MiB each) are far over the 3000 MB
+    limit."""
     svc = make_service(
         PDPPO_JOB_MEMORY_LIMIT_MB="3000",
         PDPPO_MAX_JOB_MEMORY_GB_CPU="100000",
@@ -242,11 +243,14 @@ def test_out_of_memory_in_the_job_fails_it_and_the_worker_survives(
     with svc.client("alice") as alice:
         spec = smoke_spec()
         spec["train"]["model"]["tiny"] = {
-            "d_model": 4096,
-            "n_layers": 4,
-            "n_heads": 64,
-            "max_seq_len": 512,
+            "d_model": 64,
+            "n_layers": 1,
+            "n_heads": 4,
+            "max_seq_len": 32,
+            "vocab_size": 262144,
         }
+        spec["train"]["rollout"].update(prompts_per_step=16, group_size=16)
+        spec["train"]["algorithm"]["fused_loss"] = False
         created = alice.post("/v1/jobs", json=spec)
         assert created.status_code == 201, created.text
         done = wait_status(alice, created.json()["id"], TERMINAL, timeout=60)
@@ -255,3 +259,30 @@ def test_out_of_memory_in_the_job_fails_it_and_the_worker_survives(
         assert "can't allocate memory" in done["error"]["message"]
         assert svc.workers[0].poll() is None
         smoke_succeeds(alice)
+
+
+def test_a_pausing_job_that_ignores_the_stop_is_killed_and_said_to_be_paused(
+    alice: httpx.Client, service: Service
+) -> None:
+    """The grace kill of a pause parks the job as paused, and the worker's log says that: it
+    said "the pause was withdrawn while the job stopped; queued again to run on" instead."""
+    job = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()
+    wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 2)
+    pid = job_pid(service, job["id"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert alice.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+        paused = wait_status(alice, job["id"], {"paused", *TERMINAL}, timeout=30)
+        assert paused["status"] == "paused", paused
+        ended = f"job {job['id']}: stopped for a pause (killed after the grace period); handed "
+        deadline = time.monotonic() + 10
+        while ended not in (said := service.worker_log()):
+            assert time.monotonic() < deadline, said[-3000:]
+            time.sleep(0.1)
+        mine = [line for line in said.splitlines() if f"job {job['id']}: " in line]
+        assert any(line.endswith(f"{ended}back: paused") for line in mine), mine
+        handed = [line for line in mine if "handed back (" in line]
+        assert len(handed) == 1 and handed[0].endswith("(paused): it waits for a resume"), mine
+        assert still_running([pid], 5) == [], f"process {pid} is still alive"
+    finally:
+        alice.post(f"/v1/jobs/{job['id']}/cancel")

@@ -1,5 +1,5 @@
 """Jobs of several devices through the service (`resources.gpus: 2`), on a CPU worker that
-declares 2 devices (PDPPO_WORKER_DEVICES): two gloo processes per job (`workers.job_ranks`).
+declares 2 devices (PDPPO_WORKER_DEVICES): two gloo processes per job (`workers.job.ranks`).
 
 What a user relies on: the job runs end to end and its streamed metrics are the whole batch's
 (they equal a local `pdppo train --nproc 2` of the same spec, itself checked against one process
@@ -166,10 +166,15 @@ def test_cancel_stops_every_rank_within_seconds(two_devices: Service) -> None:
 
         asked = time.monotonic()
         assert alice.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
-        done = wait_status(alice, job_id, FINISHED, timeout=10)
+        done = wait_status(alice, job_id, FINISHED, timeout=30)
         took = time.monotonic() - asked
         assert done["status"] == "cancelled", done
-        assert took < 5, f"cancel took {took:.1f}s"
+        # the ranks stopped by themselves at the next step boundary (a step here takes ~20 ms),
+        # not by the kill that follows the 5 s grace: about 1.3 s on an idle machine, 5.2 s
+        # once in a loaded CI run, so the bound is wide and the log says which way it went
+        logs = [e["data"]["message"] for e in read_events(alice, job_id) if e["event"] == "log"]
+        assert f"cancelled (at step {done['progress']['step']})" in logs, logs[-5:]
+        assert took < 20, f"cancel took {took:.1f}s"
         assert still_running(pids, 5) == []
         # both ranks agreed on the stop: rank 0 checkpointed the step they both finished
         points = alice.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]

@@ -418,3 +418,24 @@ def test_files_from_the_sdk_are_openai_file_objects(client: OpenAI) -> None:
     again = client.files.retrieve(made.id)
     assert (again.id, again.object, again.bytes) == (made.id, "file", len(content))
     assert client.files.content(made.id).read() == content
+
+
+def test_the_sdk_lists_files_page_by_page_and_a_deleted_file_is_gone(client: OpenAI) -> None:
+    tag = f"pages{time.time_ns()}-"  # content no earlier test uploaded: three new files
+    made = [upload(client, rft_rows(2, f"{tag}{i}"), f"p{i}.jsonl") for i in range(3)]
+    newest = made[::-1]
+    first = client.files.list(limit=2)
+    assert ([f.id for f in first.data], first.has_more) == (newest[:2], True)
+    second = first.get_next_page()  # `after` is the last id of the first page
+    assert second.data[0].id == newest[2]
+    walked = [f.id for f in client.files.list(limit=2)]  # every page, the SDK's own loop
+    assert walked[:3] == newest and len(walked) == len(set(walked))
+    deleted = client.files.delete(made[1])
+    assert (deleted.id, deleted.object, deleted.deleted) == (made[1], "file", True)
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.files.retrieve(made[1])
+    assert gone.value.code == "not_found" and f"file {made[1]!r} not found" in gone.value.message
+    left = [f.id for f in client.files.list(limit=2)]
+    assert made[1] not in left and [i for i in left if i in made] == [made[2], made[0]]
+    for file_id in (made[0], made[2]):
+        assert client.files.delete(file_id).deleted

@@ -89,4 +89,4 @@ def test_uploaded_dataset_with_a_multi_grader_evaluation_and_samples(
     refused = bob.post("/v1/jobs", json=bob_spec)
     assert refused.status_code == 422 and "train.task.file" in refused.json()["detail"]
     for file_id in (train_id, val_id):
-        assert alice.delete(f"/v1/files/{file_id}").status_code == 204
+        assert alice.delete(f"/v1/files/{file_id}").status_code == 200

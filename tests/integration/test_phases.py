@@ -13,7 +13,7 @@ import redis
 
 from api.convert import to_job
 from pdppo.store import JobStore, now_iso
-from pdppo.store.jobs_worker import FencedOut
+from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import events_key, job_key, lease_key
 from tests.integration.conftest import read_events
 from tests.integration.stack import Service

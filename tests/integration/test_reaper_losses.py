@@ -20,7 +20,7 @@ import redis
 from pdppo.store import JobStore
 from tests.integration.conftest import TERMINAL, read_events
 from tests.integration.stack import Service, smoke_spec
-from workers.lease import Lease
+from workers.job.lease import Lease
 
 MAX_LOSSES = 2
 GHOST_LEASE_SECONDS = 1.0
@@ -47,8 +47,8 @@ def wait_reaped(alice: httpx.Client, job_id: str, loss: int) -> dict[str, Any]:
 def test_reaper_requeues_max_losses_then_fails_the_job(
     make_service: Callable[..., Service],
 ) -> None:
-    """Protects `workers.reaper.reap_once` passing PDPPO_MAX_WORKER_LOSSES on: ignored (or off by
-    one either way), the job is requeued forever, or failed one loss early."""
+    """Protects `workers.upkeep.reaper.reap_once` passing PDPPO_MAX_WORKER_LOSSES on: ignored (or
+    off by one either way), the job is requeued forever, or failed one loss early."""
     svc = make_service(PDPPO_MAX_WORKER_LOSSES=str(MAX_LOSSES))
     svc.start_api()
     svc.start_worker("cpu")  # its reaper and dispatcher run from now on

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
+from tests.integration.conftest import (
+    every_step_once,
+    metric_steps,
+    read_events,
+    wait_for,
+    wait_status,
+)
 from tests.integration.stack import Service, smoke_spec
 
 STEPS = 120
@@ -32,10 +38,7 @@ def test_job_resumes_on_next_worker_after_kill_9(make_service: Callable[..., Ser
         assert done["status"] == "succeeded", done
         assert done["attempts"] == 2
         assert done["progress"] == {"step": STEPS, "total": STEPS}
-        history = alice.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
-        assert [row["step"] for row in history] == list(range(1, STEPS + 1))
-        events = read_events(alice, job["id"])
-        assert metric_steps(events) == list(range(1, STEPS + 1))
+        events = every_step_once(alice, job["id"], STEPS)
         statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
         assert statuses == ["queued", "running", "queued", "running", "succeeded"]
         logs = [e["data"]["message"] for e in events if e["event"] == "log"]

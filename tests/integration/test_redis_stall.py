@@ -15,10 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
+from tests.integration.conftest import (
+    every_step_once,
+    wait_for,
+    wait_status,
+)
 from tests.integration.stack import RedisServer, Service, smoke_spec, stall
 
 STALL_SECONDS = 7  # longer than redis-py's default socket timeout (5 s)
@@ -54,14 +57,6 @@ def slow_spec() -> dict[str, Any]:
     return spec
 
 
-def check_every_step_once(alice: httpx.Client, job_id: str) -> list[dict[str, Any]]:
-    history = alice.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
-    assert [row["step"] for row in history] == list(range(1, STEPS + 1))
-    events = read_events(alice, job_id)
-    assert metric_steps(events) == list(range(1, STEPS + 1))
-    return events
-
-
 @pytest.mark.parametrize(
     "env",
     [
@@ -93,7 +88,7 @@ def test_stall_shorter_than_the_lease_does_not_fail_the_job(
         assert done["progress"] == {"step": STEPS, "total": STEPS}
         # Training did not wait for Redis (a step takes ~0.1 s; 7 s of stall is dozens).
         assert during >= 5, during
-        events = check_every_step_once(alice, job["id"])
+        events = every_step_once(alice, job["id"], STEPS)
         statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
         assert statuses == ["queued", "running", "succeeded"]
         logs = [e["data"]["message"] for e in events if e["event"] == "log"]
@@ -113,7 +108,7 @@ def test_stall_longer_than_the_lease_resumes_the_job_and_says_why(
 
         assert done["status"] == "succeeded", (done, svc.worker_log()[-3000:])
         assert done["attempts"] == 2
-        events = check_every_step_once(alice, job["id"])
+        events = every_step_once(alice, job["id"], STEPS)
         statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
         assert statuses == ["queued", "running", "queued", "running", "succeeded"]
         logs = [e["data"]["message"] for e in events if e["event"] == "log"]

@@ -10,6 +10,7 @@ pause, resume or PATCH would meet the sleep first (and write nothing), so those 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -23,6 +24,7 @@ import redis
 
 from pdppo.client import Client
 from tests.integration.conftest import wait_status
+from tests.integration.redis_hold import HoldingProxy
 from tests.integration.stack import (
     KEYS,
     REPO,
@@ -240,3 +242,51 @@ def test_pdppo_submit_rides_out_the_stall_with_one_job(
     sleeper.join(STALL_SECONDS + 30)
     assert done.returncode == 0, done.stderr
     assert tenant_job_ids(svc) == [done.stdout.strip()]
+
+
+# the command that records a created child as the experiment's (`AsyncExperimentStore.add_run`)
+RECORD_CHILD = re.compile(rb"HSET\r\n\$\d+\r\n[^\r]*:experiment:[0-9a-f]+:runs\r\n")
+
+
+def test_an_experiment_answered_503_names_its_child_and_its_retry_makes_the_rest(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """The store stops answering once the experiment's first child is created (the write that
+    records it is held back past the store timeout): the 503 names that child and says what a
+    retry with the same Idempotency-Key does, as POST /v1/jobs's does, and the retry does it:
+    the experiment, with the named child and the one not made yet, and no second of either."""
+    proxy = HoldingProxy(own_redis.port, RECORD_CHILD, STALL_SECONDS)
+    env = {"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT, "PDPPO_REDIS_URL": proxy.url(0)}
+    service = Service(own_redis, tmp_path / "service", env=env)
+    gpu = smoke_spec() | {"resources": {"device": "gpu"}}  # no worker runs: they stay queued
+    body = {"base": gpu, "grid": {"algorithm.mask": ["predictive", "dppo"]}, "seeds": 1}
+    key = {"Idempotency-Key": "exp-stalled"}
+    try:
+        service.start_api()
+        with service.client("alice") as alice:
+            started = time.monotonic()
+            answer = alice.post("/v1/experiments", json=body, headers=key)
+            took = time.monotonic() - started
+            assert answer.status_code == 503, answer.text
+            assert took < STALL_SECONDS, took  # answered at the store timeout
+            child = answer.json()["job_id"]
+            assert answer.headers["Pdppo-Job-Id"] == child
+            assert answer.json()["detail"] == (
+                f"the job store did not answer in time; the creation of job {child} may still "
+                f"take effect when it does (GET /v1/jobs/{child} tells, once it answers), and a "
+                "retry with the same Idempotency-Key returns the experiment and makes its "
+                "missing children, never a second of any"
+            )
+            assert tenant_job_ids(service) == [child]  # the first child, and only it
+
+            proxy.wait_released()
+            again = alice.post("/v1/experiments", json=body, headers=key)
+            assert again.status_code == 201, again.text
+            assert again.headers["Idempotent-Replayed"] == "true"
+            made = [run["job_id"] for arm in again.json()["arms"] for run in arm["runs"]]
+            assert made[0] == child and len(made) == 2
+            assert sorted(tenant_job_ids(service)) == sorted(made)
+    finally:
+        service.stop()
+        proxy.close()
+    assert proxy.held >= 1

@@ -24,7 +24,7 @@ import httpx
 import redis
 
 from pdppo.store import events_key
-from pdppo.store.events import EventStore
+from pdppo.store.jobs.events import EventStore
 from tests.integration.conftest import read_events, wait_status
 from tests.integration.stack import KEYS, Service, smoke_spec
 

@@ -21,14 +21,14 @@ from pdppo.store import (
     now_iso,
     tenant_active_key,
 )
-from pdppo.store.events import AsyncEventStore
-from pdppo.store.jobs_api import AsyncJobStore
-from pdppo.store.jobs_worker import FencedOut
+from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.events import AsyncEventStore
+from pdppo.store.jobs.steering import Steering
+from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import eval_key
-from pdppo.store.steering import Steering
 from tests.integration.conftest import STORE_DB, Run
 from tests.integration.stack import RedisServer
-from workers.lease import Lease, LeaseLost
+from workers.job.lease import Lease, LeaseLost
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_a_created_or_resumed_job_enters_the_outbox_a_grace_from_now(
             after.append(time.time())
         assert [m.outcome for m in made] == ["created"] * 3
         ids = [m.job_id or "" for m in made]
-        assert await store.steering.pause(ids[2]) == "paused"
+        assert (await store.steering.pause(ids[2])).outcome == "paused"
         before[2] = time.time()
         assert await store.steering.resume(ids[2], dispatch_grace=7.0) == "queued"
         after[2] = time.time()

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from pdppo.store import JobStore, events_key, job_key, now_iso
-from pdppo.store.events import LAST_POSSIBLE_ID, AsyncEventStore, EncodedPage
-from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.events import LAST_POSSIBLE_ID, AsyncEventStore, EncodedPage
 from tests.integration.conftest import Run
 
 

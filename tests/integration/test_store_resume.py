@@ -1,4 +1,4 @@
-"""`resume` in the store (`pdppo.store.steering._RESUME`), a table of job states x what the
+"""`resume` in the store (`pdppo.store.jobs.steering._RESUME`), a table of job states x what the
 script answers and leaves: a job that failed for its disk is the one finished job it queues
 again; any other failure, success or cancel stays as it is."""
 
@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from pdppo.store import OUTBOX, events_key, job_key, now_iso, tenant_active_key
-from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs.api_side import AsyncJobStore
 from tests.integration.conftest import Run
 
 LIMIT = 2

@@ -1,4 +1,4 @@
-"""The event stream's pages as SSE frames, built in Redis (`pdppo.store.events._ENCODED_PAGE`),
+"""The event stream's pages as SSE frames, built in Redis (`pdppo.store.jobs.events._ENCODED_PAGE`),
 entry by entry: each field where it belongs, whatever order the entry holds them in, the
 defaults of a missing one, and the newlines a frame cannot carry."""
 
@@ -10,7 +10,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from pdppo.store.events import AsyncEventStore, EncodedPage
+from pdppo.store.jobs.events import AsyncEventStore, EncodedPage
 from pdppo.store.keys import events_key
 from tests.integration.stack import RedisServer
 

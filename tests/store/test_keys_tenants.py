@@ -20,7 +20,7 @@ import redis.asyncio as aredis
 
 from pdppo.store.deletion import AsyncDeletion
 from pdppo.store.files import AsyncFileStore, FileRecord, listing_member
-from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.keys import (
     idempotency_key,
     tenant_active_key,

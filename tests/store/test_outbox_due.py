@@ -1,4 +1,4 @@
-"""The outbox's take (`pdppo.store.outbox._TAKE_DUE`) at the edge of due: an entry whose check
+"""The outbox's take (`pdppo.store.jobs.outbox._TAKE_DUE`) at the edge of due: an entry whose check
 is due exactly now is taken, held and returned with its queue, as `ZRANGEBYSCORE` up to now
 (inclusive) found it; a later one is left as it was; one whose job a worker claimed between the
 read and the take (its entry gone) is neither taken nor put back."""

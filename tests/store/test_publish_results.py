@@ -1,4 +1,4 @@
-"""The once-only rule of what a job process publishes (`pdppo.store.jobs_worker`): a step's
+"""The once-only rule of what a job process publishes (`pdppo.store.jobs.worker_side`): a step's
 metrics, its evaluation, its samples and a checkpoint each remember the last step published of
 their kind and refuse a step at or before it, the same step included (a resumed run redoes the
 steps after its checkpoint, the one it stopped on too); samples keep their newest `SAMPLES_KEPT`
@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from pdppo.store import JobStore, jobs_worker
+from pdppo.store import JobStore
+from pdppo.store.jobs import worker_side as jobs_worker
 from pdppo.store.keys import eval_key, events_key, metrics_key, samples_key
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job

@@ -20,10 +20,10 @@ import redis
 import redis.asyncio as aredis
 
 from pdppo.store.files import AsyncFileStore, FileRecord, listing_member
-from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.records import JobRecord
+from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.keys import job_key, tenant_file_key, tenant_files_key, tenant_jobs_key
-from pdppo.store.records import JobRecord
-from pdppo.store.steering import AsyncSteering
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job
 from tests.store.test_file_records import run

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.http import service_metrics
 from pdppo.settings import Settings
 from pdppo.store import JobStore, job_key
-from pdppo.store.jobs_api import AsyncJobStore
+from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.stats import STATS, WORKERS
 from tests.integration.stack import RedisServer, stall
 

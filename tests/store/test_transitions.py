@@ -14,19 +14,20 @@ import redis.asyncio as aredis
 
 from pdppo.store import JobRecord, JobStore
 from pdppo.store.deletion import PURGE_SET, AsyncDeletion
-from pdppo.store.jobs_api import AsyncJobStore
-from pdppo.store.jobs_worker import FencedOut
+from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.steering import AsyncSteering
+from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import (
     OUTBOX,
     RUNNING_SET,
     STATS,
+    WEBHOOK_FEED,
     events_key,
     job_key,
     lease_key,
     tenant_active_key,
     tenant_jobs_key,
 )
-from pdppo.store.steering import AsyncSteering
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job
 from tests.store.transitions import JOB, QUEUE, ROWS, STATES, TENANT, TOKEN, TRACKED, Row
@@ -121,6 +122,7 @@ def publish(client: redis.Redis, kind: str = "metrics") -> object:
         "phase": lambda: store.publish_phase(
             JOB, "training", 1, 10, at="2026-01-01T00:00:00.000Z", lease_token=TOKEN
         ),
+        "checkpoint": lambda: store.publish_checkpoint(JOB, 1, "step-000001", lease_token=TOKEN),
     }
     try:
         return send[kind]()
@@ -153,6 +155,10 @@ async def create(conn: aredis.Redis, max_active: int) -> str:
     return done.outcome
 
 
+async def pause(conn: aredis.Redis) -> str:
+    return (await AsyncSteering(conn).pause(JOB)).outcome
+
+
 REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "create": lambda c, url: on_api(url, lambda a: create(a, 2)),
     "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
@@ -161,6 +167,7 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "publish:eval": lambda c, url: publish(c, "eval"),
     "publish:samples": lambda c, url: publish(c, "samples"),
     "publish:phase": lambda c, url: publish(c, "phase"),
+    "publish:checkpoint": lambda c, url: publish(c, "checkpoint"),
     "finish:succeeded": lambda c, url: finish(c, "succeeded"),
     "finish:failed": lambda c, url: finish(c, "failed"),
     "finish:cancelled": lambda c, url: finish(c, "cancelled"),
@@ -169,7 +176,7 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "requeue:leased": lambda c, url: requeue(c, expire=False),
     "hand-back": lambda c, url: requeue(c, token=TOKEN, limit=1, expire=False),
     "cancel": lambda c, url: on_api(url, lambda a: AsyncJobStore(a).cancel(JOB)),
-    "pause": lambda c, url: on_api(url, lambda a: AsyncSteering(a).pause(JOB)),
+    "pause": lambda c, url: on_api(url, pause),
     "resume": lambda c, url: on_api(
         url, lambda a: AsyncSteering(a).resume(JOB, tenant=TENANT, max_active=2)
     ),
@@ -213,6 +220,13 @@ def test_transition(row: Row, r: redis.Redis, shared: RedisServer) -> None:
         where if row.indexes == "=" else row.indexes,
     )
     assert observed == expected
+    # every status change and checkpoint it made is in the webhook feed too, the same, and
+    # nothing else is
+    fed = [(f["type"], f["data"], f["job"], f["tenant"]) for _, f in r.xrange(WEBHOOK_FEED)]
+    entries = r.xrange(events_key(JOB))
+    fed_types = ("status", "checkpoint")
+    made = [(f["type"], f["data"], JOB, TENANT) for _, f in entries if f["type"] in fed_types]
+    assert fed == made
 
 
 def test_the_table_covers_each_request_in_every_state_it_can_meet() -> None:
@@ -224,3 +238,19 @@ def test_the_table_covers_each_request_in_every_state_it_can_meet() -> None:
         assert live | {"succeeded", "missing"} <= met, request
     requeue = {row.state for row in ROWS if row.request == "requeue"}
     assert set(STATES) - {"succeeded+lease", "failed:storage_full+expired"} <= requeue
+
+
+PAUSES = [row for row in ROWS if row.request == "pause"]
+
+
+@pytest.mark.parametrize("row", PAUSES, ids=lambda row: row.state)
+def test_a_pause_returns_the_job_as_it_left_it(
+    row: Row, r: redis.Redis, shared: RedisServer
+) -> None:
+    """The API answers with this record (`POST /v1/jobs/{id}/pause`), not one read after the
+    script, which a worker carrying the pause out may have changed meanwhile."""
+    seed(r, row.state)
+    done = on_api(shared.url(), lambda a: AsyncSteering(a).pause(JOB))
+    assert done.outcome == row.returns
+    assert done.record == JobStore(r).get(JOB)
+    assert (done.record is None) == (row.state == "missing")

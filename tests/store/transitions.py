@@ -31,7 +31,7 @@ QUEUE = "gpu"
 TOKEN = "w1:0123456789abcdef"  # the lease token of the worker that claimed the job
 TRACKED = (
     *("attempts", "config_version", "error_message", "finished_at", "requeues", "started_at"),
-    *("step", "total_steps", "worker_losses", "eval_step", "samples_step"),
+    *("step", "total_steps", "worker_losses", "eval_step", "samples_step", "checkpoint_step"),
 )
 
 # state -> (status, extra hash fields, whether TOKEN holds the job's lease)
@@ -110,6 +110,10 @@ ROWS: list[Row] = [
     *[Row(s, "publish:phase", True, "=", "phase", "", "=") for s in RUNNING],
     Row("succeeded+lease", "publish:phase", False, "=", "", "", "="),
     *unchanged("publish:phase", "fenced", "queued", "paused", *ENDED, "missing"),
+    # ... a checkpoint (its event goes to the webhook feed as well)
+    *[Row(s, "publish:checkpoint", True, "=", "checkpoint", "checkpoint_step", "=") for s in RUNNING],
+    Row("succeeded+lease", "publish:checkpoint", False, "=", "", "", "="),
+    *unchanged("publish:checkpoint", "fenced", "queued", "paused", *ENDED, "missing"),
 
     # finish: the job ends (a worker's outcome, or the API failing it)
     Row("queued", "finish:succeeded", True, "succeeded", "status done", ended("succeeded"), "listed"),

@@ -15,6 +15,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     `send_task` stood in for (the end-to-end path is tests/integration/test_outbox.py's)."""
     tasks: list[tuple[str, str]] = []
     monkeypatch.setattr(
-        "workers.reaper.enqueue", lambda job_id, queue: tasks.append((job_id, queue))
+        "workers.upkeep.reaper.enqueue",
+        lambda job_id, queue, priority=0: tasks.append((job_id, queue)),
     )
     return tasks

@@ -12,9 +12,9 @@ import redis
 from pdppo.settings import Settings
 from pdppo.store import JobRecord, JobStore, StoreRetry, job_key
 from tests.workers.test_publisher import running_job, stream
-from workers import runner
-from workers.lease import Lease
-from workers.runner import _Outcome, _Watch
+from workers.job import runner
+from workers.job.lease import Lease
+from workers.job.runner import _Outcome, _Watch
 
 SETTINGS = Settings(job_timeout_minutes=1.5, store_outage_seconds=45)
 RETRY = StoreRetry(2.0)

@@ -1,5 +1,5 @@
 """Job processes that do not train: `finish_after_two_seconds` and `report_the_stop` stand in
-for `workers.job_process.job_main` in tests/workers/test_supervise.py, so the worker's loop
+for `workers.job.process.job_main` in tests/workers/test_supervise.py, so the worker's loop
 around its job is tried on a real process from the real fork server in seconds."""
 
 from __future__ import annotations

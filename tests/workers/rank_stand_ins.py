@@ -1,4 +1,4 @@
-"""A rank process that does not train: `play` stands in for `workers.job_ranks.rank_main` in
+"""A rank process that does not train: `play` stands in for `workers.job.ranks.rank_main` in
 tests/workers/test_ranks_watch.py, so the watch is tried on real processes and pipes in seconds.
 What each rank does is read from the job's `config_json` (rank -> act); each says it is up by
 a file `rank<N>.up` in the job's `out_dir`."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from workers.lease import Lease
+from workers.job.lease import Lease
 
 
 def record_renewals(lease: Lease) -> list[float]:

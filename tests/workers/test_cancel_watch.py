@@ -1,4 +1,4 @@
-"""The worker's cancel watch (`workers.runner._CancelWatch`) keeps reading the job's cancel
+"""The worker's cancel watch (`workers.job.runner._CancelWatch`) keeps reading the job's cancel
 flag through Redis errors: a blip must not make a later cancel go unseen until the job ends.
 The store here is a stand-in for this one call (`stop_flags`), failing on cue."""
 
@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from workers.runner import CANCEL_POLL_SECONDS, _CancelWatch
+from workers.job.runner import CANCEL_POLL_SECONDS, _CancelWatch
 
 
 class FlakyFlag:
@@ -58,7 +58,7 @@ def test_a_run_of_failed_reads_is_logged_once_and_each_new_run_again(
     lost = redis.ConnectionError("Connection refused")
     reads = Reads(lost, lost, (False, False), lost, (True, False))
     watch = _CancelWatch(reads, "j1")  # type: ignore[arg-type]
-    with caplog.at_level("WARNING", logger="workers.runner"):
+    with caplog.at_level("WARNING", logger="workers.job.runner"):
         watch.start()
         try:
             assert watch.requested.wait(20 * CANCEL_POLL_SECONDS)

@@ -1,4 +1,4 @@
-"""The job process's view of its steering changes (`workers.config_watch`), on a real Redis:
+"""The job process's view of its steering changes (`workers.job.config_watch`), on a real Redis:
 the newest change in memory without a wait, a change made while queued applied from the start,
 a stall survived by the poll thread, the pace of its reads. End to end (PATCH to metrics):
 tests/integration/test_steering.py."""
@@ -11,9 +11,9 @@ import time
 import redis
 
 from pdppo.store import job_key
-from pdppo.store.steering import Steering
+from pdppo.store.jobs.steering import Steering
 from tests.integration.stack import RedisServer, stall
-from workers.config_watch import POLL_SECONDS, ConfigWatch
+from workers.job.config_watch import POLL_SECONDS, ConfigWatch
 
 
 def change(client: redis.Redis, job_id: str, version: int, overrides: object) -> None:

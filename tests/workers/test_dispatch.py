@@ -1,5 +1,5 @@
-"""The outbox dispatcher (`workers.reaper`) against a real Redis: a task a worker took moments
-ago is left to that worker, and the dispatcher runs on its own short tick however long the
+"""The outbox dispatcher (`workers.upkeep.reaper`) against a real Redis: a task a worker took
+moments ago is left to that worker, and the dispatcher runs on its own short tick however long the
 reaper's interval is. The end-to-end paths (a task never sent, a taker that died) are
 tests/integration/test_outbox.py's."""
 
@@ -17,7 +17,7 @@ from pdppo.settings import Settings
 from pdppo.store import OUTBOX, JobStore, job_key, now_iso, tenant_active_key
 from tests.integration.stack import RedisServer, stall
 from workers.celery_app import celery_app
-from workers.reaper import CONFIRM_SECONDS, DispatchTiming, dispatch_once, start_reaper
+from workers.upkeep.reaper import CONFIRM_SECONDS, DispatchTiming, dispatch_once, start_reaper
 
 
 def _queued(client: redis.Redis, job_id: str, status: str = "queued") -> None:
@@ -153,7 +153,7 @@ def test_a_task_whose_taker_died_before_claiming_goes_back_to_the_head_of_its_qu
     client.zadd(OUTBOX, {"j3": 100.0})
     _taken(client, "j3", "tag-3", at=1000.0 - ago)
     timing = DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)
-    with caplog.at_level("WARNING", logger="workers.reaper"):
+    with caplog.at_level("WARNING", logger="workers.upkeep.reaper"):
         assert dispatch_once(store, timing, now=1000.0) == ["j3"]
     assert caplog.messages == [
         f"job j3: its task was taken {ago:.0f}s ago by a worker that never claimed the job; put "
@@ -233,3 +233,25 @@ def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
     failed = "outbox adoption could not reach Redis; retrying" in caplog.messages
     assert failed is stalled_at_start, caplog.messages
     assert not [r for r in caplog.records if r.getMessage().endswith("failed; retrying")]
+
+
+def test_a_lost_experiment_child_is_sent_again_behind_other_jobs(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher resends a task nobody sent at its job's priority: an experiment's child
+    waits behind plain jobs (`workers.celery_app.task_priority`) however its task got sent."""
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        "workers.upkeep.reaper.enqueue",
+        lambda job_id, queue, priority=0: sent.append((job_id, priority)),
+    )
+    store = JobStore(client)
+    for due, job_id in enumerate(("plain", "child")):
+        _queued(client, job_id)
+        client.zadd(OUTBOX, {job_id: float(due)})
+    client.hset(job_key("child"), "experiment", "e1")
+    assert dispatch_once(store, DispatchTiming(grace=5.0, claim_grace=30.0, recheck=60.0)) == [
+        "plain",
+        "child",
+    ]
+    assert sent == [("plain", 0), ("child", 9)]

@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, lease_key, metrics_key
-from pdppo.store.jobs_worker import FencedOut
+from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import log_fields
 from tests.workers.test_publisher import running_job
-from workers.job_events import EventPublisher, JobCallback
-from workers.lease import Lease, LeaseFence, LeaseLost
+from workers.job.events import EventPublisher, JobCallback
+from workers.job.lease import Lease, LeaseFence, LeaseLost
 
 TOTAL = 40
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.settings import get_settings
-from workers.heartbeat import Beat, Heartbeat, read_beats, verdict
+from workers.upkeep.heartbeat import Beat, Heartbeat, read_beats, verdict
 
 
 def dead_pid() -> int:

@@ -1,4 +1,4 @@
-"""The limits the worker gives a job. Wall clock (`workers.runner.timeout_seconds`): the spec's
+"""The limits the worker gives a job. Wall clock (`workers.job.runner.timeout_seconds`): the spec's
 own, else the server's default, never past the server's maximum, and the default for a spec the
 worker cannot read (the job process then fails it, naming the error). Memory
 (`memory_limit_bytes`): PDPPO_JOB_MEMORY_LIMIT_MB, else 80% of the machine's (README)."""
@@ -12,8 +12,8 @@ from dataclasses import fields
 import pytest
 
 from pdppo.settings import Settings
-from pdppo.store.records import JobRecord
-from workers.runner import memory_limit_bytes, timeout_seconds
+from pdppo.store.jobs.records import JobRecord
+from workers.job.runner import memory_limit_bytes, timeout_seconds
 
 SETTINGS = Settings(job_timeout_minutes=30, max_job_timeout_minutes=120)
 

@@ -1,4 +1,4 @@
-"""`workers.job_ranks` helpers that the service tests cannot isolate."""
+"""`workers.job.ranks` helpers that the service tests cannot isolate."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.stack import REPO, running, smoke_spec, still_running
-from workers.job_ranks import RankJob, Ranks
+from workers.job.ranks import RankJob, Ranks
 
 # A parent that starts one child armed with `die_with_parent` (which then says so in a file),
 # prints the child's pid, and sleeps.
@@ -140,7 +140,7 @@ from core.training.callbacks import TrainerCallback
 from core.config import TrainConfig
 from core.parallel.distributed import free_port
 from core.training.trainer import train
-from workers import job_ranks
+from workers.job import ranks as job_ranks
 
 config_json, out, slow = sys.argv[1], sys.argv[2], float(sys.argv[3])
 seen = job_ranks.Ranks._failure_of
@@ -198,7 +198,7 @@ from core.training.callbacks import TrainerCallback
 from core.config import TrainConfig
 from core.parallel.distributed import free_port
 from core.training.trainer import train
-from workers import job_ranks
+from workers.job import ranks as job_ranks
 
 config_json, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 made = []
@@ -262,7 +262,7 @@ def test_rank_0_leaving_data_parallel_ends_the_other_ranks_by_how_it_leaves(
 ) -> None:
     import json
 
-    from workers.job_ranks import PEER_GRACE_S
+    from workers.job.ranks import PEER_GRACE_S
 
     proc = run_job_script(tmp_path, DATA_PARALLEL, 3, mode, timeout=180)
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
@@ -284,7 +284,7 @@ def _rank_main_whose_join_fails(job: RankJob, rank: int, parent: int, conn: Any)
     mutation run's baseline reads which tests reach these lines from it)."""
     import torch
 
-    from workers import job_ranks
+    from workers.job import ranks as job_ranks
 
     def join_group(*_: Any) -> None:
         ignored = [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]
@@ -313,7 +313,7 @@ def test_a_rank_that_fails_says_why_over_its_pipe_and_exits_1() -> None:
     """What the watch reads of a rank's error: its code, its message cut to 2000 characters and
     the last TRACEBACK_CHARS of its traceback; the rank exits 1. It fails with the job's torch
     threads set and the stop signals ignored (the job process decides when its ranks stop)."""
-    from workers.job_ranks import TRACEBACK_CHARS
+    from workers.job.ranks import TRACEBACK_CHARS
 
     proc, ours = _start_rank(os.getpid(), torch_threads=7)
     assert ours.poll(60), "the rank said nothing"

@@ -1,4 +1,4 @@
-"""What a job reports for an error of its disk (`workers.job_storage`): the failure code a job
+"""What a job reports for an error of its disk (`workers.job.storage`): the failure code a job
 ends with for each kind of error, and the size it must find free before it starts."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from core.budget import model_shape
 from core.disk.storage import StorageError, StorageFull
 from tests.core.trainer_runs import small_config
-from workers.exits import error_code
-from workers.job_storage import as_storage_error, first_write_bytes
+from workers.job.exits import error_code
+from workers.job.storage import as_storage_error, first_write_bytes
 
 
 def _code(exc: BaseException, folder: Path) -> str:

@@ -14,7 +14,7 @@ import redis
 from pdppo.store import lease_key
 from tests.integration.stack import RedisServer
 from tests.workers.renewals import record_renewals
-from workers.lease import Lease, LeaseFence, LeaseLost
+from workers.job.lease import Lease, LeaseFence, LeaseLost
 
 
 def renewing_then_down(
@@ -119,7 +119,7 @@ def test_releasing_while_redis_is_down_leaves_the_lease_to_expire(
     assert lease.acquire()
     lease.start_heartbeat()
     server.stop()
-    with caplog.at_level("WARNING", logger="workers.lease"):
+    with caplog.at_level("WARNING", logger="workers.job.lease"):
         lease.release()
     assert lease._thread is not None and not lease._thread.is_alive()
     (record,) = [r for r in caplog.records if r.getMessage().startswith("could not release")]

@@ -13,12 +13,12 @@ import redis
 from pdppo.store import lease_key
 from tests.integration.stack import RedisServer, stall
 from tests.workers.renewals import record_renewals
-from workers.lease import Lease, LeaseLost
+from workers.job.lease import Lease, LeaseLost
 
 
 def test_the_heartbeat_renews_six_times_per_lifetime(client: redis.Redis) -> None:
     """The stall a lease survives, whenever it starts (five sixths of it less a second: 24 s of
-    the default 30, workers.lease's promise), is computed from this cadence: renewals a sixth
+    the default 30, workers.job.lease's promise), is computed from this cadence: renewals a sixth
     of a lifetime apart. Fewer would break the promise; more would load Redis for nothing."""
     lease = Lease(client, "j0", seconds=2.4, owner="w1")
     assert lease.acquire()

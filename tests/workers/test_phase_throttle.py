@@ -1,11 +1,11 @@
-"""Which phase reports a job publishes (`workers.job_events.phase_due`): every change and each
+"""Which phase reports a job publishes (`workers.job.events.phase_due`): every change and each
 phase's first and last report, progress in between at most every second and every 1%."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.job_events import PHASE_EVERY_SECONDS, phase_due
+from workers.job.events import PHASE_EVERY_SECONDS, phase_due
 
 LATER = PHASE_EVERY_SECONDS  # seconds since the last published report: just due
 SOON = PHASE_EVERY_SECONDS / 2

@@ -13,7 +13,7 @@ import redis
 
 from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, metrics_key, now_iso
 from tests.integration.stack import RedisServer, stall
-from workers.job_events import EventPublisher, JobCallback, backfill
+from workers.job.events import EventPublisher, JobCallback, backfill
 
 TOTAL = 40
 

@@ -1,4 +1,4 @@
-"""The watch over a multi-device job's ranks (`workers.job_ranks.Ranks`) on real processes and
+"""The watch over a multi-device job's ranks (`workers.job.ranks.Ranks`) on real processes and
 pipes, each rank a stand-in that errs, crashes, finishes or trains on
 (`tests.workers.rank_stand_ins`): a rank's error or death fails the job once, naming the rank,
 and takes the other ranks down; ranks that finish fail nothing; once rank 0 is leaving, a rank's
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.workers.rank_stand_ins import play
-from workers import job_ranks
-from workers.job_ranks import Failure, RankJob, Ranks
+from workers.job import ranks as job_ranks
+from workers.job.ranks import Failure, RankJob, Ranks
 
 
 @pytest.fixture

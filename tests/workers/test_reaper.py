@@ -1,4 +1,5 @@
-"""The reaper (`workers.reaper`) on a real Redis: what one pass reaps, and its hold after an outage.
+"""The reaper (`workers.upkeep.reaper`) on a real Redis: what one pass reaps, and its hold after an
+outage.
 
 After Redis was away (`start_reaper`'s `outage_hold`): every lease expires in a stall longer than
 the lease, but the holders are alive: each hands its job back itself, saying why. A reaper that
@@ -18,8 +19,8 @@ import redis
 from pdppo.store import RUNNING_SET, JobStore, job_key
 from tests.integration.stack import RedisServer, stall
 from tests.workers.test_publisher import running_job
-from workers.lease import Lease
-from workers.reaper import DispatchTiming, reap_once, start_reaper
+from workers.job.lease import Lease
+from workers.upkeep.reaper import DispatchTiming, reap_once, start_reaper
 
 HOLD = 1.5
 TICK = 0.5  # the reap interval: longer than the 0.3 s timeout of a failing ping
@@ -113,7 +114,7 @@ def test_one_pass_fails_a_job_past_max_worker_losses_and_0_sets_no_limit(
     assert reap_once(store, max_worker_losses=1) == ["limited"]
     running_job(client, "limited")
     caplog.clear()
-    with caplog.at_level("WARNING", logger="workers.reaper"):
+    with caplog.at_level("WARNING", logger="workers.upkeep.reaper"):
         assert reap_once(store, max_worker_losses=1) == []
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("ERROR", "job limited lost its worker too often; marked failed")
@@ -145,7 +146,7 @@ def test_the_reaper_passes_every_interval_whatever_the_dispatchers_tick(
         adoptions.append(time.monotonic() - started)
         return 0
 
-    monkeypatch.setattr("workers.reaper.reap_once", reap_once_timed)
+    monkeypatch.setattr("workers.upkeep.reaper.reap_once", reap_once_timed)
     monkeypatch.setattr(store.outbox, "adopt_queued", adopt_timed)
     timing = DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0)
     stop = start_reaper(store, interval=1.0, max_worker_losses=0, outage_hold=0.0, timing=timing)
@@ -172,9 +173,9 @@ def test_a_bug_in_one_tick_is_logged_with_its_traceback_and_the_loop_goes_on(
             raise ValueError("a bug")
         return []
 
-    monkeypatch.setattr("workers.reaper.dispatch_once", dispatch_once_buggy)
+    monkeypatch.setattr("workers.upkeep.reaper.dispatch_once", dispatch_once_buggy)
     timing = DispatchTiming(grace=0.2, claim_grace=1.0, recheck=1.0)
-    with caplog.at_level("WARNING", logger="workers.reaper"):
+    with caplog.at_level("WARNING", logger="workers.upkeep.reaper"):
         stop = start_reaper(
             JobStore(client), interval=60.0, max_worker_losses=0, outage_hold=0.0, timing=timing
         )

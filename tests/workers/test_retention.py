@@ -1,5 +1,5 @@
-"""The retention pass (`workers.retention`) on a real Redis and real folders: with a job of every
-status, old and recent, exactly which files go and which stay; final models kept or not; the
+"""The retention pass (`workers.upkeep.retention`) on a real Redis and real folders: with a job of
+every status, old and recent, exactly which files go and which stay; final models kept or not; the
 folders of deletes whose deleter died; folders that are not this store's jobs left alone."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import redis
 from pdppo.store import JobStore, job_key
 from pdppo.store.keys import PURGE_SET, lease_key
 from tests.store.test_deletion import seed_job
-from workers.retention import PURGE_GRACE_SECONDS, retention_once
+from workers.upkeep.retention import PURGE_GRACE_SECONDS, retention_once
 
 NOW = time.mktime((2026, 12, 1, 0, 0, 0, 0, 0, 0))
 OLD = "2026-10-01T00:00:00.000Z"  # 61 days before NOW

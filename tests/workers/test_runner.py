@@ -1,4 +1,5 @@
-"""How the worker records a job's end (`workers.runner`), one function at a time on a real Redis.
+"""How the worker records a job's end (`workers.job.runner`), one function at a time on a real
+Redis.
 
 The end-to-end paths (a real worker, a real job process) are tests/integration's; these pin what
 each outcome writes and says, which those reach only for the common cases: the precedence of a
@@ -15,11 +16,12 @@ import pytest
 import redis
 
 from pdppo.store import JobStore, StoreRetry, job_key, now_iso
+from pdppo.store.keys import lease_key
 from tests.integration.stack import RedisServer
 from tests.workers.held import RETRY, Held
-from workers import runner
-from workers.lease import LeaseLost
-from workers.runner import PAUSE_REASON, SHUTDOWN_REASON, _Outcome, _Watch
+from workers.job import runner
+from workers.job.lease import LeaseLost
+from workers.job.runner import PAUSE_REASON, SHUTDOWN_REASON, _Outcome, _Watch
 
 
 def test_a_success_is_recorded_with_its_final_model(held: Held) -> None:
@@ -91,7 +93,7 @@ def test_a_timeout_fails_the_job_naming_its_limit_and_step(held: Held) -> None:
     ("reason", "outcome"),
     [
         ("shutdown", _Outcome("stopped at step 2 for a worker shutdown", SHUTDOWN_REASON)),
-        ("pause", _Outcome("paused at step 2", PAUSE_REASON)),
+        ("pause", _Outcome("stopped for a pause (at step 2)", PAUSE_REASON)),
     ],
 )
 def test_a_shutdown_or_pause_hands_the_job_back_unwritten(
@@ -99,6 +101,12 @@ def test_a_shutdown_or_pause_hands_the_job_back_unwritten(
 ) -> None:
     assert held.conclude(reason=reason) == outcome
     assert held.field("status") == "running"  # `run_job` hands it back, with the lease
+
+
+def test_a_pause_that_ran_out_of_grace_says_the_job_was_killed(held: Held) -> None:
+    """Killed, it did not stop at the step it last published: its last checkpoint is older."""
+    outcome = held.conclude(reason="pause", killed=True)
+    assert outcome == _Outcome("stopped for a pause (killed after the grace period)", PAUSE_REASON)
 
 
 def test_a_job_stopped_by_a_redis_outage_is_handed_back_saying_so(held: Held) -> None:
@@ -185,7 +193,9 @@ def test_a_hand_back_requeues_the_job_and_sends_its_task(
     held: Held, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(runner, "enqueue", lambda job_id, queue: sent.append((job_id, queue)))
+    monkeypatch.setattr(
+        runner, "enqueue", lambda job_id, queue, priority=0: sent.append((job_id, queue))
+    )
     runner._hand_back(held.store, RETRY, held.job, held.lease, "worker shutting down")
     assert held.field("status") == "queued"
     assert held.logs()[-1] == "worker shutting down"
@@ -196,7 +206,9 @@ def test_a_hand_back_whose_reply_was_lost_still_sends_the_task_once(
     held: Held, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(runner, "enqueue", lambda job_id, queue: sent.append((job_id, queue)))
+    monkeypatch.setattr(
+        runner, "enqueue", lambda job_id, queue, priority=0: sent.append((job_id, queue))
+    )
     requeue = held.store.requeue_if_orphaned
     calls: list[str] = []
 
@@ -216,7 +228,9 @@ def test_a_hand_back_whose_request_was_lost_is_sent_again(
     """The failed call never reached Redis: the job is still running, so the requeue is sent
     again rather than taken for done (which would leave the job running with nobody at it)."""
     sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(runner, "enqueue", lambda job_id, queue: sent.append((job_id, queue)))
+    monkeypatch.setattr(
+        runner, "enqueue", lambda job_id, queue, priority=0: sent.append((job_id, queue))
+    )
     requeue = held.store.requeue_if_orphaned
     calls: list[str] = []
 
@@ -238,9 +252,9 @@ def test_a_hand_back_with_redis_gone_is_left_to_a_reaper(
     server: RedisServer, held: Held, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.stop()
-    with caplog.at_level("ERROR", logger="workers.runner"):
+    with caplog.at_level("ERROR", logger="workers.job.runner"):
         runner._hand_back(held.store, StoreRetry(0.5), held.job, held.lease, "shutting down")
-    assert [r.getMessage() for r in caplog.records if r.name == "workers.runner"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "workers.job.runner"] == [
         "job j1: could not hand it back; a reaper will once Redis answers"
     ]
 
@@ -255,3 +269,71 @@ def test_the_job_processes_messages_are_read_until_its_pipe_closes() -> None:
     runner._read(ours, watch)  # to the end, and past it without raising
     assert watch.heard is True
     assert watch.result == {"kind": "result", "outcome": "succeeded", "step": 5}
+
+
+# A job stopped for a pause, handed back by its worker: what its record holds then, and for each
+# branch of the requeue script, its answer, the worker's log line and the status it leaves.
+OTHER_LEASE = "w2:fedcba9876543210"
+HAND_BACKS = [
+    ({"pause_requested": "1"}, "paused", "it waits for a resume", "paused"),
+    ({}, "requeued", PAUSE_REASON, "queued"),  # a resume withdrew the pause meanwhile
+    (
+        {"pause_requested": "1", "cancel_requested": "1"},
+        "cancelled",
+        "a cancel came while it stopped",
+        "cancelled",
+    ),
+    (
+        {"status": "succeeded"},
+        "not-running",
+        "it was no longer running (ended, or handed back by a reaper); left as it is",
+        "succeeded",
+    ),
+    (
+        {"pause_requested": "1", "lease": OTHER_LEASE},
+        "leased",
+        "another worker holds its lease; left to it",
+        "running",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "result", "said", "status"), HAND_BACKS, ids=[row[1] for row in HAND_BACKS]
+)
+def test_a_hand_back_after_a_pause_says_the_branch_it_took(
+    held: Held,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fields: dict[str, str],
+    result: str,
+    said: str,
+    status: str,
+) -> None:
+    """The pause's reason is the job's log line of the `requeued` branch only: the worker's log
+    said "the pause was withdrawn ... queued again" of a job it had just parked as paused."""
+    sent: list[str] = []
+    monkeypatch.setattr(runner, "enqueue", lambda job_id, queue, priority=0: sent.append(job_id))
+    fields = dict(fields)
+    if "lease" in fields:
+        held.client.set(lease_key(held.job.id), fields.pop("lease"))
+    if fields:
+        held.client.hset(job_key(held.job.id), mapping=fields)
+    with caplog.at_level("INFO", logger="workers.job.runner"):
+        handed = runner._hand_back(held.store, RETRY, held.job, held.lease, PAUSE_REASON)
+    lines = [r.getMessage() for r in caplog.records if r.name == "workers.job.runner"]
+    assert lines == [f"job j1: handed back ({result}): {said}"]
+    assert handed == result
+    assert held.field("status") == status
+    assert sent == (["j1"] if result == "requeued" else [])
+    outcome = _Outcome("stopped for a pause (killed after the grace period)", PAUSE_REASON)
+    assert runner.ended_as(outcome, handed) == (
+        f"stopped for a pause (killed after the grace period); handed back: {result}"
+    )
+
+
+def test_what_the_task_logs_of_a_job_not_handed_back_or_whose_hand_back_got_no_answer() -> None:
+    assert runner.ended_as(_Outcome("succeeded at step 3"), None) == "succeeded at step 3"
+    assert runner.ended_as(_Outcome("stopped at step 2 for a worker shutdown", "why"), None) == (
+        "stopped at step 2 for a worker shutdown; handed back: not recorded (Redis unreachable)"
+    )

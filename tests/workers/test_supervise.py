@@ -1,4 +1,4 @@
-"""The worker's loop around a running job (`workers.runner._supervise`) and the claim before it
+"""The worker's loop around a running job (`workers.job.runner._supervise`) and the claim before it
 (`run_job`), with a real Redis and a real job process from the fork server that stands in for
 training (`tests.workers.job_stand_ins`). The same loop with real training and a real Celery
 worker: tests/integration."""
@@ -18,9 +18,9 @@ from pdppo.store import JobStore, StoreRetry, job_key, now_iso
 from tests.integration.stack import RedisServer
 from tests.workers import job_stand_ins
 from tests.workers.held import RETRY, SETTINGS, Held
-from workers import runner
-from workers.lease import lease_key
-from workers.runner import POLL_SECONDS, _Outcome
+from workers.job import runner
+from workers.job.lease import lease_key
+from workers.job.runner import POLL_SECONDS, _Outcome
 
 
 @pytest.fixture
@@ -57,10 +57,10 @@ def test_a_job_that_ends_while_redis_is_gone_is_left_to_expire_and_resume(
     """The end cannot be recorded: the worker says so and leaves the job running with its lease
     to expire (a reaper resumes it from its last checkpoint); it does not raise into Celery."""
     threading.Timer(0.5, server.stop).start()
-    with caplog.at_level("ERROR", logger="workers.runner"):
+    with caplog.at_level("ERROR", logger="workers.job.runner"):
         outcome = runner._supervise(held.store, StoreRetry(1.0), held.job, held.lease, SETTINGS)
     assert outcome == _Outcome("abandoned: Redis unreachable")
-    [error] = [r.getMessage() for r in caplog.records if r.name == "workers.runner"]
+    [error] = [r.getMessage() for r in caplog.records if r.name == "workers.job.runner"]
     assert error.startswith("job j1: ") and error.endswith("; leaving it to expire and be resumed")
 
 

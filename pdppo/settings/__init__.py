@@ -1,0 +1,516 @@
+"""The one settings object of the service, read from `PDPPO_*` environment variables (and `.env`).
+
+The API, the Celery app and the workers all read this, so a deployment configures everything in
+one place. Outside development it refuses the insecure defaults (no API keys, short keys) instead
+of starting a service that anyone can use.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from pdppo.settings.graders import GraderSettings
+from pdppo.settings.sampling import SamplingSettings
+from pdppo.settings.tracking import TrackingSettings
+from pdppo.settings.webhooks import WebhookSettings
+
+if TYPE_CHECKING:
+    from core.budget import Limits
+    from core.disk.storage import Reserve
+
+_TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MIN_PRODUCTION_KEY_LENGTH = 16
+
+
+def parse_api_keys(raw: str) -> dict[str, str]:
+    """Parse `tenant:key,tenant:key` into {key: tenant}; a tenant may hold several keys."""
+    by_key: dict[str, str] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        tenant, sep, key = entry.partition(":")
+        tenant, key = tenant.strip(), key.strip()
+        if not sep or not key:
+            raise ValueError(f"api_keys entry {entry.split(':')[0]!r} must be 'tenant:key'")
+        if not _TENANT_RE.match(tenant):
+            raise ValueError(f"api_keys tenant {tenant!r} must match {_TENANT_RE.pattern}")
+        if key in by_key and by_key[key] != tenant:
+            raise ValueError(f"api_keys: one key is given to both {by_key[key]!r} and {tenant!r}")
+        by_key[key] = tenant
+    return by_key
+
+
+def _split_roots(raw: str) -> list[Path]:
+    return [Path(part.strip()) for part in raw.split(",") if part.strip()]
+
+
+def _installed_engines() -> list[Literal["hf", "vllm"]]:
+    """hf, and vllm where this process can import it (found without importing: seconds)."""
+    import importlib.util
+
+    return ["hf", "vllm"] if importlib.util.find_spec("vllm") is not None else ["hf"]
+
+
+class Settings(GraderSettings, SamplingSettings, TrackingSettings, WebhookSettings):
+    """Service settings; every field is the env var `PDPPO_<FIELD NAME IN CAPITALS>` (those of
+    experiment tracking in `pdppo.settings.tracking`, webhooks in `pdppo.settings.webhooks`,
+    OpenAI graders in `pdppo.settings.graders`)."""
+
+    model_config = SettingsConfigDict(env_prefix="PDPPO_", env_file=".env", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = Field(
+        default="development", description="production refuses empty or short API keys"
+    )
+    redis_url: str = Field(
+        default="redis://localhost:6379/0", description="job store, event streams and Celery broker"
+    )
+    api_keys: str = Field(
+        default="", description="'tenant:key,tenant:key'; a tenant may have several"
+    )
+    artifact_dir: Path = Field(
+        default=Path(".pdppo/artifacts"),
+        description="checkpoints and models, one folder per job id",
+    )
+    max_active_jobs_per_tenant: int = Field(
+        default=16, ge=1, description="queued plus running jobs per tenant before POST answers 429"
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, description="request bodies above get 413"
+    )
+    sse_ping_seconds: float = Field(
+        default=15.0, gt=0, description="keep-alive ping on idle streams"
+    )
+    sse_queue_size: int = Field(
+        default=4096,
+        ge=16,
+        description="events buffered per slow SSE subscriber before it is dropped",
+    )
+    lease_seconds: float = Field(
+        default=30.0, ge=1, description="a job whose worker stops renewing for this long is resumed"
+    )
+    visibility_timeout_seconds: int = Field(
+        default=3600, ge=10, description="Celery redelivers an unacknowledged task after this"
+    )
+    max_worker_losses: int = Field(
+        default=3,
+        ge=0,
+        description="a job whose worker died more often than this fails (0: retry forever)",
+    )
+    idempotency_ttl_seconds: int = Field(
+        default=86_400, ge=60, description="Idempotency-Key lifetime"
+    )
+    max_job_devices: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "most devices (resources.gpus) a job may ask for; set it to the most any worker "
+            "declares (PDPPO_WORKER_DEVICES), so that no job waits for a worker that never comes"
+        ),
+    )
+    worker_devices: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "devices this worker owns (`pdppo worker --devices`/`--gpus`): it takes jobs of up to "
+            "that many (resources.gpus), one at a time; on the cpu queue a device is a process"
+        ),
+    )
+    worker_heartbeat_dir: Path = Field(
+        default=Path(tempfile.gettempdir()) / "pdppo-workers",
+        description=(
+            "where each worker process (and each webhook worker's scheduler thread) writes when "
+            "it last reached Redis; `pdppo healthcheck` (the worker containers' healthcheck) and "
+            "the webhooks container's healthcheck read it"
+        ),
+    )
+    worker_health_max_age_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "`pdppo healthcheck` calls a worker dead, and the webhooks container's healthcheck a "
+            "webhook scheduler, whose last reach of Redis is older"
+        ),
+    )
+    job_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "torch threads of each job process (each rank); default: the worker's cores (its "
+            "CPU affinity) divided by PDPPO_WORKER_JOBS_AT_ONCE, then by the job's ranks"
+        ),
+    )
+    worker_torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="the former name of PDPPO_JOB_THREADS, still read when that is unset",
+    )
+    worker_jobs_at_once: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "jobs that run at once on this worker's cores: a worker runs one (`-P solo`); set "
+            "it to the number of workers that share the same cores (deploy/gpu-workers.sh does)"
+        ),
+    )
+    rollout_engines: list[Literal["hf", "vllm"]] = Field(
+        default_factory=_installed_engines,
+        min_length=1,
+        description=(
+            "rollout engines the workers offer (JSON list); a spec asking for another is a 422. "
+            "Default: hf, and vllm where this process can import it (set it on an API whose "
+            "image lacks the `vllm` extra that its workers have)"
+        ),
+    )
+    cancel_grace_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description=(
+            "a job asked to stop (cancel, timeout, worker shutdown) that has not stopped by itself "
+            "after this long is killed; it then resumes from its last checkpoint"
+        ),
+    )
+    job_timeout_minutes: float = Field(
+        default=24 * 60,
+        gt=0,
+        description="wall-clock limit of a job that sets no resources.timeout_minutes",
+    )
+    max_job_timeout_minutes: float = Field(
+        default=7 * 24 * 60,
+        gt=0,
+        description="the largest resources.timeout_minutes a spec may ask for (422 above)",
+    )
+    job_memory_limit_mb: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "address-space limit of a CPU job's process (RLIMIT_AS), so a job that runs out of "
+            "memory fails as out_of_memory instead of drawing the kernel's OOM killer onto the "
+            "worker; unset: 80% of the machine's memory, 0: no limit. Not applied to CUDA jobs, "
+            "whose driver reserves far more address space than it uses"
+        ),
+    )
+    # Budgets (core.budget): what one worker of each queue can hold. POST /v1/jobs refuses (422)
+    # a spec whose estimate is over a limit, and the worker checks again before it loads the
+    # model. 0 disables a check. The memory estimate is an upper bound (measured: 1.3-1.9x the
+    # real peak on CPU), for the job alone: the worker process's own ~0.5 GiB come on top.
+    max_job_memory_gb_cpu: float = Field(
+        default=12.0,
+        ge=0,
+        description=(
+            "largest estimated peak memory (GiB of RAM) of a job on the cpu queue; the default "
+            "fits a 2-core, 24 GiB worker with room for the worker itself and the OS"
+        ),
+    )
+    max_job_memory_gb_gpu: float = Field(
+        default=70.0,
+        ge=0,
+        description=(
+            "largest estimated peak GPU memory (GiB) of a job on the gpu queue; the default "
+            "fits an 80 GB GPU with room for fragmentation"
+        ),
+    )
+    max_params_cpu: int = Field(
+        default=1_000_000_000,
+        ge=0,
+        description="largest model (parameters, LoRA adapters included) a cpu-queue job may train",
+    )
+    max_params_gpu: int = Field(
+        default=20_000_000_000,
+        ge=0,
+        description="largest model (parameters, LoRA adapters included) a gpu-queue job may train",
+    )
+    max_tokens_per_step: int = Field(
+        default=16_000_000,
+        ge=0,
+        description=(
+            "largest rollout batch in tokens: prompts_per_step * group_size * (longest prompt "
+            "+ max_new_tokens)"
+        ),
+    )
+    max_total_tokens: int = Field(
+        default=50_000_000_000,
+        ge=0,
+        description="largest run in tokens: tokens per step * steps (the warm-up not counted)",
+    )
+    log_level: str = Field(default="INFO", description="log level of the API and workers")
+    data_roots: str = Field(
+        default="",
+        description=(
+            "comma-separated absolute directories on the workers that job specs may read local "
+            "models (hf:/path) and datasets (task.path) from; empty: hub model ids only"
+        ),
+    )
+
+    # Redis stalls (pdppo.store.retry): a worker retries transient store errors instead of
+    # failing the job, and hands the job back only after `store_outage_seconds`.
+    redis_socket_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description=(
+            "workers' wait for one Redis reply before retrying; no worker command blocks on the "
+            "server, so a slower reply means a stalled Redis (a client that uses XREAD BLOCK "
+            "needs more than its block time plus latency)"
+        ),
+    )
+    redis_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=300, description="workers' wait for a connection to Redis"
+    )
+    store_outage_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "how long a worker keeps retrying a Redis that does not answer before it gives the "
+            "job back (checkpointed, queued again); a running job cannot outlast its lease "
+            "(lease_seconds) without Redis either"
+        ),
+    )
+
+    outbox_grace_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "a job created or queued again whose task is not in the broker this long after is "
+            "sent by a worker's dispatcher (its sender died in between); a task a worker took "
+            "but did not claim within max(this, lease_seconds) is put back in the queue"
+        ),
+    )
+    api_publish_tasks: bool = Field(
+        default=True,
+        description=(
+            "the API publishes a new job's task right after creating it (from a thread, off the "
+            "request path); false leaves every job to the workers' outbox dispatcher, which "
+            "sends it PDPPO_OUTBOX_GRACE_SECONDS later (an API that cannot reach the broker)"
+        ),
+    )
+    metrics_token: str = Field(
+        default="",
+        description=(
+            "when set, GET /metrics needs `Authorization: Bearer <this>` (Prometheus: "
+            "`authorization: {credentials: ...}`); empty: /metrics is open, as /healthz is"
+        ),
+    )
+
+    # Event streams under load (api.streaming.events): past either limit GET /v1/jobs/{id}/events
+    # answers 429 with Retry-After. Per API process (`pdppo serve --workers N` allows N times as
+    # many).
+    sse_max_streams: int = Field(
+        default=2000,
+        ge=1,
+        description=(
+            "open event streams one API process serves at once; each watched job also holds "
+            "one Redis connection for its live reader"
+        ),
+    )
+    sse_max_streams_per_tenant: int = Field(
+        default=500, ge=1, description="open event streams of one tenant in one API process"
+    )
+    api_redis_max_connections: int = Field(
+        default=64,
+        ge=4,
+        description=(
+            "Redis connections the API's requests share (event streams' live readers have "
+            "their own); a request waits for one rather than opening more"
+        ),
+    )
+
+    # HTTP limits of `pdppo serve` (api.http.http_limits): a client that sends too slowly, a huge
+    # header or one connection too many is answered and cut off; the others keep being served.
+    http_header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description=(
+            "a request's line and headers must arrive within this from their first byte (or from "
+            "the connection's opening); past it the client gets 408 and the connection is closed"
+        ),
+    )
+    http_body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "a request body may take this long, plus a second for every PDPPO_HTTP_BODY_MIN_RATE "
+            "bytes received (a large upload at a fair speed is never cut off); past it 408 and "
+            "the connection is closed. Time the server itself spends not reading does not count"
+        ),
+    )
+    http_body_min_rate: int = Field(
+        default=1024, ge=1, description="bytes per second that extend a body's time (see above)"
+    )
+    http_max_header_bytes: int = Field(
+        default=65_536,
+        ge=1024,
+        le=16 * 2**20,
+        description="a request line and headers larger than this get 431 (connection closed)",
+    )
+    http_max_connections: int = Field(
+        default=4096,
+        ge=1,
+        description=(
+            "open connections one API process keeps (event streams included: keep it above "
+            "PDPPO_SSE_MAX_STREAMS); a request that comes past it gets 503"
+        ),
+    )
+    readyz_timeout_seconds: float = Field(
+        default=1.5,
+        gt=0,
+        le=60,
+        description="GET /readyz answers 503 when Redis has not answered a PING within this",
+    )
+
+    # Uploaded datasets (`POST /v1/files`, pdppo.files): stored under <artifact_dir>/files, which
+    # the API and the workers share, as the checkpoints are.
+    max_file_bytes: int = Field(
+        default=512 * 2**20,
+        ge=1,
+        le=2**30,  # core.disk.safe_files.DEFAULT_MAX_BYTES: the largest dataset a worker reads
+        description="largest uploaded file (bytes of the JSONL itself); a larger upload gets 413",
+    )
+    max_files_per_tenant: int = Field(
+        default=1000, ge=1, description="uploaded files a tenant may keep; past it uploads get 429"
+    )
+    max_file_bytes_per_tenant: int = Field(
+        default=10 * 2**30,
+        ge=1,
+        description=(
+            "bytes of uploaded files a tenant may keep, all files together; an upload past it "
+            "gets 413"
+        ),
+    )
+
+    # Disk space (core.disk.storage): what the artifact folder's disk keeps free. A worker refuses
+    # to start a job, or to write a checkpoint, that would leave less (failure code storage_full);
+    # an upload that would is answered 507; /readyz and `pdppo_disk_free_bytes` report it.
+    min_free_bytes: int = Field(
+        default=256 * 2**20,
+        ge=0,
+        description=(
+            "bytes the artifact folder's disk keeps free: jobs, checkpoints and uploads that "
+            "would leave less are refused (storage_full, 507)"
+        ),
+    )
+    min_free_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="the same as a share of the disk's size; the larger of the two applies",
+    )
+
+    # Deletion and retention (`pdppo.store.deletion`, `workers.upkeep.retention`,
+    # `api.routes.storage`).
+    retention_days: float = Field(
+        default=0,
+        ge=0,
+        description=(
+            "the workers delete the artifacts of jobs that ended longer ago than this many days "
+            "(checkpoints, inputs, and final/ unless PDPPO_KEEP_FINAL_MODELS); the job's record, "
+            "metrics and events stay; 0 keeps everything"
+        ),
+    )
+    keep_final_models: bool = Field(
+        default=True,
+        description=(
+            "retention keeps final/ of succeeded jobs (their model stays downloadable and usable "
+            "as `job:<id>`); false deletes it with the rest"
+        ),
+    )
+    retention_interval_seconds: float = Field(
+        default=3600, ge=1, description="how often each worker runs the retention pass"
+    )
+    max_storage_bytes_per_tenant: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "bytes a tenant may keep, uploads and job artifacts together; past it uploads and "
+            "job submissions get 507; 0: no limit"
+        ),
+    )
+    usage_cache_seconds: float = Field(
+        default=30,
+        ge=0,
+        description=(
+            "the storage quota checks a tenant's bytes as measured on disk at most this long ago"
+        ),
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: str) -> str:
+        parse_api_keys(value)
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_insecure_production(self) -> Settings:
+        if self.environment == "production":
+            keys = self.tenants_by_key
+            if not keys:
+                raise ValueError("PDPPO_API_KEYS must be set when PDPPO_ENVIRONMENT=production")
+            short = sorted({t for k, t in keys.items() if len(k) < MIN_PRODUCTION_KEY_LENGTH})
+            if short:
+                raise ValueError(
+                    f"API keys of tenants {short} are shorter than {MIN_PRODUCTION_KEY_LENGTH} "
+                    "characters; refused in production"
+                )
+        return self
+
+    @field_validator("data_roots")
+    @classmethod
+    def _check_data_roots(cls, value: str) -> str:
+        for root in _split_roots(value):
+            if not root.is_absolute():
+                raise ValueError(f"data_roots entry {str(root)!r} must be an absolute path")
+        return value
+
+    @property
+    def allowed_data_roots(self) -> list[Path]:
+        return _split_roots(self.data_roots)
+
+    @cached_property
+    def tenants_by_key(self) -> dict[str, str]:
+        return parse_api_keys(self.api_keys)
+
+    def budget_limits(self, queue: Literal["cpu", "gpu"]) -> Limits:
+        """The limits `core.budget.check` applies to a job of `queue` (0 in a setting: none).
+
+        Imported here, not at the top: `core` imports torch, which settings readers such as the
+        Celery app's configuration should not pay for."""
+        from core.budget import Limits
+
+        memory_gb = self.max_job_memory_gb_gpu if queue == "gpu" else self.max_job_memory_gb_cpu
+        params = self.max_params_gpu if queue == "gpu" else self.max_params_cpu
+        return Limits(
+            queue=queue,
+            max_memory_bytes=int(memory_gb * 2**30) or None,
+            max_params=params or None,
+            max_tokens_per_step=self.max_tokens_per_step or None,
+            max_total_tokens=self.max_total_tokens or None,
+        )
+
+    def storage_reserve(self) -> Reserve:
+        """The space kept free on the artifact folder's disk (`core.disk.storage.Reserve`)."""
+        from core.disk.storage import Reserve
+
+        return Reserve(min_bytes=self.min_free_bytes, ratio=self.min_free_ratio)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Renew the lease three times per lease period, so one late renewal never loses it."""
+        return self.lease_seconds / 3
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -30,6 +30,9 @@ from pdppo.settings import Settings, get_settings
 
 TRAIN_TASK = "pdppo.train"
 QUEUES = ("cpu", "gpu")
+# Celery's consumer, with a failed ack's message handed back before a lost connection is torn
+# down (the module's docstring says why); named, not imported, so that the API never loads it
+CONSUMER = "workers.consumer:Consumer"
 
 
 def broker_timeouts(settings: Settings) -> dict[str, float]:
@@ -71,6 +74,7 @@ def make_celery() -> Celery:
         # warning at every reconnect while the setting is False:
         # `Consumer.on_connection_error_after_connected`.)
         worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_consumer=CONSUMER,
         worker_send_task_events=False,
         task_send_sent_event=False,
     )
@@ -96,6 +100,7 @@ def side_app(name: str, queue: str) -> Celery:
         worker_prefetch_multiplier=1,
         broker_transport_options=broker_timeouts(settings),
         broker_connection_retry_on_startup=True,
+        worker_consumer=CONSUMER,
         worker_send_task_events=False,
         task_send_sent_event=False,
     )

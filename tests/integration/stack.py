@@ -146,8 +146,8 @@ class RedisServer:
             self.log.close()
         raise RuntimeError(f"redis-server found no free port in {PORT_TRIES} tries; see {self.dir}")
 
-    def _start(self) -> None:
-        self.port = free_port()
+    def _start(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         path = self.dir / "redis.log"
         self._logged = path.stat().st_size if path.exists() else 0
         self.log = path.open("ab")
@@ -197,6 +197,18 @@ class RedisServer:
 
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def restart(self) -> None:
+        """A new, empty server on the same port (kill -9 first if this one still runs): what the
+        clients of the old one reconnect to. Another process may have taken the port meanwhile,
+        which fails the test loudly rather than starting elsewhere."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self.log.close()
+        self._start(self.port)
+        if not self._ready():
+            raise RuntimeError(f"redis-server could not take port {self.port} back; see {self.dir}")
 
     def stop(self) -> None:
         _stop(self.proc)

@@ -8,8 +8,12 @@ stalled server it waits forever for the reply, and the shutdown flag is never re
 heartbeat, the shutdown itself waited forever on a stalled server (closing the control channel):
 kombu's Redis transport has no socket timeout unless given one.
 
-Each test has a redis-server of its own: it is killed or stopped (SIGSTOP, a stall that lasts
-until SIGCONT).
+The other way round, a worker not told to stop must not stop: one whose job ended while Redis
+was down (so that its task's ack failed) exited with "Unrecoverable error: AttributeError" at its
+first reconnect, Celery 5.7 tearing the broker connection down twice (`workers.consumer`).
+
+Each test has a redis-server of its own: it is killed, restarted or stopped (SIGSTOP, a stall
+that lasts until SIGCONT).
 """
 
 from __future__ import annotations
@@ -153,5 +157,44 @@ def test_worker_stops_mid_job_while_redis_is_stalled_and_the_job_resumes(
             events = every_step_once(alice, job["id"], STEPS)
             logs = [e["data"]["message"] for e in events if e["event"] == "log"]
             assert sum(m.startswith("resumed from") for m in logs) == 1, logs
+    finally:
+        svc.stop()
+
+
+def test_worker_whose_ack_failed_reconnects_and_takes_the_next_job(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Redis killed under a running job and back (empty, same port) only after the job's task
+    returned: the ack of that task fails, and the worker keeps running, reconnects and runs the
+    next job. Before `workers.consumer`, it exited at the reconnect (code 0, so a supervisor
+    restarting only on failure left the queue without a worker)."""
+    svc = Service(own_redis, tmp_path / "service", env=ENV)
+    try:
+        svc.start_api()
+        worker = svc.start_worker()
+        with svc.client("alice") as alice:
+            job = alice.post("/v1/jobs", json=slow_spec()).json()
+            wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 3)
+            own_redis.proc.kill()
+            own_redis.proc.wait(10)
+            deadline = time.monotonic() + 60
+            while "Couldn't ack" not in svc.worker_log():
+                assert time.monotonic() < deadline, svc.worker_log()[-3000:]
+                assert worker.poll() is None, svc.worker_log()[-3000:]
+                time.sleep(0.2)
+            own_redis.restart()
+            deadline = time.monotonic() + 60
+            while svc.worker_log().count("Connected to redis") < 2:
+                assert worker.poll() is None, svc.worker_log()[-3000:]
+                assert time.monotonic() < deadline, svc.worker_log()[-3000:]
+                time.sleep(0.2)
+
+            nxt = alice.post("/v1/jobs", json=smoke_spec(steps=2)).json()
+            done = wait_status(alice, nxt["id"], TERMINAL, timeout=120)
+        assert done["status"] == "succeeded", svc.worker_log()[-3000:]
+        log = svc.worker_log()
+        assert f"Task pdppo.train[{nxt['id']}] succeeded" in log, log[-3000:]
+        assert "Unrecoverable error" not in log, log[-3000:]
+        assert worker.poll() is None
     finally:
         svc.stop()

@@ -337,6 +337,7 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
     assert {g.name for g in config.groups} == {
         "trust-region",
         "workers",
+        "worker-outages",
         "progress",
         "ranks",
         "auth",

@@ -32,6 +32,7 @@ from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.stats import TALLY
 from workers.celery_app import broker_view, enqueue, restore_taken, task_priority
 from workers.upkeep.heartbeat import Heartbeat
+from workers.upkeep.outage_log import OutageLog
 
 log = logging.getLogger(__name__)
 # How long a task seen nowhere in the broker is looked for once more before it is sent again.
@@ -198,12 +199,16 @@ def start_reaper(
             outage["failed"] = True
             raise
 
+    outages: dict[str, OutageLog] = {}
+
     def guarded(what: str, action: Callable[[], object]) -> bool:
+        outage_log = outages.setdefault(what, OutageLog(what, log))
         try:
             action()
+            outage_log.reached()
             return True
-        except redis.RedisError:
-            log.warning("%s could not reach Redis; retrying", what, exc_info=True)
+        except redis.RedisError as exc:
+            outage_log.failed(exc)
         except Exception:
             log.exception("%s failed; retrying", what)
         return False

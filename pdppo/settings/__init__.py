@@ -11,19 +11,18 @@ import re
 import tempfile
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from pdppo.settings.budgets import BudgetSettings
 from pdppo.settings.graders import GraderSettings
+from pdppo.settings.http import HttpSettings
 from pdppo.settings.sampling import SamplingSettings
+from pdppo.settings.storage import StorageSettings
 from pdppo.settings.tracking import TrackingSettings
 from pdppo.settings.webhooks import WebhookSettings
-
-if TYPE_CHECKING:
-    from core.budget import Limits
-    from core.disk.storage import Reserve
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MIN_PRODUCTION_KEY_LENGTH = 16
@@ -59,10 +58,19 @@ def _installed_engines() -> list[Literal["hf", "vllm"]]:
     return ["hf", "vllm"] if importlib.util.find_spec("vllm") is not None else ["hf"]
 
 
-class Settings(GraderSettings, SamplingSettings, TrackingSettings, WebhookSettings):
-    """Service settings; every field is the env var `PDPPO_<FIELD NAME IN CAPITALS>` (those of
-    experiment tracking in `pdppo.settings.tracking`, webhooks in `pdppo.settings.webhooks`,
-    OpenAI graders in `pdppo.settings.graders`)."""
+class Settings(
+    BudgetSettings,
+    HttpSettings,
+    StorageSettings,
+    GraderSettings,
+    SamplingSettings,
+    TrackingSettings,
+    WebhookSettings,
+):
+    """Service settings; every field is the env var `PDPPO_<FIELD NAME IN CAPITALS>`. Those of
+    one concern live in a module of their own: job budgets (`pdppo.settings.budgets`), the API
+    under load (`.http`), the artifact disk (`.storage`), OpenAI graders (`.graders`), sampling
+    (`.sampling`), experiment tracking (`.tracking`) and webhooks (`.webhooks`)."""
 
     model_config = SettingsConfigDict(env_prefix="PDPPO_", env_file=".env", extra="ignore")
 
@@ -200,49 +208,6 @@ class Settings(GraderSettings, SamplingSettings, TrackingSettings, WebhookSettin
             "whose driver reserves far more address space than it uses"
         ),
     )
-    # Budgets (core.budget): what one worker of each queue can hold. POST /v1/jobs refuses (422)
-    # a spec whose estimate is over a limit, and the worker checks again before it loads the
-    # model. 0 disables a check. The memory estimate is an upper bound (measured: 1.3-1.9x the
-    # real peak on CPU), for the job alone: the worker process's own ~0.5 GiB come on top.
-    max_job_memory_gb_cpu: float = Field(
-        default=12.0,
-        ge=0,
-        description=(
-            "largest estimated peak memory (GiB of RAM) of a job on the cpu queue; the default "
-            "fits a 2-core, 24 GiB worker with room for the worker itself and the OS"
-        ),
-    )
-    max_job_memory_gb_gpu: float = Field(
-        default=70.0,
-        ge=0,
-        description=(
-            "largest estimated peak GPU memory (GiB) of a job on the gpu queue; the default "
-            "fits an 80 GB GPU with room for fragmentation"
-        ),
-    )
-    max_params_cpu: int = Field(
-        default=1_000_000_000,
-        ge=0,
-        description="largest model (parameters, LoRA adapters included) a cpu-queue job may train",
-    )
-    max_params_gpu: int = Field(
-        default=20_000_000_000,
-        ge=0,
-        description="largest model (parameters, LoRA adapters included) a gpu-queue job may train",
-    )
-    max_tokens_per_step: int = Field(
-        default=16_000_000,
-        ge=0,
-        description=(
-            "largest rollout batch in tokens: prompts_per_step * group_size * (longest prompt "
-            "+ max_new_tokens)"
-        ),
-    )
-    max_total_tokens: int = Field(
-        default=50_000_000_000,
-        ge=0,
-        description="largest run in tokens: tokens per step * steps (the warm-up not counted)",
-    )
     log_level: str = Field(default="INFO", description="log level of the API and workers")
     data_roots: str = Field(
         default="",
@@ -303,149 +268,6 @@ class Settings(GraderSettings, SamplingSettings, TrackingSettings, WebhookSettin
         ),
     )
 
-    # Event streams under load (api.streaming.events): past either limit GET /v1/jobs/{id}/events
-    # answers 429 with Retry-After. Per API process (`pdppo serve --workers N` allows N times as
-    # many).
-    sse_max_streams: int = Field(
-        default=2000,
-        ge=1,
-        description=(
-            "open event streams one API process serves at once; each watched job also holds "
-            "one Redis connection for its live reader"
-        ),
-    )
-    sse_max_streams_per_tenant: int = Field(
-        default=500, ge=1, description="open event streams of one tenant in one API process"
-    )
-    api_redis_max_connections: int = Field(
-        default=64,
-        ge=4,
-        description=(
-            "Redis connections the API's requests share (event streams' live readers have "
-            "their own); a request waits for one rather than opening more"
-        ),
-    )
-
-    # HTTP limits of `pdppo serve` (api.http.http_limits): a client that sends too slowly, a huge
-    # header or one connection too many is answered and cut off; the others keep being served.
-    http_header_timeout_seconds: float = Field(
-        default=10.0,
-        gt=0,
-        le=600,
-        description=(
-            "a request's line and headers must arrive within this from their first byte (or from "
-            "the connection's opening); past it the client gets 408 and the connection is closed"
-        ),
-    )
-    http_body_timeout_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        le=3600,
-        description=(
-            "a request body may take this long, plus a second for every PDPPO_HTTP_BODY_MIN_RATE "
-            "bytes received (a large upload at a fair speed is never cut off); past it 408 and "
-            "the connection is closed. Time the server itself spends not reading does not count"
-        ),
-    )
-    http_body_min_rate: int = Field(
-        default=1024, ge=1, description="bytes per second that extend a body's time (see above)"
-    )
-    http_max_header_bytes: int = Field(
-        default=65_536,
-        ge=1024,
-        le=16 * 2**20,
-        description="a request line and headers larger than this get 431 (connection closed)",
-    )
-    http_max_connections: int = Field(
-        default=4096,
-        ge=1,
-        description=(
-            "open connections one API process keeps (event streams included: keep it above "
-            "PDPPO_SSE_MAX_STREAMS); a request that comes past it gets 503"
-        ),
-    )
-    readyz_timeout_seconds: float = Field(
-        default=1.5,
-        gt=0,
-        le=60,
-        description="GET /readyz answers 503 when Redis has not answered a PING within this",
-    )
-
-    # Uploaded datasets (`POST /v1/files`, pdppo.files): stored under <artifact_dir>/files, which
-    # the API and the workers share, as the checkpoints are.
-    max_file_bytes: int = Field(
-        default=512 * 2**20,
-        ge=1,
-        le=2**30,  # core.disk.safe_files.DEFAULT_MAX_BYTES: the largest dataset a worker reads
-        description="largest uploaded file (bytes of the JSONL itself); a larger upload gets 413",
-    )
-    max_files_per_tenant: int = Field(
-        default=1000, ge=1, description="uploaded files a tenant may keep; past it uploads get 429"
-    )
-    max_file_bytes_per_tenant: int = Field(
-        default=10 * 2**30,
-        ge=1,
-        description=(
-            "bytes of uploaded files a tenant may keep, all files together; an upload past it "
-            "gets 413"
-        ),
-    )
-
-    # Disk space (core.disk.storage): what the artifact folder's disk keeps free. A worker refuses
-    # to start a job, or to write a checkpoint, that would leave less (failure code storage_full);
-    # an upload that would is answered 507; /readyz and `pdppo_disk_free_bytes` report it.
-    min_free_bytes: int = Field(
-        default=256 * 2**20,
-        ge=0,
-        description=(
-            "bytes the artifact folder's disk keeps free: jobs, checkpoints and uploads that "
-            "would leave less are refused (storage_full, 507)"
-        ),
-    )
-    min_free_ratio: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="the same as a share of the disk's size; the larger of the two applies",
-    )
-
-    # Deletion and retention (`pdppo.store.deletion`, `workers.upkeep.retention`,
-    # `api.routes.storage`).
-    retention_days: float = Field(
-        default=0,
-        ge=0,
-        description=(
-            "the workers delete the artifacts of jobs that ended longer ago than this many days "
-            "(checkpoints, inputs, and final/ unless PDPPO_KEEP_FINAL_MODELS); the job's record, "
-            "metrics and events stay; 0 keeps everything"
-        ),
-    )
-    keep_final_models: bool = Field(
-        default=True,
-        description=(
-            "retention keeps final/ of succeeded jobs (their model stays downloadable and usable "
-            "as `job:<id>`); false deletes it with the rest"
-        ),
-    )
-    retention_interval_seconds: float = Field(
-        default=3600, ge=1, description="how often each worker runs the retention pass"
-    )
-    max_storage_bytes_per_tenant: int = Field(
-        default=0,
-        ge=0,
-        description=(
-            "bytes a tenant may keep, uploads and job artifacts together; past it uploads and "
-            "job submissions get 507; 0: no limit"
-        ),
-    )
-    usage_cache_seconds: float = Field(
-        default=30,
-        ge=0,
-        description=(
-            "the storage quota checks a tenant's bytes as measured on disk at most this long ago"
-        ),
-    )
-
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:
@@ -481,29 +303,6 @@ class Settings(GraderSettings, SamplingSettings, TrackingSettings, WebhookSettin
     @cached_property
     def tenants_by_key(self) -> dict[str, str]:
         return parse_api_keys(self.api_keys)
-
-    def budget_limits(self, queue: Literal["cpu", "gpu"]) -> Limits:
-        """The limits `core.budget.check` applies to a job of `queue` (0 in a setting: none).
-
-        Imported here, not at the top: `core` imports torch, which settings readers such as the
-        Celery app's configuration should not pay for."""
-        from core.budget import Limits
-
-        memory_gb = self.max_job_memory_gb_gpu if queue == "gpu" else self.max_job_memory_gb_cpu
-        params = self.max_params_gpu if queue == "gpu" else self.max_params_cpu
-        return Limits(
-            queue=queue,
-            max_memory_bytes=int(memory_gb * 2**30) or None,
-            max_params=params or None,
-            max_tokens_per_step=self.max_tokens_per_step or None,
-            max_total_tokens=self.max_total_tokens or None,
-        )
-
-    def storage_reserve(self) -> Reserve:
-        """The space kept free on the artifact folder's disk (`core.disk.storage.Reserve`)."""
-        from core.disk.storage import Reserve
-
-        return Reserve(min_bytes=self.min_free_bytes, ratio=self.min_free_ratio)
 
     @property
     def heartbeat_seconds(self) -> float:

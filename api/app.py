@@ -44,14 +44,14 @@ from api.deps import get_owned_file, get_owned_job, get_store, get_tenant
 from api.docs import mount_docs
 from api.http.limits import BodySizeLimit
 from api.http.observability import PrometheusMiddleware
+from api.jobs.pending_writes import unavailable_response
+from api.jobs.publisher import TaskPublisher
 from api.openai import chat as openai_chat
 from api.openai import errors as openai_errors
 from api.openai import routes as openai_routes
 from api.openai.grading import grader_runs
 from api.openai.schemas import OpenAIErrorBody
 from api.openai.translate import Refused
-from api.pending_writes import unavailable_response
-from api.publisher import TaskPublisher
 from api.routes import (
     artifacts,
     completions,

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.publisher import TaskPublisher
+from api.jobs.publisher import TaskPublisher
 from api.streaming.events import EventHub
 from pdppo.settings import Settings
 from pdppo.store import AsyncFileStore, AsyncJobStore, FileRecord, JobRecord

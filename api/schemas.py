@@ -272,7 +272,7 @@ class ErrorBody(BaseModel):
 
 
 class StoreUnavailableBody(ErrorBody):
-    """A 503 of a write the store may still carry out (`api.pending_writes`): which one."""
+    """A 503 of a write the store may still carry out (`api.jobs.pending_writes`): which one."""
 
     # Absent rather than null when there is none (`SkipJsonSchema`: the schema says string).
     job_id: str | SkipJsonSchema[None] = Field(

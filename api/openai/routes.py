@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 
 from api.deps import PublisherDep, SettingsDep, StoreDep, TenantDep, get_owned_job
+from api.jobs.submission import SpecRefused, submit
 from api.openai.grading import GraderRunsDep, admit_run, grader_for
 from api.openai.grading import run_grader as grade_one
 from api.openai.schemas import (
@@ -45,7 +46,6 @@ from api.openai.translate import (
 from api.routes.artifacts import list_checkpoints
 from api.routes.jobs import cancel_job
 from api.routes.steering import pause_job, resume_job
-from api.submission import SpecRefused, submit
 from pdppo.store import JobRecord
 from pdppo.store.jobs.events import EventIdError, parse_event_id
 from pdppo.store.keys import idempotency_key as stored_key

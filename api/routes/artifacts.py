@@ -11,8 +11,8 @@ import anyio
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response, StreamingResponse
 
-from api.convert import steps_csv
 from api.deps import JobDep, SettingsDep, StoreDep
+from api.jobs.convert import steps_csv
 from api.schemas import Checkpoint, CheckpointList, MetricsHistory, MetricsRow
 from api.storage.tarstream import open_snapshot, tar_stream
 from pdppo.store import JobRecord

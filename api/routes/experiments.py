@@ -1,5 +1,5 @@
 """Experiments: a grid of job specs run over paired seeds, created, followed, reported on and
-cancelled, paused, resumed and deleted as one (`api.experiments`; the statistics:
+cancelled, paused, resumed and deleted as one (`api.experiments.children`; the statistics:
 `core.experiments`).
 
 Acting on an experiment acts on each child job through the same store calls as the job routes
@@ -14,16 +14,16 @@ import anyio
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request, Response
 
 import core.experiments as experiments
-from api import experiments as ops
 from api.deps import PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.experiment_schemas import (
+from api.experiments import children as ops
+from api.experiments.schemas import (
     Experiment,
     ExperimentCurves,
     ExperimentList,
     ExperimentReport,
 )
-from api.pending_writes import documented_503, idempotent_retry
-from api.revoke import revoke_tasks
+from api.jobs.pending_writes import documented_503, idempotent_retry
+from api.jobs.revoke import revoke_tasks
 from api.routes.storage import QUOTA_RESPONSE, forget_usage
 from api.schemas import ErrorBody
 from core.experiments import ExperimentSpec

@@ -31,7 +31,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.deps import FileDep, FileStoreDep, SettingsDep, TenantDep
-from api.pending_writes import documented_503, pending_write
+from api.jobs.pending_writes import documented_503, pending_write
 from api.routes.storage import forget_usage, refuse_over_quota
 from api.schemas import ErrorBody, FileDeleted, FileList, FileObject
 from api.storage.disk import refuse_without_room

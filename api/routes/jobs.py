@@ -1,6 +1,6 @@
 """Jobs: submit (and validate without submitting), list, get, cancel.
 
-`POST /v1/jobs` and `POST /v1/jobs:validate` run the same admission (`api.admission`), so that
+`POST /v1/jobs` and `POST /v1/jobs:validate` run the same admission (`api.jobs.admission`), so that
 a client can ask first what a spec would cost and whether it would be taken.
 """
 
@@ -10,11 +10,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 
-from api.admission import admit
-from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.pending_writes import documented_503, idempotent_retry, pending_write
-from api.revoke import revoke_tasks
+from api.jobs.admission import admit
+from api.jobs.convert import to_job
+from api.jobs.pending_writes import documented_503, idempotent_retry, pending_write
+from api.jobs.revoke import revoke_tasks
+from api.jobs.submission import submit
 from api.routes.storage import QUOTA_RESPONSE
 from api.schemas import (
     BudgetEstimate,
@@ -25,7 +26,6 @@ from api.schemas import (
     JobStatus,
     JobValidation,
 )
-from api.submission import submit
 from pdppo.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -84,7 +84,7 @@ async def create_job(
     more memory, parameters or tokens than a worker of its queue may give a job
     (`POST /v1/jobs:validate` tells the same without submitting).
 
-    The job is written and queued as `api.submission` says (the same path as
+    The job is written and queued as `api.jobs.submission` says (the same path as
     `POST /v1/fine_tuning/jobs`): a job this returns always runs."""
     idempotent_retry(request, "returns that job, never a second")
     submitted = await submit(request, spec, tenant, store, settings, publisher, idempotency_key)

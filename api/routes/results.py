@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 
-from api.convert import steps_csv
 from api.deps import JobDep, StoreDep
+from api.jobs.convert import steps_csv
 from api.schemas import EvalHistory, EvalRow, SamplesHistory, SamplesRow
 from pdppo.store.jobs.worker_side import SAMPLES_KEPT
 

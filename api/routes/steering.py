@@ -17,10 +17,10 @@ from fastapi import APIRouter, Body, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.admission import admit
-from api.convert import to_job
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
-from api.pending_writes import documented_503, pending_write
+from api.jobs.admission import admit
+from api.jobs.convert import to_job
+from api.jobs.pending_writes import documented_503, pending_write
 from api.schemas import ErrorBody, Job
 from core.training.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
 from pdppo.settings import Settings

@@ -211,7 +211,7 @@ class Multi(Grader):
 
 def refusal(cfg: OpenAILeafGrader, where: str, options: GraderOptions | None = None) -> str | None:
     """Why this service cannot run the grader `cfg` (at `where`) with the operator's `options`,
-    or None: a spec with one is refused at submission (`api.admission`), and again by a worker
+    or None: a spec with one is refused at submission (`api.jobs.admission`), and again by a worker
     whose options differ from the API's."""
     options = options or GraderOptions()
     if isinstance(cfg, OpenAIPython) and not options.python:

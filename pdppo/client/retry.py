@@ -2,7 +2,7 @@
 
 A 503 is not always "nothing happened": when the server's store stopped answering after the
 write was sent, the write may still land, and the 503 says so by naming the job or file
-(`Pdppo-Job-Id` / `Pdppo-File-Id`; see `api.pending_writes`). A dropped connection or a read
+(`Pdppo-Job-Id` / `Pdppo-File-Id`; see `api.jobs.pending_writes`). A dropped connection or a read
 timeout is ambiguous the same way. So the client retries only writes a second copy of which
 changes nothing: a submit carries an Idempotency-Key (the client makes one when the caller gave
 none), an upload is stored by its content, a merge patch applied twice gives the same spec, and

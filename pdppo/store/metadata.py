@@ -4,7 +4,7 @@ jobs that have a pair rather than every job of the tenant (bench/openai_list_met
 
 Per tenant and pair, a sorted set of job ids (`tenant_metadata_key`; all scores 0, so ids sort
 by time as in `tenant_jobs_key`). A job's entries are written just before the job is created
-(`api.submission`), so no job is ever without them: a crash in between, or an idempotent replay
+(`api.jobs.submission`), so no job is ever without them: a crash in between, or an idempotent replay
 that creates nothing, leaves an entry without a job, and a deleted job leaves its entries; a walk
 drops such an entry when it meets it, once its id is older than GRACE_MS (a younger one may be a
 job whose create has not landed yet). Jobs made before the index are added once, by the tenant's

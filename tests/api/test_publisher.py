@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from api.publisher import TaskPublisher
+from api.jobs.publisher import TaskPublisher
 
 
 def test_publishes_in_order_and_goes_on_after_a_failure() -> None:

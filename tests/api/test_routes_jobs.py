@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-import api.revoke
+import api.jobs.revoke
 from pdppo.settings import Settings
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.keys import events_key, job_key, tenant_active_key
@@ -66,7 +66,7 @@ def test_a_cancel_revokes_the_task_of_a_job_not_running_only(
         if job_id == "j-paused":
             raise ConnectionError("the broker is down")
 
-    monkeypatch.setattr(api.revoke, "revoke_queued", revoke)
+    monkeypatch.setattr(api.jobs.revoke, "revoke_queued", revoke)
     client = _client(settings)
     for job_id, status in (
         ("j-queued", "queued"),
@@ -129,7 +129,7 @@ def test_a_retry_whose_job_was_deleted_is_404_naming_it(
     cancel's revoke is recorded: the Celery app's broker is the environment's Redis, not this
     test's.)"""
     revoked: list[str] = []
-    monkeypatch.setattr(api.revoke, "revoke_queued", revoked.append)
+    monkeypatch.setattr(api.jobs.revoke, "revoke_queued", revoked.append)
     settings = settings.model_copy(update={"api_publish_tasks": False})
     same = {"json": smoke_spec(), "headers": {"Idempotency-Key": "retry-2"}}
     (made,) = send(settings, ("alice", "POST", "/v1/jobs", dict(same)))

@@ -100,7 +100,7 @@ def test_submitting_a_job_documents_each_status_with_its_model(schema: dict[str,
     }
     assert answers["201"] == {"application/json": "#/components/schemas/Job"}
     assert answers["422"] == {"application/json": INVALID}
-    # a 503 after the write was sent names the job it may have made (api.pending_writes)
+    # a 503 after the write was sent names the job it may have made (api.jobs.pending_writes)
     assert answers["503"] == {"application/json": "#/components/schemas/StoreUnavailableBody"}
     errors = set(answers) - {"201", "422", "503"}
     assert {s: answers[s] for s in errors} == {s: {"application/json": ERROR} for s in errors}

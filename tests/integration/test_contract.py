@@ -73,7 +73,7 @@ def _parked_spec(name: str = "contract") -> dict[str, Any]:
 # --- the schema documents every status, with one model per kind of error ---------------------
 
 
-# Writes whose 503 names the job or file they may still create or change (api.pending_writes).
+# Writes whose 503 names the job or file they may still create or change (api.jobs.pending_writes).
 NAMING_503 = {
     ("POST", "/v1/jobs"): "Pdppo-Job-Id",
     ("POST", "/v1/jobs/{job_id}/cancel"): "Pdppo-Job-Id",

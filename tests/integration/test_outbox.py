@@ -113,7 +113,7 @@ def wait_all_terminal(client: redis.Redis, ids: set[str], timeout: float) -> dic
 
 
 def test_api_killed_mid_burst_strands_no_job(make_service: Callable[..., Service]) -> None:
-    # The API publishes from a thread right after the create (api/publisher.py): the window a
+    # The API publishes from a thread right after the create (api/jobs/publisher.py): the window a
     # kill must hit is now microseconds wide, so the first API publishes nothing, as if killed
     # inside it every time. The restarted API publishes again.
     svc = make_service(PDPPO_MAX_ACTIVE_JOBS_PER_TENANT=str(BURST), PDPPO_API_PUBLISH_TASKS="false")

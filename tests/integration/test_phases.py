@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from api.convert import to_job
+from api.jobs.convert import to_job
 from pdppo.store import JobStore, now_iso
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import events_key, job_key, lease_key

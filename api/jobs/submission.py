@@ -8,7 +8,7 @@ the job is still queued and a worker's dispatcher publishes its task within seco
 (`pdppo.store.jobs.outbox`), so a job this returns, new or replayed for an Idempotency-Key, always
 runs: a failed publish is logged, not a 503 and a failed job that every retry with the same
 key would get back. A 503 after the write was sent names the job it may have created
-(`api.pending_writes`).
+(`api.jobs.pending_writes`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException, Request
 
-from api.admission import admit
 from api.http.observability import JOBS_SUBMITTED
-from api.pending_writes import pending_write
-from api.publisher import TaskPublisher
+from api.jobs.admission import admit
+from api.jobs.pending_writes import pending_write
+from api.jobs.publisher import TaskPublisher
 from api.routes.storage import refuse_over_quota
 from api.schemas import SpecProblem
 from pdppo.settings import Settings
@@ -111,7 +111,7 @@ async def submit(
             )
         return Submitted(record, replayed=True)
     if settings.api_publish_tasks:
-        # off the request path: see api/publisher.py
+        # off the request path: see api/jobs/publisher.py
         publisher.submit(record.id, queue, task_priority(experiment))
     JOBS_SUBMITTED.labels(queue).inc()
     return Submitted(record, replayed=False)

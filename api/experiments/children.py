@@ -1,6 +1,6 @@
 """Experiments in the service: creating the child jobs of a grid, and reading them back.
 
-Every child is a job like any other, made by `api.submission.submit` (the path of
+Every child is a job like any other, made by `api.jobs.submission.submit` (the path of
 `POST /v1/jobs`): the same admission, quota, outbox and task. What an experiment adds is
 all-or-nothing checking (every child is validated and admitted before the first is created, so a
 bad arm refuses the experiment and leaves no job behind), crash-safe creation (children are
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
-from api.admission import admit
-from api.experiment_schemas import Experiment, ExperimentArm, ExperimentRun
-from api.publisher import TaskPublisher
+from api.experiments.schemas import Experiment, ExperimentArm, ExperimentRun
+from api.jobs.admission import admit
+from api.jobs.publisher import TaskPublisher
+from api.jobs.submission import submit
 from api.routes.storage import refuse_over_quota
 from api.schemas import Progress
-from api.submission import submit
 from core.experiments import ExperimentSpec, arms, child_spec, seed_list
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec

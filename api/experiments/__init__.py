@@ -1,0 +1,1 @@
+"""Experiments: their request and answer models, and creating and reading back their child jobs."""

@@ -72,6 +72,9 @@ def refused() -> list[str]:
 @pytest.fixture
 def page(browser: Any, external: list[str], refused: list[str]) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    # Playwright's default of 30 s per action ran out once, for the login form's first paint,
+    # while another CI run loaded the same 2 cores (stop 51's notes); 60 s, as the tests' waits.
+    context.set_default_timeout(60_000)
 
     def abort(route: Any) -> None:
         external.append(route.request.url)

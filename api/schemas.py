@@ -281,6 +281,9 @@ class StoreUnavailableBody(ErrorBody):
     file_id: str | SkipJsonSchema[None] = Field(
         default=None, description="the file the unanswered write stored, maybe"
     )
+    experiment_id: str | SkipJsonSchema[None] = Field(
+        default=None, description="the experiment the unanswered write created, maybe"
+    )
 
 
 class ValidationErrorItem(BaseModel):

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from api.experiments.schemas import Experiment, ExperimentArm, ExperimentRun
 from api.jobs.admission import admit
+from api.jobs.pending_writes import pending_write
 from api.jobs.publisher import TaskPublisher
 from api.jobs.submission import submit
 from api.routes.storage import refuse_over_quota
@@ -131,8 +132,12 @@ async def create(
             ),
             headers={"Retry-After": "30"},
         )
+    # The record's write may land after its answer was lost: the 503 names the experiment then
+    # (`api.jobs.pending_writes`), and a retry with the same Idempotency-Key finds it.
+    fresh_id = new_job_id() if existing is None else existing.id
+    pending_write(request, "experiment", fresh_id, f"the creation of experiment {fresh_id}")
     experiment_id, created = await store.experiments.begin(
-        experiment_id=new_job_id(),
+        experiment_id=fresh_id,
         tenant=tenant,
         name=spec.name,
         spec_json=spec_json,

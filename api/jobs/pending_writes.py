@@ -1,13 +1,15 @@
-"""A store write whose answer never came: the 503 says which job or file it may have changed.
+"""A store write whose answer never came: the 503 says which job, file or experiment it may have
+changed.
 
 A Redis command that times out has still been sent: Redis runs it when it wakes (a stalled
 server reads the abandoned connection's buffer like any other), so a `POST /v1/jobs` that times
 out may have created its job, which then runs. A plain 503 would read as "not created", and a
 client retrying it without an Idempotency-Key would get a duplicate (issue 37). So a route marks
-the job or file a write is about to touch (`pending_write`) just before sending it, and the 503
-of a store error that follows names it, in the body (`job_id` / `file_id`) and a header
-(`Pdppo-Job-Id` / `Pdppo-File-Id`): the client can look it up once the store is back, or retry
-with the same Idempotency-Key and get that job, not a second one.
+the job, file or experiment a write is about to touch (`pending_write`) just before sending it,
+and the 503 of a store error that follows names it, in the body (`job_id` / `file_id` /
+`experiment_id`) and a header (`Pdppo-Job-Id` / `Pdppo-File-Id` / `Pdppo-Experiment-Id`): the
+client can look it up once the store is back, or retry with the same Idempotency-Key and get
+that job, not a second one.
 
 Only a lost answer is ambiguous: a refused command (`ResponseError`: a script error, OOM) ran
 nothing, and a store error before the mark (a read, the job lookup) wrote nothing, so those 503s
@@ -26,8 +28,12 @@ from fastapi.responses import JSONResponse
 from api.schemas import StoreUnavailableBody
 
 log = logging.getLogger(__name__)
-Kind = Literal["job", "file"]
-HEADERS: dict[Kind, str] = {"job": "Pdppo-Job-Id", "file": "Pdppo-File-Id"}
+Kind = Literal["job", "file", "experiment"]
+HEADERS: dict[Kind, str] = {
+    "job": "Pdppo-Job-Id",
+    "file": "Pdppo-File-Id",
+    "experiment": "Pdppo-Experiment-Id",
+}
 RETRY_AFTER_SECONDS = 5
 _LOST_ANSWER = (redis.ConnectionError, redis.TimeoutError)
 
@@ -69,22 +75,30 @@ def unavailable_response(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def documented_503(kind: Kind, what: str, also: str = "") -> dict[int | str, dict[str, Any]]:
-    """The `responses=` entry of a route whose 503 may name the `kind` it was writing; `also`:
-    the route's other reasons for a 503."""
+def documented_503(
+    kind: Kind | tuple[Kind, ...], what: str, also: str = ""
+) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` entry of a route whose 503 may name the `kind` (or one of the kinds) it
+    was writing; `also`: the route's other reasons for a 503."""
+    kinds = (kind,) if isinstance(kind, str) else kind
+    fields = " or ".join(f"`{k}_id`" for k in kinds)
+    headers = " / ".join(f"`{HEADERS[k]}`" for k in kinds)
     return {
         503: {
             "model": StoreUnavailableBody,
             "description": (
                 f"the job store (Redis) is unreachable; retry after `Retry-After` seconds. With "
-                f"`{kind}_id` (and the `{HEADERS[kind]}` header), the store stopped answering "
-                f"after the write was sent: {what}; look it up before acting as if it did not"
+                f"{fields} (and the {headers} header), the store stopped answering after the "
+                f"write was sent: {what}; look it up before acting as if it did not"
                 + (f". {also}" if also else "")
             ),
             "headers": {
-                HEADERS[kind]: {
-                    "description": f"the {kind} the unanswered write was for",
-                    "schema": {"type": "string"},
+                **{
+                    HEADERS[k]: {
+                        "description": f"the {k} the unanswered write was for",
+                        "schema": {"type": "string"},
+                    }
+                    for k in kinds
                 },
                 "Retry-After": {
                     "description": "seconds to wait before retrying",

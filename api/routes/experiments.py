@@ -99,9 +99,9 @@ async def _view(store: StoreDep, record: ExperimentRecord) -> Experiment:
             ),
         },
         **documented_503(
-            "job",
-            "that child may have been created; a retry with the same Idempotency-Key "
-            + RETRY_OUTCOME,
+            ("experiment", "job"),
+            "the experiment (before its first child) or that child may have been created; a "
+            "retry with the same Idempotency-Key " + RETRY_OUTCOME,
         ),
         **QUOTA_RESPONSE,
     },

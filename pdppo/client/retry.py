@@ -1,8 +1,9 @@
 """Retrying a write through a store stall without doing it twice (`pdppo.client.Client`).
 
 A 503 is not always "nothing happened": when the server's store stopped answering after the
-write was sent, the write may still land, and the 503 says so by naming the job or file
-(`Pdppo-Job-Id` / `Pdppo-File-Id`; see `api.jobs.pending_writes`). A dropped connection or a read
+write was sent, the write may still land, and the 503 says so by naming the job, file or
+experiment (`Pdppo-Job-Id` / `Pdppo-File-Id` / `Pdppo-Experiment-Id`; see
+`api.jobs.pending_writes`). A dropped connection or a read
 timeout is ambiguous the same way. So the client retries only writes a second copy of which
 changes nothing: a submit carries an Idempotency-Key (the client makes one when the caller gave
 none), an upload is stored by its content, a merge patch applied twice gives the same spec, and
@@ -24,7 +25,7 @@ from pdppo.client.errors import ApiError, _detail_text, _raise_for_status
 if TYPE_CHECKING:
     from pdppo.client import Job
 
-NAMING_HEADERS = ("Pdppo-Job-Id", "Pdppo-File-Id")
+NAMING_HEADERS = ("Pdppo-Job-Id", "Pdppo-File-Id", "Pdppo-Experiment-Id")
 log = logging.getLogger("pdppo.client")
 
 

@@ -238,9 +238,16 @@ def test_retry_after_and_the_waits_between_tries(caplog: pytest.LogCaptureFixtur
 
 
 def test_a_503_past_the_budget_is_returned_with_what_it_named() -> None:
-    named = answer(503, headers={"Pdppo-Job-Id": "j1", "Pdppo-File-Id": "file-1"})
+    named = answer(
+        503,
+        headers={"Pdppo-Job-Id": "j1", "Pdppo-File-Id": "file-1", "Pdppo-Experiment-Id": "e1"},
+    )
     sent = send_with_retry(lambda: named, budget=0, max_delay=1, sleep=lambda s: None)
-    assert (sent.response.status_code, sent.named, sent.ambiguous) == (503, ["j1", "file-1"], True)
+    assert (sent.response.status_code, sent.named, sent.ambiguous) == (
+        503,
+        ["j1", "file-1", "e1"],
+        True,
+    )
 
 
 def test_a_spec_file_is_read_with_its_paths_made_absolute(tmp_path: Path) -> None:

@@ -290,3 +290,61 @@ def test_an_experiment_answered_503_names_its_child_and_its_retry_makes_the_rest
         service.stop()
         proxy.close()
     assert proxy.held >= 1
+
+
+# the script that writes the experiment's record (`AsyncExperimentStore.begin`): its first key is
+# alice's experiment (bob's, in the warm-up, is not held)
+RECORD_EXPERIMENT = re.compile(
+    rb"EVALSHA\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n3\r\n\$\d+\r\n[^\r]*:tenant:alice:experiment:"
+)
+
+
+def test_an_experiment_whose_record_write_is_answered_503_is_named_and_found_by_its_retry(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """The store stops answering while the experiment's own record is written, before any
+    child: the 503 names the experiment (body and `Pdppo-Experiment-Id`), the record lands when
+    the store answers again, and the retry with the same Idempotency-Key returns that one with
+    its children, not a second experiment. Before, this 503 named nothing, as if nothing had
+    been written."""
+    proxy = HoldingProxy(own_redis.port, RECORD_EXPERIMENT, STALL_SECONDS)
+    env = {"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT, "PDPPO_REDIS_URL": proxy.url(0)}
+    service = Service(own_redis, tmp_path / "service", env=env)
+    gpu = smoke_spec() | {"resources": {"device": "gpu"}}  # no worker runs: they stay queued
+    body = {"base": gpu, "grid": {"algorithm.mask": ["predictive", "dppo"]}, "seeds": 1}
+    key = {"Idempotency-Key": "exp-record-stalled"}
+    try:
+        service.start_api()
+        with service.client("bob") as bob:  # loads the scripts (see `warm_up`)
+            assert bob.post("/v1/experiments", json=body).status_code == 201
+        with service.client("alice") as alice:
+            started = time.monotonic()
+            answer = alice.post("/v1/experiments", json=body, headers=key)
+            took = time.monotonic() - started
+            assert answer.status_code == 503, answer.text
+            assert took < STALL_SECONDS, took  # answered at the store timeout
+            named = answer.json()["experiment_id"]
+            assert answer.headers["Pdppo-Experiment-Id"] == named
+            assert "job_id" not in answer.json() and "Pdppo-Job-Id" not in answer.headers
+            assert answer.json()["detail"] == (
+                f"the job store did not answer in time; the creation of experiment {named} may "
+                f"still take effect when it does (GET /v1/experiments/{named} tells, once it "
+                "answers), and a retry with the same Idempotency-Key returns the experiment and "
+                "makes its missing children, never a second of any"
+            )
+            assert tenant_job_ids(service) == []  # no child yet
+
+            proxy.wait_released()
+            assert alice.get(f"/v1/experiments/{named}").status_code == 200  # it landed
+            again = alice.post("/v1/experiments", json=body, headers=key)
+            assert again.status_code == 201, again.text
+            assert again.headers["Idempotent-Replayed"] == "true"
+            assert again.json()["id"] == named
+            made = [run["job_id"] for arm in again.json()["arms"] for run in arm["runs"]]
+            assert len(made) == 2 and sorted(tenant_job_ids(service)) == sorted(made)
+            listed = alice.get("/v1/experiments").json()["items"]
+            assert [e["id"] for e in listed] == [named]
+    finally:
+        service.stop()
+        proxy.close()
+    assert proxy.held >= 1

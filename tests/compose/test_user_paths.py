@@ -89,6 +89,19 @@ def test_no_container_runs_as_root(stack: Stack, alice: httpx.Client) -> None:
     assert uids and "0" not in uids, owners
 
 
+def test_every_setting_in_deploy_env_reaches_the_services(stack: Stack) -> None:
+    """Compose hands a container only the variables it lists, whatever deploy/.env holds
+    (tests/deploy/test_compose.py holds the list to .env.example): .ci/compose's .env sets two
+    that compose once left out (retention, the API's connection limit) beside the usual ones."""
+    written = dict(re.findall(r"^(PDPPO_\w+)=(.*)$", stack.env_file.read_text(), re.MULTILINE))
+    assert {"PDPPO_RETENTION_DAYS", "PDPPO_HTTP_MAX_CONNECTIONS"} <= set(written)
+    probe = "from pdppo.settings import get_settings as g; print(g().retention_days)"
+    for service in ("api", "worker-cpu", "webhooks"):
+        seen = {name: stack.exec(service, "printenv", name).strip() for name in written}
+        assert seen == written, service
+        assert float(stack.exec(service, "python", "-c", probe)) == 45.0, service
+
+
 def test_the_api_refuses_to_start_in_production_without_keys(stack: Stack) -> None:
     for keys, says in (("", "PDPPO_API_KEYS must be set"), ("team:short", "shorter than")):
         done = stack.run(

@@ -166,6 +166,44 @@ def test_every_pdppo_variable_is_a_setting(services: dict[str, Any]) -> None:
     assert unknown == [], f"not fields of pdppo.settings.Settings: {unknown}"
 
 
+def _shared_env_defaults() -> dict[str, str | None]:
+    """x-pdppo-env, the variables every pdppo service gets: name -> the default its
+    `${NAME:-default}` gives (None where the value is fixed or comes from another variable)."""
+    text = COMPOSE_PATH.read_text()
+    block = text[text.index("x-pdppo-env:") : text.index("\nx-worker:")]
+    out: dict[str, str | None] = {}
+    for name, value in re.findall(r"^  (PDPPO_\w+): (.*)$", block, re.MULTILINE):
+        own = re.fullmatch(rf"\$\{{{name}:-(.*)\}}", value)
+        out[name] = own.group(1) if own else None
+    return out
+
+
+def test_every_setting_the_env_example_offers_reaches_the_containers() -> None:
+    """A container sees only the variables compose lists, whatever deploy/.env holds: nine
+    settings that .env.example offered (the HTTP limits, the disk's, retention and quota) were
+    set there and read by nothing."""
+    offered = set(re.findall(r"(PDPPO_\w+)=", (DEPLOY / ".env.example").read_text()))
+    assert {"PDPPO_HTTP_MAX_CONNECTIONS", "PDPPO_RETENTION_DAYS"} <= offered
+    assert sorted(offered - set(_shared_env_defaults())) == []
+
+
+def test_each_compose_default_is_the_settings_own() -> None:
+    """Unset in deploy/.env, a setting behaves as `pdppo serve` alone would; but the
+    environment, which compose deploys as production on purpose."""
+    from pydantic import TypeAdapter
+
+    checked = 0
+    for name, default in _shared_env_defaults().items():
+        field = Settings.model_fields[name.removeprefix("PDPPO_").lower()]
+        if default is None or name == "PDPPO_ENVIRONMENT" or field.default_factory is not None:
+            continue
+        kind = TypeAdapter(field.annotation)
+        parsed = kind.validate_json(default) if default.startswith("[") else default
+        assert kind.validate_python(parsed, strict=False) == field.default, name
+        checked += 1
+    assert checked >= 20
+
+
 def test_every_pdppo_service_reaches_redis_by_service_name(services: dict[str, Any]) -> None:
     for name in (*PDPPO_SERVICES, "webhooks"):
         assert _env(services[name])["PDPPO_REDIS_URL"].startswith("redis://redis:"), name

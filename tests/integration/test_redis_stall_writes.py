@@ -244,6 +244,23 @@ def test_pdppo_submit_rides_out_the_stall_with_one_job(
     assert tenant_job_ids(svc) == [done.stdout.strip()]
 
 
+def held_service(
+    redis: RedisServer, root: Path, pattern: re.Pattern[bytes]
+) -> tuple[HoldingProxy, Service]:
+    """An API (not started) whose Redis is reached through a proxy holding `pattern` back."""
+    proxy = HoldingProxy(redis.port, pattern, STALL_SECONDS)
+    env = {"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT, "PDPPO_REDIS_URL": proxy.url(0)}
+    return proxy, Service(redis, root / "service", env=env)
+
+
+# two arms of one seed, on the gpu queue: no worker runs, so the children stay queued
+EXPERIMENT = {
+    "base": smoke_spec() | {"resources": {"device": "gpu"}},
+    "grid": {"algorithm.mask": ["predictive", "dppo"]},
+    "seeds": 1,
+}
+
+
 # the command that records a created child as the experiment's (`AsyncExperimentStore.add_run`)
 RECORD_CHILD = re.compile(rb"HSET\r\n\$\d+\r\n[^\r]*:experiment:[0-9a-f]+:runs\r\n")
 
@@ -255,11 +272,8 @@ def test_an_experiment_answered_503_names_its_child_and_its_retry_makes_the_rest
     records it is held back past the store timeout): the 503 names that child and says what a
     retry with the same Idempotency-Key does, as POST /v1/jobs's does, and the retry does it:
     the experiment, with the named child and the one not made yet, and no second of either."""
-    proxy = HoldingProxy(own_redis.port, RECORD_CHILD, STALL_SECONDS)
-    env = {"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT, "PDPPO_REDIS_URL": proxy.url(0)}
-    service = Service(own_redis, tmp_path / "service", env=env)
-    gpu = smoke_spec() | {"resources": {"device": "gpu"}}  # no worker runs: they stay queued
-    body = {"base": gpu, "grid": {"algorithm.mask": ["predictive", "dppo"]}, "seeds": 1}
+    proxy, service = held_service(own_redis, tmp_path, RECORD_CHILD)
+    body = EXPERIMENT
     key = {"Idempotency-Key": "exp-stalled"}
     try:
         service.start_api()
@@ -307,11 +321,8 @@ def test_an_experiment_whose_record_write_is_answered_503_is_named_and_found_by_
     the store answers again, and the retry with the same Idempotency-Key returns that one with
     its children, not a second experiment. Before, this 503 named nothing, as if nothing had
     been written."""
-    proxy = HoldingProxy(own_redis.port, RECORD_EXPERIMENT, STALL_SECONDS)
-    env = {"PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS": STORE_TIMEOUT, "PDPPO_REDIS_URL": proxy.url(0)}
-    service = Service(own_redis, tmp_path / "service", env=env)
-    gpu = smoke_spec() | {"resources": {"device": "gpu"}}  # no worker runs: they stay queued
-    body = {"base": gpu, "grid": {"algorithm.mask": ["predictive", "dppo"]}, "seeds": 1}
+    proxy, service = held_service(own_redis, tmp_path, RECORD_EXPERIMENT)
+    body = EXPERIMENT
     key = {"Idempotency-Key": "exp-record-stalled"}
     try:
         service.start_api()

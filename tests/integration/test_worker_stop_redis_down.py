@@ -22,11 +22,12 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.integration.conftest import (
@@ -80,6 +81,27 @@ def slow_spec() -> dict[str, Any]:
     return spec
 
 
+def kill_redis_under_a_job(svc: Service, redis: RedisServer, alice: httpx.Client) -> str:
+    """A long job started and past step 3, then Redis killed (its port closed); the job's id."""
+    job = alice.post("/v1/jobs", json=slow_spec()).json()
+    wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 3)
+    redis.proc.kill()
+    redis.proc.wait(10)
+    return str(job["id"])
+
+
+def wait_worker_log(
+    svc: Service, done: Callable[[str], bool], worker: subprocess.Popen[bytes] | None = None
+) -> str:
+    """The worker's log once `done(log)` holds (60 s at most; fails at once if `worker` exits)."""
+    deadline = time.monotonic() + 60
+    while not done(log := svc.worker_log()):
+        assert time.monotonic() < deadline, log[-3000:]
+        assert worker is None or worker.poll() is None, log[-3000:]
+        time.sleep(0.2)
+    return log
+
+
 @pytest.mark.parametrize("kind", ["worker", "webhook-worker"])
 def test_idle_worker_stops_while_redis_is_stalled(
     own_redis: RedisServer, tmp_path: Path, kind: str
@@ -111,16 +133,9 @@ def test_worker_stops_after_its_job_ended_while_redis_was_gone(
         svc.start_api()
         worker = svc.start_worker()
         with svc.client("alice") as alice:
-            job = alice.post("/v1/jobs", json=slow_spec()).json()
-            wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 3)
-        own_redis.proc.kill()
-        own_redis.proc.wait(10)
-        deadline = time.monotonic() + 60
-        ended = f"Task pdppo.train[{job['id']}] succeeded"
-        while ended not in svc.worker_log():
-            assert time.monotonic() < deadline, svc.worker_log()[-3000:]
-            time.sleep(0.2)
-        assert "could not hand it back" in svc.worker_log()
+            job_id = kill_redis_under_a_job(svc, own_redis, alice)
+        ended = f"Task pdppo.train[{job_id}] succeeded"
+        assert "could not hand it back" in wait_worker_log(svc, lambda log: ended in log)
         time.sleep(HEARTBEAT_DUE)
 
         took = seconds_to_exit(worker, svc)
@@ -173,21 +188,10 @@ def test_worker_whose_ack_failed_reconnects_and_takes_the_next_job(
         svc.start_api()
         worker = svc.start_worker()
         with svc.client("alice") as alice:
-            job = alice.post("/v1/jobs", json=slow_spec()).json()
-            wait_for(alice, job["id"], lambda j: j["progress"]["step"] >= 3)
-            own_redis.proc.kill()
-            own_redis.proc.wait(10)
-            deadline = time.monotonic() + 60
-            while "Couldn't ack" not in svc.worker_log():
-                assert time.monotonic() < deadline, svc.worker_log()[-3000:]
-                assert worker.poll() is None, svc.worker_log()[-3000:]
-                time.sleep(0.2)
+            kill_redis_under_a_job(svc, own_redis, alice)
+            wait_worker_log(svc, lambda log: "Couldn't ack" in log, worker)
             own_redis.restart()
-            deadline = time.monotonic() + 60
-            while svc.worker_log().count("Connected to redis") < 2:
-                assert worker.poll() is None, svc.worker_log()[-3000:]
-                assert time.monotonic() < deadline, svc.worker_log()[-3000:]
-                time.sleep(0.2)
+            wait_worker_log(svc, lambda log: log.count("Connected to redis") >= 2, worker)
 
             nxt = alice.post("/v1/jobs", json=smoke_spec(steps=2)).json()
             done = wait_status(alice, nxt["id"], TERMINAL, timeout=120)

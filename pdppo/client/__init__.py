@@ -216,9 +216,19 @@ class Client(
         self.retry_seconds = retry_seconds
         self.max_retry_delay = max_retry_delay
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        # Whether this server has answered anything yet (`follow`: a refusal after that is a
+        # restart to wait out, not a wrong URL).
+        self._answered = False
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            event_hooks={"response": [self._saw_an_answer]},
         )
+
+    def _saw_an_answer(self, response: httpx.Response) -> None:
+        self._answered = True
 
     def __enter__(self) -> Self:
         return self
@@ -398,14 +408,15 @@ class Client(
         `max_reconnects` attempts in a row without a single new event it raises FollowError.
 
         A first connection that cannot be made (refused, or timed out) is raised at once, as
-        httpx's error, as every other call does (`pdppo.client.retry`): nothing has answered
-        yet, so it is a wrong URL or a server that is down, not a blip worth a minute and a
-        half of reconnects. Once the server has answered, a refusal is a restart, waited for.
+        httpx's error, as every other call does (`pdppo.client.retry`), unless the server has
+        answered this client before: then it is a restart, waited for (`pdppo submit --follow`
+        across an API restart between its submit and its follow). Otherwise nothing has ever
+        answered, so it is a wrong URL or a server that is down, not a blip worth a minute and
+        a half of reconnects.
         """
         last = last_event_id
         delay = self.reconnect_delay
         failures = 0
-        answered = False
         timeout = httpx.Timeout(self._http.timeout.connect, read=self.stream_read_timeout)
         while True:
             headers = {"Last-Event-ID": last} if last else {}
@@ -419,7 +430,6 @@ class Client(
                     timeout=timeout,
                 ) as source:
                     response = source.response
-                    answered = True
                     if response.status_code >= 400:
                         response.read()
                         if response.status_code < 500:
@@ -440,7 +450,8 @@ class Client(
                         if event.event == "done":
                             return
             except (httpx.TransportError, SSEError, _ServerError) as exc:
-                if not answered and isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+                unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if unsent and not self._answered:
                     raise
                 reason = f"{type(exc).__name__}: {exc}"
             failures += 1

@@ -153,6 +153,20 @@ def test_follow_waits_out_a_refusal_once_the_stream_has_flowed() -> None:
     assert [r.headers.get("last-event-id") for r in seen] == [None, "1-0", "1-0", "1-0"]
 
 
+def test_follow_waits_out_a_refusal_when_the_server_answered_this_client_before() -> None:
+    """`pdppo submit --follow` across an API restart: the submit was answered, then the
+    follow's first connection is refused. The server is known to exist: a restart, waited for
+    (it ended the command with "cannot reach" before)."""
+    done = httpx.Response(
+        200, headers=SSE, stream=_DroppingStream([_event(2, "done", "{}")], False)
+    )
+    transport, seen = scripted([lambda r: httpx.Response(200), _refuse, lambda r: done])
+    with _client(transport) as client:
+        assert client.health()
+        assert [e.id for e in client.follow("j")] == ["2-0"]
+    assert [r.url.path for r in seen] == ["/readyz", "/v1/jobs/j/events", "/v1/jobs/j/events"]
+
+
 def test_follow_gives_up_when_the_server_stays_away() -> None:
     transport, seen = scripted([_flowing, _refuse])
     with _client(transport, max_reconnects=3) as client, pytest.raises(FollowError):

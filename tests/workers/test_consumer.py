@@ -25,18 +25,22 @@ from workers.consumer import hand_back_unacked
 QUEUE = "cpu"
 
 
-def deliver(server: RedisServer, in_flight: bool) -> tuple[Connection, list[Message]]:
+def deliver(
+    server: RedisServer, in_flight: bool, broadcast_first: bool = False
+) -> tuple[Connection, list[Message]]:
     """A connection holding one delivered, unacknowledged message of QUEUE; with `in_flight`, the
-    next BRPOP is left waiting, as in a worker's event loop."""
+    next BRPOP is left waiting, as in a worker's event loop. The broadcast channel is made after
+    the task channel (as Celery does), or before it."""
     with Connection(server.url()) as producer:
         producer.SimpleQueue(QUEUE).put({"job": "j1"})
     conn = Connection(server.url(), transport_options={"socket_timeout": 2})
+    broadcast_channel = conn.channel() if broadcast_first else None
     messages: list[Message] = []
     tasks = Consumer(conn.default_channel, [Queue(QUEUE)], accept=["json"])
     tasks.register_callback(lambda body, message: messages.append(message))
     tasks.consume()
     broadcast = Consumer(
-        conn.channel(),
+        broadcast_channel or conn.channel(),
         [Queue("bcast", Exchange("bcast", type="fanout"), auto_delete=True)],
         accept=["json"],
     )
@@ -82,10 +86,12 @@ def test_without_the_hand_back_the_same_teardown_raises(server: RedisServer) -> 
         redis_down_teardown(server, hand_back=False)
 
 
+@pytest.mark.parametrize("broadcast_first", [False, True], ids=["tasks-first", "broadcast-first"])
 def test_with_redis_answering_the_message_goes_back_to_its_queue_at_once(
-    server: RedisServer, client: redis.Redis
+    server: RedisServer, client: redis.Redis, broadcast_first: bool
 ) -> None:
-    conn, _ = deliver(server, in_flight=False)
+    """Whichever channel comes first: one that holds nothing is passed over, not the end."""
+    conn, _ = deliver(server, in_flight=False, broadcast_first=broadcast_first)
     assert client.llen(QUEUE) == 0
     assert hand_back_unacked(conn) == 0
     assert client.llen(QUEUE) == 1

@@ -10,8 +10,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 REPEAT_SECONDS = 30.0
+
+
+@dataclass
+class _Outage:
+    since: float  # its first failure
+    last: float  # when it was last logged
+    failures: int
 
 
 class OutageLog:
@@ -26,33 +34,33 @@ class OutageLog:
         self.log = log
         self.every = every
         self.clock = clock
-        self.since: float | None = None  # when the outage began; None while Redis answers
-        self.last = 0.0  # when it was last logged
-        self.failures = 0
+        self.outage: _Outage | None = None  # None while Redis answers
 
     def failed(self, exc: BaseException) -> None:
         now = self.clock()
-        self.failures += 1
-        if self.since is None:
-            self.since, self.last, self.failures = now, now, 1
+        outage = self.outage
+        if outage is None:
+            self.outage = _Outage(since=now, last=now, failures=1)
             self.log.warning("%s could not reach Redis; retrying", self.what, exc_info=exc)
-        elif now - self.last >= self.every:
-            self.last = now
+            return
+        outage.failures += 1
+        if now - outage.last >= self.every:
+            outage.last = now
             self.log.warning(
                 "%s still cannot reach Redis after %.0fs (%d attempts; last: %s: %s)",
                 self.what,
-                now - self.since,
-                self.failures,
+                now - outage.since,
+                outage.failures,
                 type(exc).__name__,
                 exc,
             )
 
     def reached(self) -> None:
-        if self.since is not None:
+        if self.outage is not None:
             self.log.warning(
                 "%s reached Redis again after %.0fs (%d failed attempts)",
                 self.what,
-                self.clock() - self.since,
-                self.failures,
+                self.clock() - self.outage.since,
+                self.outage.failures,
             )
-            self.since = None
+            self.outage = None

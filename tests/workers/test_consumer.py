@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from celery.utils.imports import symbol_by_name
+from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection, Consumer, Exchange, Message, Queue
 
 from tests.integration.stack import RedisServer
@@ -103,3 +104,22 @@ def test_with_redis_answering_the_message_goes_back_to_its_queue_at_once(
 @pytest.mark.parametrize("app", [make_celery(), side_app("side", "side")], ids=["train", "side"])
 def test_every_worker_runs_the_consumer_that_hands_back(app: Any) -> None:
     assert symbol_by_name(app.conf.worker_consumer) is PdppoConsumer
+
+
+def test_the_worker_consumer_hands_back_before_celery_tears_the_connection_down(
+    server: RedisServer, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook itself, with Celery's teardown stood in for by a probe of the queue: the
+    message is back in it when the teardown starts."""
+    conn, _ = deliver(server, in_flight=False)
+    at_teardown: list[int] = []
+    monkeypatch.setattr(
+        CeleryConsumer,
+        "on_connection_error_after_connected",
+        lambda self, exc: at_teardown.append(client.llen(QUEUE)),
+    )
+    consumer = PdppoConsumer.__new__(PdppoConsumer)  # the hook reads nothing else of it
+    consumer.connection = conn
+    consumer.on_connection_error_after_connected(ConnectionError("lost"))
+    assert at_teardown == [1]
+    teardown(conn)

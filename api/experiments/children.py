@@ -133,9 +133,11 @@ async def create(
             headers={"Retry-After": "30"},
         )
     # The record's write may land after its answer was lost: the 503 names the experiment then
-    # (`api.jobs.pending_writes`), and a retry with the same Idempotency-Key finds it.
-    fresh_id = new_job_id() if existing is None else existing.id
-    pending_write(request, "experiment", fresh_id, f"the creation of experiment {fresh_id}")
+    # (`api.jobs.pending_writes`), and a retry with the same Idempotency-Key finds it. (With an
+    # earlier one found by its key, `begin` only looks it up again: that one is named.)
+    fresh_id = new_job_id()
+    named = fresh_id if existing is None else existing.id
+    pending_write(request, "experiment", named, f"the creation of experiment {named}")
     experiment_id, created = await store.experiments.begin(
         experiment_id=fresh_id,
         tenant=tenant,

@@ -563,6 +563,25 @@ def test_plugins_in_the_grading_server() -> None:
 
 
 @pytest.mark.usefixtures("plugins")
+def test_a_json_schema_grader_keeps_its_fixed_schema_in_the_grading_server() -> None:
+    """The config crosses to the grading server as JSON, and `schema` is an alias: the child
+    must build the same grader, with its fixed schema (a survivor of CI's mutation sample sent
+    the field's own name, which the child's strict config refuses)."""
+    spec = {
+        "type": "multi",
+        "graders": {
+            "json": {"type": "json_schema", "schema": {"type": "array"}},
+            "half": {"type": "plugin", "name": "half"},
+        },
+    }
+    with BatchGrader(grader_config(spec), 10.0) as batch:
+        assert batch.server is not None
+        graded = batch.grade(["[1, 2]", "{}"], [{}, {}])
+    assert graded.rewards == pytest.approx([(1.0 + 0.5) / 2, (0.0 + 0.5) / 2])
+    assert graded.metrics["grader_errors"] == 0.0
+
+
+@pytest.mark.usefixtures("plugins")
 @pytest.mark.parametrize(
     ("name", "message"),
     [

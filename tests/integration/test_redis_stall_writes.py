@@ -261,6 +261,16 @@ EXPERIMENT = {
 }
 
 
+def stalled_create(alice: httpx.Client, key: dict[str, str]) -> httpx.Response:
+    """POST /v1/experiments while a write is held: a 503, answered at the store timeout."""
+    started = time.monotonic()
+    answer = alice.post("/v1/experiments", json=EXPERIMENT, headers=key)
+    took = time.monotonic() - started
+    assert answer.status_code == 503, answer.text
+    assert took < STALL_SECONDS, took
+    return answer
+
+
 # the command that records a created child as the experiment's (`AsyncExperimentStore.add_run`)
 RECORD_CHILD = re.compile(rb"HSET\r\n\$\d+\r\n[^\r]*:experiment:[0-9a-f]+:runs\r\n")
 
@@ -273,16 +283,11 @@ def test_an_experiment_answered_503_names_its_child_and_its_retry_makes_the_rest
     retry with the same Idempotency-Key does, as POST /v1/jobs's does, and the retry does it:
     the experiment, with the named child and the one not made yet, and no second of either."""
     proxy, service = held_service(own_redis, tmp_path, RECORD_CHILD)
-    body = EXPERIMENT
     key = {"Idempotency-Key": "exp-stalled"}
     try:
         service.start_api()
         with service.client("alice") as alice:
-            started = time.monotonic()
-            answer = alice.post("/v1/experiments", json=body, headers=key)
-            took = time.monotonic() - started
-            assert answer.status_code == 503, answer.text
-            assert took < STALL_SECONDS, took  # answered at the store timeout
+            answer = stalled_create(alice, key)
             child = answer.json()["job_id"]
             assert answer.headers["Pdppo-Job-Id"] == child
             assert answer.json()["detail"] == (
@@ -294,7 +299,7 @@ def test_an_experiment_answered_503_names_its_child_and_its_retry_makes_the_rest
             assert tenant_job_ids(service) == [child]  # the first child, and only it
 
             proxy.wait_released()
-            again = alice.post("/v1/experiments", json=body, headers=key)
+            again = alice.post("/v1/experiments", json=EXPERIMENT, headers=key)
             assert again.status_code == 201, again.text
             assert again.headers["Idempotent-Replayed"] == "true"
             made = [run["job_id"] for arm in again.json()["arms"] for run in arm["runs"]]
@@ -322,18 +327,13 @@ def test_an_experiment_whose_record_write_is_answered_503_is_named_and_found_by_
     its children, not a second experiment. Before, this 503 named nothing, as if nothing had
     been written."""
     proxy, service = held_service(own_redis, tmp_path, RECORD_EXPERIMENT)
-    body = EXPERIMENT
     key = {"Idempotency-Key": "exp-record-stalled"}
     try:
         service.start_api()
         with service.client("bob") as bob:  # loads the scripts (see `warm_up`)
-            assert bob.post("/v1/experiments", json=body).status_code == 201
+            assert bob.post("/v1/experiments", json=EXPERIMENT).status_code == 201
         with service.client("alice") as alice:
-            started = time.monotonic()
-            answer = alice.post("/v1/experiments", json=body, headers=key)
-            took = time.monotonic() - started
-            assert answer.status_code == 503, answer.text
-            assert took < STALL_SECONDS, took  # answered at the store timeout
+            answer = stalled_create(alice, key)
             named = answer.json()["experiment_id"]
             assert answer.headers["Pdppo-Experiment-Id"] == named
             assert "job_id" not in answer.json() and "Pdppo-Job-Id" not in answer.headers
@@ -347,7 +347,7 @@ def test_an_experiment_whose_record_write_is_answered_503_is_named_and_found_by_
 
             proxy.wait_released()
             assert alice.get(f"/v1/experiments/{named}").status_code == 200  # it landed
-            again = alice.post("/v1/experiments", json=body, headers=key)
+            again = alice.post("/v1/experiments", json=EXPERIMENT, headers=key)
             assert again.status_code == 201, again.text
             assert again.headers["Idempotent-Replayed"] == "true"
             assert again.json()["id"] == named

@@ -1,5 +1,6 @@
 """The developer pages hold to the tree: every design citation in the code names a section of
-docs/developers/design.md that exists, and every module those pages name exists.
+docs/developers/design.md that exists, every module those pages name exists, and the module
+tables of architecture.md are generated from the tree (docs/hooks.py).
 
 Modules move: when one does, these fail naming the page or file and the stale name, which is
 what whoever merges the move must update. No MkDocs needed (README's suite runs them);
@@ -9,10 +10,12 @@ tests/docs checks the cited anchors again in the built site, where MkDocs made t
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 DESIGN = Path("docs/developers/design.md")
@@ -25,6 +28,7 @@ CITATION = re.compile(r"design\.md#([A-Za-z0-9_-]*)")
 # The forms that cited the design notes kept outside the repository: none may remain. Built
 # from parts so that this file does not match itself.
 OLD_FORMS = re.compile("|".join(("DESIGN" + r"(?:\.md)?\s*§", "DESIGN" + r"(?:\.md|'s)")))
+TOPS = ("core", "api", "workers", "pdppo")
 # A path of the tree, or a dotted module (and maybe a name in it), in backticks
 NAMED_PATH = re.compile(
     r"`((?:core|api|workers|pdppo|tests|bench|deploy|docs|examples|\.ci)/[^`\s]*)`"
@@ -161,6 +165,14 @@ def stale_names(root: Path, pages: list[Path]) -> list[str]:
     return stale
 
 
+def _hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_every_design_citation_names_a_section_of_the_design_page() -> None:
     assert broken_citations(ROOT) == []
     cited = {m.group(1) for _, m in _lines(ROOT, CITATION)}
@@ -256,3 +268,55 @@ def test_a_stale_path_or_module_is_named(tmp_path: Path) -> None:
         "docs/developers/a.md:4: core.training.run.Run.stop",
         "docs/developers/a.md:4: core.config_model",
     ]
+
+
+def test_architecture_module_tables_are_generated_from_the_tree() -> None:
+    page = (ROOT / "docs" / "developers" / "architecture.md").read_text(encoding="utf-8")
+    hooks = _hooks()
+    assert [m.group(1) for m in hooks.MODULES_MARKER.finditer(page)] == list(TOPS)
+    for top in TOPS:
+        table = hooks.render_modules(ROOT, top)
+        rows = {
+            m.group(1): m.group(2)
+            for m in re.finditer(r"^\| `([\w/]+)/` \| .* \| (.*) \|$", table, re.MULTILINE)
+        }
+        packages = {
+            p.parent.relative_to(ROOT).as_posix()
+            for p in (ROOT / top).rglob("__init__.py")
+            if "__pycache__" not in p.parts
+        }
+        assert sorted(rows) == sorted(packages)
+        for package, cell in rows.items():
+            listed = set(re.findall(r"`(\w+)/?`", cell))
+            folder = ROOT / package
+            present = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+            present |= {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()}
+            assert listed == present, package
+
+
+def test_module_tables_render_each_package_with_its_docstring(tmp_path: Path) -> None:
+    hooks = _hooks()
+    pkg = tmp_path / "core"
+    (pkg / "objective").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""The trainer.\n\nMore that the table leaves out."""\n')
+    (pkg / "extras.py").write_text("")
+    (pkg / "objective" / "__init__.py").write_text("")
+    (pkg / "objective" / "masks.py").write_text("")
+    (pkg / "objective" / "loss.py").write_text("")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "__init__.py").write_text("")
+    assert hooks.render_modules(tmp_path, "core") == (
+        "| package | what it is for | modules |\n"
+        "|---|---|---|\n"
+        "| `core/` | The trainer. | `extras`, `objective/` |\n"
+        "| `core/objective/` | (no docstring) | `loss`, `masks` |"
+    )
+    # a module moved is on the page at the next build, nothing edited by hand
+    (pkg / "objective" / "loss.py").rename(pkg / "loss.py")
+    assert "| `core/` | The trainer. | `extras`, `loss`, `objective/` |" in hooks.render_modules(
+        tmp_path, "core"
+    )
+    text = "# A\n\n<!-- modules: core -->\n\nafter\n"
+    page = hooks.MODULES_MARKER.sub(lambda m: hooks.render_modules(tmp_path, m.group(1)), text)
+    assert page.startswith("# A\n\n| package | what it is for | modules |\n")
+    assert page.endswith("| `core/objective/` | (no docstring) | `masks` |\n\nafter\n")

@@ -129,3 +129,6 @@ def test_every_design_citation_in_the_tree_is_an_anchor_of_the_built_page(site: 
                 cited |= set(re.findall(r"design\.md#([\w-]+)", path.read_text()))
     assert {"the-predicted-direction", "the-lease", "redis-outages"} <= cited
     assert sorted(cited - ids) == []
+    architecture = (site / "developers" / "architecture" / "index.html").read_text()
+    assert "<!-- modules:" not in architecture  # every marker became its table
+    assert "<code>core/objective/</code>" in architecture

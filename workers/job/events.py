@@ -1,12 +1,12 @@
 """A job process's outgoing events and the trainer's callback (`workers.job.process`).
 
-Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
-trainer's callback only appends to an ordered outgoing queue (`EventPublisher`), which one thread
-publishes with retries and backoff through a stall. Every event carries the claim's lease token,
-so the store refuses it once another claim may hold the job (issue 12, `workers.job.lease`), and the
-callback stops the trainer, without a checkpoint, as soon as that happens or the job process's
-own `LeaseFence` sees the lease lapse. `backfill` republishes, on resume, the checkpointed steps
-that a killed run never got to Redis.
+Training never waits on Redis, and a store error is never a training error
+(docs/developers/design.md#redis-outages): the trainer's callback only appends to an ordered
+outgoing queue (`EventPublisher`), which one thread publishes with retries and backoff through a
+stall. Every event carries the claim's lease token, so the store refuses it once another claim may
+hold the job (issue 12, `workers.job.lease`), and the callback stops the trainer, without a
+checkpoint, as soon as that happens or the job process's own `LeaseFence` sees the lease lapse.
+`backfill` republishes, on resume, the checkpointed steps that a killed run never got to Redis.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""A job's lease in Redis: who may run it now (DESIGN §3, Celery redelivers unacked tasks).
+"""A job's lease in Redis: who may run it now (Celery redelivers unacked tasks).
 
-The holder renews it from a heartbeat thread six times per lifetime. A worker killed with -9 stops
+The holder renews it from a heartbeat thread six times per lifetime
+(docs/developers/design.md#the-lease). A worker killed with -9 stops
 renewing, the lease expires, and a reaper (`workers.upkeep.reaper`) queues the job again to resume
 from its last checkpoint. A holder that fails to renew (it was too slow, and someone else may now
 hold the job) learns it through `lost` and must stop without writing anything.

@@ -14,16 +14,16 @@ a pipe, after its last event is in Redis (so the worker's `finish` comes after t
 It ignores SIGINT and SIGTERM (its worker decides when it stops) and exits as soon as that pipe
 says the worker is gone, so a worker killed with -9 never leaves a job writing behind it.
 
-Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
-trainer's callback only appends to an ordered outgoing queue (`workers.job.events`), which one
-thread publishes with retries and backoff through a stall. Steps, evaluations, samples and
-checkpoints are idempotent by step number, so a retry after a lost reply is safe; a log line goes
-through a script that adds it only if it is not among the stream's latest entries, so it lands
-exactly once. Only when Redis stays away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop,
-cleanly: it checkpoints and reports `stopped` (`why: store_unreachable`), and its worker hands it
-back. The worker may also kill the job on a lost lease with events still queued: a resumed job first
-publishes, from `metrics.jsonl` (and `samples.jsonl`, `eval.jsonl`), the steps up to its checkpoint
-that never made it to Redis, so no step is lost.
+Training never waits on Redis, and a store error is never a training error
+(docs/developers/design.md#redis-outages): the trainer's callback only appends to an ordered
+outgoing queue (`workers.job.events`), which one thread publishes with retries and backoff through a
+stall. Steps, evaluations, samples and checkpoints are idempotent by step number, so a retry after a
+lost reply is safe; a log line goes through a script that adds it only if it is not among the
+stream's latest entries, so it lands exactly once. Only when Redis stays away past
+`PDPPO_STORE_OUTAGE_SECONDS` does the job stop, cleanly: it checkpoints and reports `stopped` (`why:
+store_unreachable`), and its worker hands it back. The worker may also kill the job on a lost lease
+with events still queued: a resumed job first publishes, from `metrics.jsonl` (and `samples.jsonl`,
+`eval.jsonl`), the steps up to its checkpoint that never made it to Redis, so no step is lost.
 
 Only the current holder of the job's lease may write (issue 12, `workers.job.lease`): the worker may
 be frozen past its lease while this process, in a session of its own, trains on, and a second

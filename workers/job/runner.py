@@ -11,12 +11,12 @@ watches for a cancel, the job's timeout and a worker shutdown, asks the job to s
 it does not stop within the grace period, and records how it ended, including deaths that the
 job itself cannot report (the kernel's OOM killer, a signal, a crash of the interpreter).
 
-A Redis stall is not the job's fault (DESIGN §3): every store call here goes through `StoreRetry`
-(bounded backoff, `PDPPO_STORE_OUTAGE_SECONDS`), the cancel flag is read from a thread of its own
-so that the watch loop never waits on Redis, and the job process keeps training while its events
-wait in its outgoing queue. Only the lease bounds a stall: when it expired while Redis was
-unreachable, the job process is stopped (another worker may take the job) and, once Redis answers
-again, the job is handed back with that reason, not counted as a lost worker.
+A Redis stall is not the job's fault (docs/developers/design.md#redis-outages): every store call
+here goes through `StoreRetry` (bounded backoff, `PDPPO_STORE_OUTAGE_SECONDS`), the cancel flag is
+read from a thread of its own so that the watch loop never waits on Redis, and the job process keeps
+training while its events wait in its outgoing queue. Only the lease bounds a stall: when it expired
+while Redis was unreachable, the job process is stopped (another worker may take the job) and, once
+Redis answers again, the job is handed back with that reason, not counted as a lost worker.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The enqueue outbox: every queued job no worker has claimed yet, and when to check on its task.
 
 Creating a job (Redis) and publishing its Celery task (the broker) are two writes that no
-transaction spans (DESIGN §3): an API killed between them left jobs `queued` forever, counted
-against their tenant's quota, and returned as they were to every idempotent retry. The same gap
-opens on the worker's side: a worker that took the task and died before it claimed the job left
-the message in kombu's `unacked` hash for the broker's visibility timeout (an hour).
+transaction spans (docs/developers/design.md#the-outbox): an API killed between them left jobs
+`queued` forever, counted against their tenant's quota, and returned as they were to every
+idempotent retry. The same gap opens on the worker's side: a worker that took the task and died
+before it claimed the job left the message in kombu's `unacked` hash for the broker's visibility
+timeout (an hour).
 
 So the job's record and its outbox entry are written by the same script (`_CREATE`, and
 `_REQUEUE` when a job goes back to the queue), and the entry stays until a worker claims the job

@@ -8,13 +8,13 @@ keep the enqueue outbox (`pdppo.store.jobs.outbox`) in step: a claimed or finish
 requeued one enters it in the same script that flips it to `queued`, so a requeuer that dies
 before it re-sends the task strands nothing.
 
-Fencing (DESIGN §3, issue 12). A job process runs apart from the worker that holds its lease, so
-a worker frozen past its lease (SIGSTOP, a VM pause, a swap stall) leaves a job process that goes
-on training while a second worker resumes the job. Each claim's token is the lease token of the
-worker that claimed (`workers.job.lease`: random per claim, and the lease key names the holder), and
-every write a job process makes passes it: each publishing script first compares it with the
-lease key, in the same script as the write, and refuses a stale token with `STALE` (which the
-methods raise as `FencedOut`). So a stale process's writes are refused from the moment its lease
+Fencing (docs/developers/design.md#fencing, issue 12). A job process runs apart from the worker that
+holds its lease, so a worker frozen past its lease (SIGSTOP, a VM pause, a swap stall) leaves a job
+process that goes on training while a second worker resumes the job. Each claim's token is the lease
+token of the worker that claimed (`workers.job.lease`: random per claim, and the lease key names the
+holder), and every write a job process makes passes it: each publishing script first compares it
+with the lease key, in the same script as the write, and refuses a stale token with `STALE` (which
+the methods raise as `FencedOut`). So a stale process's writes are refused from the moment its lease
 expires, before anybody else even claims the job, at no extra round trip.
 """
 

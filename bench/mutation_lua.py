@@ -355,6 +355,8 @@ def sites(source: str, operators: list[str]) -> list[Site]:
     """Every change the named operators (short names) make to the module's Lua, in operator
     order, then source order within each: a site's index among its operator's is its
     occurrence."""
+    if "redis.call(" not in source:  # no Lua body: spare the parses below
+        return []
     spans = _statement_lines(source)
     line_starts = [0]
     for line in source.splitlines(keepends=True):

@@ -295,15 +295,15 @@ def generate(
     source = path.read_text()
     where = _Positions(source)
     lines = source.splitlines()
-    tree = get_ast_from_path(path)
+    # one walk of the tree for every operator: the walk, once per operator, was most of the
+    # time of planning a run of many modules
+    nodes = list(ast_nodes(get_ast_from_path(path)))
     mutants: list[Mutant] = []
     left_out: dict[str, int] = {}
     for name in operator_names(patterns):
         operator = cosmic_ray.plugins.get_operator(name)()
         positions = [
-            (node, start)
-            for node in ast_nodes(tree)
-            for start, _ in operator.mutation_positions(node)
+            (node, start) for node in nodes for start, _ in operator.mutation_positions(node)
         ]
         for occurrence, (node, start) in enumerate(positions):
             reason = where.left_out(name, start, node)

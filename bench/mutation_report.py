@@ -53,7 +53,14 @@ def _reach(result: Result, reach: dict[str, list[str]]) -> str:
     return f"ran by {len(tests)} tests in {', '.join(files)} ({shown}{more}), none failed"
 
 
-def print_group(name: str, runs: list[ModuleRun], reach: dict[str, list[str]]) -> None:
+def print_group(
+    name: str,
+    runs: list[ModuleRun],
+    reach: dict[str, list[str]],
+    survivors: bool = True,
+) -> None:
+    """The group's table, then (with `survivors`) each survivor, then the timeouts, flaky kills
+    and errors, then the reviewed equivalents."""
     header = (
         f"{'module':34} {'generated':>9} {'equiv':>5} {'run':>4} {'killed':>6} "
         f"{'timeout':>7} {'survived':>8} {'(uncov)':>7} {'flaky':>5} {'error':>5} "
@@ -67,10 +74,10 @@ def print_group(name: str, runs: list[ModuleRun], reach: dict[str, list[str]]) -
             f"{run.count(SURVIVED, NOT_COVERED):8} {run.count(NOT_COVERED):7} "
             f"{run.count(FLAKY):5} {run.count(ERROR):5} {rate(run.detected, run.scored):>9}"
         )
-    survivors = [r for run in runs for r in run.results if r.outcome in (SURVIVED, NOT_COVERED)]
-    if survivors:
+    alive = [r for run in runs for r in run.results if r.outcome in (SURVIVED, NOT_COVERED)]
+    if alive and survivors:
         print("survivors:")
-    for result in survivors:
+    for result in alive if survivors else []:
         m = result.mutant
         print(f"  {m.module}:{m.line}  {m.short_operator}  [{_reach(result, reach)}]")
         print(f"      - {m.code}\n      + {m.mutated}")

@@ -1,0 +1,470 @@
+"""bench/mutation_changed.py, CI's mutation of the lines a submission changed, on scratch git
+repositories: which lines count as changed (added and modified, not deleted; through a rename;
+a Lua line inside a Python string), the base it compares with and its fallback, which tests the
+baseline runs and in what order, the fixed order and the budget's cut, the 90% threshold, and
+the whole step on a toy module with real cosmic-ray mutants (a kill, a survivor listed with its
+tests, lines no test reaches). Needs the `mutation` extra (skipped without it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cosmic_ray")
+pytest.importorskip("coverage")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.mutation_changed import (  # noqa: E402
+    NoBase,
+    changed_lines,
+    dispatch,
+    order_key,
+    pick_tests,
+    plan_module,
+    record_base,
+    resolve_base,
+    verdict,
+)
+from bench.mutation_exec import KILLED, Result  # noqa: E402
+from bench.mutation_plan import Mutant, load_config  # noqa: E402
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def commit(repo: Path, files: dict[str, str | None], message: str = "c") -> str:
+    """Writes (or, for None, deletes) `files`, commits them all, returns the commit's hash."""
+    if not (repo / ".git").exists():
+        repo.mkdir(parents=True, exist_ok=True)
+        git(repo, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        path = repo / name
+        if text is None:
+            path.unlink()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def numbered(prefix: str, count: int) -> str:
+    return "".join(f"{prefix}{i} = {i}\n" for i in range(1, count + 1))
+
+
+LUA_BASE = '''\
+_CLAIM = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if st ~= 'queued' then return 0 end
+return 1
+"""
+
+
+class Store:
+    def __init__(self, client: object) -> None:
+        self._claim = client.register_script(_CLAIM)
+
+    def claim(self, job: str) -> object:
+        return self._claim(keys=[job])
+'''
+LUA_HEAD = LUA_BASE.replace("if st ~= 'queued' then", "if st ~= 'queued' and st ~= 'paused' then")
+CONFIG = """\
+[operators]
+use = ["NumberReplacer", "ReplaceComparisonOperator_Gt_GtE", "ReplaceBinaryOperator_Add_Sub"]
+lua = ["Lua_*"]
+
+[[group]]
+name = "store-lua"
+lua = true
+modules = ["pdppo/store/*.py"]
+tests = []
+"""
+
+
+def test_changed_lines_are_the_added_and_modified_ones_through_a_rename_and_in_lua(
+    tmp_path: Path,
+) -> None:
+    """Modified and added lines count, in the new file's numbering; a deleted line, a deleted
+    file, a renamed module's unchanged lines, files outside api/ core/ workers/ pdppo/ and
+    files that are not Python do not. A changed line of a Lua script held in a string gets
+    that line's Lua mutants only."""
+    repo = tmp_path / "repo"
+    moved = numbered("M", 20)
+    base = commit(
+        repo,
+        {
+            "pdppo/a.py": numbered("A", 10),
+            "pdppo/moved.py": moved,
+            "core/gone.py": "G = 1\n",
+            "pdppo/store/s.py": LUA_BASE,
+            "docs/x.py": "X = 1\n",
+            "tests/test_a.py": "T = 1\n",
+            "pdppo/data.txt": "1\n",
+        },
+    )
+    a = numbered("A", 10).splitlines(keepends=True)
+    a[2] = "A3 = 4\n"  # modified: line 3
+    a[5:5] = ["N1 = 1\n", "N2 = 2\n"]  # added after line 5: lines 6 and 7
+    del a[9]  # A8 deleted
+    commit(
+        repo,
+        {
+            "pdppo/a.py": "".join(a),
+            "pdppo/moved.py": None,
+            "pdppo/new/place.py": moved.replace("M12 = 12\n", "M12 = 1200\n"),
+            "core/gone.py": None,
+            "core/new.py": "B = 1\nC = 2\nD = 3\n",
+            "pdppo/store/s.py": LUA_HEAD,
+            "docs/x.py": "X = 2\n",
+            "tests/test_a.py": "T = 2\n",
+            "pdppo/data.txt": "2\n",
+        },
+    )
+    changed = changed_lines(repo, base, "HEAD")
+    assert changed == {
+        "pdppo/a.py": {3, 6, 7},
+        "pdppo/new/place.py": {12},
+        "core/new.py": {1, 2, 3},
+        "pdppo/store/s.py": {3},
+    }
+    # the working tree: an uncommitted change counts too, with --working-tree
+    (repo / "pdppo/a.py").write_text("".join(a) + "E = 5\n")
+    assert changed_lines(repo, base, None)["pdppo/a.py"] == {3, 6, 7, 12}
+
+    (repo / "mutation.toml").write_text(CONFIG)
+    config = load_config(repo / "mutation.toml")
+    plan = plan_module(repo, config, "pdppo/store/s.py", changed["pdppo/store/s.py"])
+    got = sorted((m.line, m.short_operator, m.occurrence) for m in plan.mutants)
+    # line 4's `return 1` (Lua_NumberReplacer, occurrence 1) is not a changed line
+    assert got == [
+        (3, "Lua_And_Or", 0),
+        (3, "Lua_NotEq_Eq", 0),
+        (3, "Lua_NotEq_Eq", 1),
+        (3, "Lua_NumberReplacer", 0),
+        (3, "Lua_Remove_EarlyReturn", 0),
+    ]
+    plan = plan_module(repo, config, "pdppo/a.py", changed["pdppo/a.py"])
+    assert sorted({m.line for m in plan.mutants}) == [3, 6, 7]  # NumberReplacer: 4, 1, 2
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """main: c1 - c2 - c3 (HEAD); a side branch from c1: s1."""
+    repo = tmp_path_factory.mktemp("history") / "repo"
+    c1 = commit(repo, {"pdppo/a.py": numbered("A", 4)})
+    c2 = commit(repo, {"pdppo/a.py": numbered("A", 5)})
+    git(repo, "checkout", "-q", "-b", "side", c1)
+    s1 = commit(repo, {"pdppo/b.py": "B = 1\n"})
+    git(repo, "checkout", "-q", "main")
+    c3 = commit(repo, {"pdppo/a.py": numbered("A", 6)})
+    return {"repo": str(repo), "c1": c1, "c2": c2, "c3": c3, "s1": s1}
+
+
+@pytest.mark.parametrize(
+    ("content", "rev", "warning"),
+    [
+        ("# the landed main\n{c1}\n", "c1", ""),
+        ("{c1}  # trailing words are a comment\n", "c1", ""),
+        (None, "c2", ".ci/mutation-base is missing"),
+        ("# a comment and nothing else\n", "c2", ".ci/mutation-base names no revision"),
+        ("deadbeef\n", "c2", ".ci/mutation-base names deadbeef, which is not a commit"),
+        ("{s1}\n", "c2", ".ci/mutation-base names {s1}, which is not an ancestor of HEAD"),
+        ("{c3}\n", "c2", ".ci/mutation-base names {c3}, the revision being mutated itself"),
+    ],
+)
+def test_the_base_is_the_recorded_ancestor_else_the_last_commit_with_a_warning(
+    history: dict[str, str], tmp_path: Path, content: str | None, rev: str, warning: str
+) -> None:
+    repo = Path(history["repo"])
+    base_file = tmp_path / "mutation-base"
+    if content is not None:
+        base_file.write_text(content.format(**history))
+    # resolve_base reads `repo / base_file`: an absolute base_file is read where it is
+    base = resolve_base(repo, "HEAD", None, base_file)
+    assert base.rev == history[rev]
+    if warning:
+        shown = warning.format(**history).replace(".ci/mutation-base", base_file.as_posix())
+        assert base.warning.startswith(shown), base.warning
+        assert "mutating the lines of the last commit only (HEAD^..HEAD)" in base.warning
+        assert changed_lines(repo, base.rev, "HEAD") == {"pdppo/a.py": {6}}  # c3's line
+    else:
+        assert base.warning == ""
+        assert changed_lines(repo, base.rev, "HEAD") == {"pdppo/a.py": {5, 6}}
+
+
+def test_a_given_base_overrides_the_file_and_no_base_at_all_fails(
+    history: dict[str, str], tmp_path: Path
+) -> None:
+    repo = Path(history["repo"])
+    (tmp_path / "base").write_text(f"{history['c1']}\n")
+    given = resolve_base(repo, "HEAD", history["c2"][:7], tmp_path / "base")
+    assert (given.rev, given.warning) == (history["c2"], "")
+    lone = tmp_path / "lone"
+    commit(lone, {"pdppo/a.py": "A = 1\n"})
+    with pytest.raises(NoBase, match=r"is missing, and HEAD \(\w+\) has no parent in this clone"):
+        resolve_base(lone, "HEAD", None, Path(".ci/mutation-base"))
+
+
+def test_recording_the_base_replaces_the_revision_and_keeps_the_comments(
+    history: dict[str, str], tmp_path: Path
+) -> None:
+    repo = Path(history["repo"])
+    base_file = tmp_path / "mutation-base"
+    assert record_base(repo, base_file, "HEAD~2") == history["c1"]  # none yet: the header
+    assert base_file.read_text().endswith(f"--record-base\n{history['c1']}\n")
+    base_file.write_text(f"# ours\n{history['c1']}\n# after\n")
+    assert record_base(repo, base_file, "HEAD") == history["c3"]
+    assert base_file.read_text() == f"# ours\n# after\n{history['c3']}\n"
+    # mutating c2, a base of c3 is no ancestor: the fallback, c2's parent
+    assert resolve_base(repo, "HEAD~1", None, base_file).rev == history["c1"]
+
+
+def test_each_modules_tests_nearest_first_and_the_larger_modules_take_more(
+    tmp_path: Path,
+) -> None:
+    """A module's tests: the files importing it (unit before integration), its group's quick
+    tests, then the files further away by imports (through product modules and test helpers);
+    tests/browser never. Across modules: each one's first test, then by mutants per test."""
+    files = {
+        "pdppo/__init__.py": "",
+        "pdppo/a.py": "X = 1\n",
+        "pdppo/b.py": "from .a import X\n",  # a relative import of a
+        "pdppo/c.py": "Y = 1\n",
+        "pdppo/d.py": "Z = 1\n",
+        "tests/unit/test_a.py": "from pdppo.a import X\n",
+        "tests/integration/test_a_service.py": "def test_x() -> None:\n    from pdppo import a\n",
+        "tests/unit/test_b.py": "import pdppo.b\n",
+        "tests/unit/helper.py": "from pdppo.a import X\n",
+        "tests/unit/test_helped.py": "from tests.unit.helper import X\n",
+        "tests/unit/test_q.py": "Q = 1\n",
+        "tests/browser/test_ui.py": "import pdppo.a\n",
+        "tests/unit/test_d.py": "import pdppo.d\n",
+        "tests/unit/test_d2.py": "from pdppo import d\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "mutation.toml").write_text(
+        '[operators]\nuse = ["NumberReplacer"]\n\n[[group]]\nname = "g"\n'
+        'modules = ["pdppo/a.py"]\ntests = ["tests/unit/test_q.py"]\n'
+    )
+    config = load_config(tmp_path / "mutation.toml")
+    plan = pick_tests(tmp_path, config, {"pdppo/a.py": 5, "pdppo/c.py": 1, "pdppo/d.py": 2})
+    assert plan.of_module == {
+        "pdppo/a.py": [
+            "tests/unit/test_a.py",
+            "tests/integration/test_a_service.py",
+            "tests/unit/test_q.py",
+            "tests/unit/test_b.py",
+            "tests/unit/test_helped.py",
+        ],
+        "pdppo/c.py": [],
+        "pdppo/d.py": ["tests/unit/test_d.py", "tests/unit/test_d2.py"],
+    }
+    # a first, d first; then a (5/2, 5/3, 5/4 mutants per test), the tie at 1.0 to a by name
+    assert plan.order == [
+        "tests/unit/test_a.py",
+        "tests/unit/test_d.py",
+        "tests/integration/test_a_service.py",
+        "tests/unit/test_q.py",
+        "tests/unit/test_b.py",
+        "tests/unit/test_helped.py",
+        "tests/unit/test_d2.py",
+    ]
+    assert plan.why["tests/unit/test_q.py"] == "quick test of group g: pdppo/a.py"
+    assert plan.why["tests/unit/test_helped.py"] == "2 imports away: pdppo/a.py"
+
+
+def mutant(module: str, line: int, operator: str = "NumberReplacer") -> Mutant:
+    return Mutant(module, f"core/{operator}", 0, line, 4, "x = 1")
+
+
+def test_mutants_start_in_a_fixed_order_whatever_order_they_were_made_in() -> None:
+    made = [mutant("pdppo/a.py", line) for line in (1, 2, 3)] + [mutant("core/b.py", 7)]
+    # sha256 of "pdppo/a.py:3:4:NumberReplacer" starts 647d126a, of line 2's b68ffaa5, of line
+    # 1's d4638e2c, of "core/b.py:7:4:NumberReplacer" e800c33b (sha256sum)
+    expected = [("pdppo/a.py", 3), ("pdppo/a.py", 2), ("pdppo/a.py", 1), ("core/b.py", 7)]
+    for todo in (made, made[::-1], made[2:] + made[:2]):
+        assert [(m.module, m.line) for m in sorted(todo, key=order_key)] == expected
+
+
+@pytest.mark.parametrize(
+    ("deadline", "ran"),
+    [(35.0, 4), (30.0, 3), (29.9, 3), (60.0, 6)],  # one at 30 s: none starts at the deadline
+)
+def test_the_budget_runs_the_beginning_of_the_order(deadline: float, ran: int) -> None:
+    todo = [mutant("pdppo/a.py", line) for line in range(1, 7)]
+    now = [0.0]
+
+    def run(m: Mutant) -> Result:
+        now[0] += 10.0  # each mutant takes 10 s
+        return Result(m, KILLED, 10.0, 1, "t", "")
+
+    def no_stop() -> None:
+        raise AssertionError("nothing was running at the deadline")
+
+    got = dispatch(todo, 1, run, deadline, clock=lambda: now[0], stop=no_stop)
+    assert [r.mutant for r in got.results] == todo[:ran]
+    assert got.not_started == todo[ran:]
+    assert got.stopped == []
+
+
+def test_a_mutant_running_at_the_deadline_is_stopped_and_not_scored() -> None:
+    todo = [mutant("pdppo/a.py", line) for line in (1, 2)]
+    release = threading.Event()
+
+    def run(m: Mutant) -> Result:
+        release.wait(30)
+        return Result(m, KILLED, 0.0, 1, "t", "")  # what an interrupted test run looks like
+
+    got = dispatch(todo, 1, run, time.monotonic() + 0.5, stop=release.set)
+    assert (got.results, got.stopped, got.not_started) == ([], todo[:1], todo[1:])
+
+
+@pytest.mark.parametrize(
+    ("detected", "scored", "passes"),
+    [
+        (9, 10, True),  # at 90%
+        (27, 30, True),  # at 90%: exact fractions, no rounding decides it
+        (8, 9, False),  # 88.9%, just under
+        (89, 100, False),
+        (91, 100, True),  # just over
+        (10, 10, True),
+        (0, 0, False),  # nothing scored is no pass
+    ],
+)
+def test_the_threshold_is_90_percent_of_what_ran(detected: int, scored: int, passes: bool) -> None:
+    assert verdict(detected, scored, Fraction("0.9")) is passes
+
+
+TOY_BASE = """\
+from __future__ import annotations
+
+
+def clamp(x: int, low: int = 0) -> int:
+    return max(x, low)
+
+
+def total(a: int, b: int) -> int:
+    return sum((a, b))
+"""
+TOY_TOTAL = TOY_BASE.replace("return sum((a, b))", "return a + b")
+TOY_HEAD = TOY_TOTAL.replace("return max(x, low)", "return x if x > low else low") + (
+    "\n\ndef unused(a: int) -> int:\n    return a + 1\n"
+)
+TOY_TESTS = """\
+from pdppo.toy import clamp, total
+
+
+def test_clamp_keeps_what_is_above_the_floor() -> None:
+    assert clamp(5) == 5
+    assert clamp(-3) == 0
+
+
+def test_total_adds() -> None:
+    assert total(2, 3) == 5
+"""
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """c1: the toy; c2: `total` rewritten with a `+`; c3 (HEAD): `clamp` with a `>`, `unused`
+    added, and .ci/mutation-base naming c1."""
+    repo = tmp_path_factory.mktemp("toy") / "repo"
+    c1 = commit(
+        repo,
+        {
+            "pdppo/__init__.py": "",
+            "pdppo/toy.py": TOY_BASE,
+            "tests/test_toy.py": TOY_TESTS,
+            "mutation.toml": CONFIG,
+        },
+    )
+    c2 = commit(repo, {"pdppo/toy.py": TOY_TOTAL})
+    commit(repo, {"pdppo/toy.py": TOY_HEAD, ".ci/mutation-base": f"# landed\n{c1}\n"})
+    return {"repo": str(repo), "c1": c1, "c2": c2}
+
+
+def step(repo: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The tool's main on the toy repository, as .ci/mutation runs it; stdout and stderr."""
+    code = "import sys; from pathlib import Path; import bench.mutation_changed as m\n"
+    code += f"m.REPO = Path({repo!r})\nsys.exit(m.main(sys.argv[1:]))\n"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--config", f"{repo}/mutation.toml", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_step_fails_below_90_percent_and_lists_each_survivor_with_its_tests(
+    toy: dict[str, str],
+) -> None:
+    """Since c1: `total`'s `+` (killed), `clamp`'s `>` (no test at the floor: survives, with
+    the test that ran it), and `unused`'s three (no test calls it: not covered). 1 of 5."""
+    done = step(toy["repo"])
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert f"changed since {toy['c1'][:7]} (.ci/mutation-base)" in out
+    assert "ran 5 of 5 mutants\n" in out
+    assert (
+        "survivors (4):\n"
+        "  pdppo/toy.py:5  ReplaceComparisonOperator_Gt_GtE\n"
+        "      - return x if x > low else low\n"
+        "      + return x if x >= low else low\n"
+        "      ran by 1 tests, none failed: "
+        "tests/test_toy.py: test_clamp_keeps_what_is_above_the_floor\n"
+        "  pdppo/toy.py:13  ReplaceBinaryOperator_Add_Sub\n"
+        "      - return a + 1\n"
+        "      + return a - 1\n"
+        "      not covered: none of the 1 test files run for pdppo/toy.py reaches it\n"
+    ) in out
+    assert out.count("not covered: none of the 1 test files") == 3
+    assert "FAIL: kill rate 20.0% (1 of 5) < 90%" in out
+
+
+def test_the_step_passes_at_100_percent(toy: dict[str, str]) -> None:
+    done = step(toy["repo"], "--rev", toy["c2"], "--base", toy["c1"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ran 1 of 1 mutants\n" in done.stdout
+    assert "ok: kill rate 100.0% (1 of 1) >= 90%" in done.stdout
+
+
+def test_a_budget_spent_before_any_mutant_fails_and_says_so(toy: dict[str, str]) -> None:
+    done = step(toy["repo"], "--budget", "0")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "baseline left out tests/test_toy.py: budget" in done.stdout
+    assert (
+        "ran 0 of 5 mutants (budget 0s; in the order of sha256(file:line:col:operator): "
+        "0 not started, 0 stopped at the budget, "
+        "5 of modules whose tests the baseline's share left out)"
+    ) in done.stdout
+    assert "FAIL: no mutant was scored" in done.stdout
+
+
+def test_a_missing_base_file_mutates_the_last_commit_and_says_why(
+    toy: dict[str, str], tmp_path: Path
+) -> None:
+    done = step(toy["repo"], "--list", "--base-file", str(tmp_path / "none"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"WARNING: {tmp_path / 'none'} is missing: mutating the lines")
+    # c2..c3: clamp's line and unused's (not total's, changed in c2)
+    assert "4 mutants on them" in done.stdout
+    assert f"changed since {toy['c2'][:7]} (HEAD^, the fallback)" in done.stdout

@@ -105,3 +105,21 @@ def test_a_failed_step_stops_the_steps_beside_and_waits_for_their_teardown(
     assert lines(done)[-1].startswith("== total: ")
     stray = subprocess.run(["pgrep", "-f", f"bash {teardown}"], capture_output=True, text=True)
     assert stray.stdout == ""
+
+
+def test_the_mutation_step_runs_beside_after_its_extras_and_its_failure_fails_the_run() -> None:
+    """.ci/run starts .ci/mutation beside the steps after the install of its extras (cosmic-ray),
+    and joins it before the run ends: a step beside that is never joined could fail unseen
+    once the last foreground step has passed."""
+    steps = [
+        line.split()[:3]
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.startswith(("step ", "beside ", "joined "))
+    ]
+    names = [" ".join(words[:2]) for words in steps]
+    assert ["beside", "mutation", ".ci/mutation"] in steps
+    assert "step mutation" not in names
+    assert names.index("step install-extras") < names.index("beside mutation")
+    assert names.index("joined mutation") > max(
+        i for i, name in enumerate(names) if name.startswith("step ")
+    )

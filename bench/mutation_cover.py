@@ -32,6 +32,10 @@ import coverage
 
 HERE = Path(__file__).resolve().parent
 PLUGIN = "mutation_contexts"
+# pytest plugins no test uses, whose import every test process pays (hypothesis's: 1.6 s of CPU
+# of about 6 for tests/workers/test_outage_log.py on a loaded 2-core machine); a test with
+# @given still runs without it
+UNUSED_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 DATA_PID = re.compile(r"\.pid(\d+)\.")  # coverage's data file suffix: <host>.pid<pid>.X<random>
 
 
@@ -172,7 +176,7 @@ def run_baseline(
             env = test_env(copy, plugin_dir)
             env["COVERAGE_PROCESS_START"] = str(_rc_file(data_dir, copy, modules, data_dir))
             env["PDPPO_MUTATION_TIMES"] = str(times)
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PLUGIN]
+            cmd = [sys.executable, "-m", "pytest", "-q", *UNUSED_PLUGINS, "-p", PLUGIN]
             cmd += [f"--basetemp={workdir / 'pytest-baseline'}", test_file]
             print(f"  baseline: {test_file} ...", file=sys.stderr, flush=True)
             t0 = time.monotonic()

@@ -28,7 +28,7 @@ from cosmic_ray.mutating import use_mutation
 
 from bench import mutation_lua
 from bench.mutation_contexts import descendants
-from bench.mutation_cover import test_env
+from bench.mutation_cover import UNUSED_PLUGINS, test_env
 from bench.mutation_plan import Mutant, changed_text, describe
 
 KILLED, TIMEOUT, SURVIVED, NOT_COVERED, FLAKY, ERROR = (
@@ -154,8 +154,7 @@ def pytest_command(tests: list[str], basetemp: Path, bounds: dict[str, float] | 
         "pytest",
         "-x",
         "-q",
-        "-p",
-        "no:cacheprovider",
+        *UNUSED_PLUGINS,
         f"--basetemp={basetemp}",
         *each,
         *tests,

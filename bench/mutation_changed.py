@@ -57,8 +57,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mutation import TIMEOUT_FACTOR, reaching, stop_on_signals
-from bench.mutation_cover import Copy, make_copy, run_baseline
+from bench.mutation_cover import Baseline, Copy, make_copy, run_baseline
 from bench.mutation_exec import (
+    ERROR,
     KILLED,
     NOT_COVERED,
     Killers,
@@ -491,6 +492,40 @@ def print_survivors(results: list[Result], reach: dict[str, list[str]]) -> None:
             print(f"      ran by {len(tests)} tests, none failed: {tests_by_file(tests)}")
 
 
+def sort_out(
+    root: Path,
+    plans: list[ModulePlan],
+    tests: TestPlan,
+    baseline: Baseline,
+    runs: dict[str, ModuleRun],
+) -> tuple[dict[str, list[str]], list[Mutant], list[Mutant]]:
+    """(each mutant's reaching tests, the mutants to run in their fixed order, those whose
+    coverage is unknown). A mutant no test reaches is scored "not covered" into `runs` when
+    every test file of its module ran in the baseline; when one did not, it is unknown."""
+    reach: dict[str, list[str]] = {}
+    todo: list[Mutant] = []
+    unmeasured: list[Mutant] = []
+    for plan in plans:
+        mine = tests.of_module.get(plan.module, [])
+        for mutant in plan.mutants:
+            reach[mutant.key] = reaching(baseline, mutant)
+            if reach[mutant.key]:
+                todo.append(mutant)
+            elif set(mine) & set(baseline.left_out):
+                unmeasured.append(mutant)
+            else:
+                why = (
+                    f"none of the {len(mine)} test files run for {plan.module} reaches it"
+                    if mine
+                    else f"no test file imports {plan.module}, nor lists it in a group of "
+                    "bench/mutation.toml"
+                )
+                runs[plan.module].results.append(
+                    Result(describe(root, mutant), NOT_COVERED, 0.0, 0, "", why)
+                )
+    return reach, sorted(todo, key=order_key), unmeasured
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", metavar="REV", help=f"compare with REV, not {BASE_FILE}'s")
@@ -618,32 +653,10 @@ def _run(
     for test, why in baseline.left_out.items():
         print(f"  baseline left out {test}: {why}")
     print(f"baseline: {baseline.seconds:.0f}s", flush=True)
-    left_out = set(baseline.left_out)
 
     runs = {p.module: ModuleRun(p.module, len(p.mutants) + len(p.equivalents), {},
                                 p.equivalents, len(p.mutants)) for p in plans}  # fmt: skip
-    reach: dict[str, list[str]] = {}
-    todo: list[Mutant] = []
-    unmeasured: list[Mutant] = []
-    for plan in plans:
-        mine = tests.of_module.get(plan.module, [])
-        for mutant in plan.mutants:
-            reach[mutant.key] = reaching(baseline, mutant)
-            if reach[mutant.key]:
-                todo.append(mutant)
-            elif set(mine) & left_out:
-                unmeasured.append(mutant)  # the tests that could reach it did not run
-            else:
-                why = (
-                    f"none of the {len(mine)} test files run for {plan.module} reaches it"
-                    if mine
-                    else f"no test file imports {plan.module}, nor lists it in a group of "
-                    "bench/mutation.toml"
-                )
-                runs[plan.module].results.append(
-                    Result(describe(root, mutant), NOT_COVERED, 0.0, 0, "", why)
-                )
-    todo.sort(key=order_key)
+    reach, todo, unmeasured = sort_out(root, plans, tests, baseline, runs)
 
     killers = Killers()
     free: queue.Queue[int] = queue.Queue()
@@ -690,30 +703,43 @@ def _run(
             write_json(args.json, list(runs.values()), meta)
 
     ran = dispatch(todo, len(copies), run, deadline, scored)
-    all_runs = list(runs.values())
-    print_group("lines changed since " + base.named, all_runs, reach, survivors=False)
-    print_survivors([r for run in all_runs for r in run.results], reach)
-    detected = sum(r.detected for r in all_runs)
-    scored_count = sum(r.scored for r in all_runs)
-    not_run = total - scored_count
     meta.update(
-        ran=scored_count,
-        mutants=total,
         not_started=len(ran.not_started),
         stopped=len(ran.stopped),
         unmeasured=len(unmeasured),
         seconds=round(time.monotonic() - started, 1),
     )
+    return report(args, root, base, list(runs.values()), ran, unmeasured, reach, meta, started)
+
+
+def report(
+    args: argparse.Namespace,
+    root: Path,
+    base: Base,
+    runs: list[ModuleRun],
+    ran: Dispatched,
+    unmeasured: list[Mutant],
+    reach: dict[str, list[str]],
+    meta: dict[str, Any],
+    started: float,
+) -> int:
+    """Prints the table, the survivors and what the budget left out; the exit status."""
+    print_group("lines changed since " + base.named, runs, reach, survivors=False)
+    print_survivors([r for run in runs for r in run.results], reach)
+    total = sum(run.planned for run in runs)
+    detected = sum(run.detected for run in runs)
+    scored = sum(run.scored for run in runs)
+    meta.update(ran=scored, mutants=total)
     if args.json:
-        write_json(args.json, all_runs, meta)
-    print(f"\nran {scored_count} of {total} mutants", end="")
-    if not_run:
+        write_json(args.json, runs, meta)
+    print(f"\nran {scored} of {total} mutants", end="")
+    if scored < total:
         parts = [
             f"{len(ran.not_started)} not started",
             f"{len(ran.stopped)} stopped at the budget",
             f"{len(unmeasured)} of modules whose tests the baseline's share left out",
         ]
-        errors = sum(1 for r in ran.results if r.outcome == "error")
+        errors = sum(1 for r in ran.results if r.outcome == ERROR)
         parts += [f"{errors} errors"] if errors else []
         print(f" (budget {args.budget:.0f}s; in the order of {ORDER}: {', '.join(parts)})")
     else:
@@ -722,15 +748,14 @@ def _run(
         m = describe(root, mutant)
         print(f"  stopped at the budget: {m.module}:{m.line} {m.short_operator}: {m.mutated}")
     print(f"({(time.monotonic() - started) / 60:.1f} min in all)")
-    minimum = args.min_kill_rate
-    if not scored_count:
-        print("FAIL: no mutant was scored (the budget ended before the first one)")
+    if not scored:
+        print(f"FAIL: none of the {total} mutants was scored")
         return 1
-    kill = f"kill rate {rate(detected, scored_count).strip()} ({detected} of {scored_count})"
-    if not verdict(detected, scored_count, minimum):
-        print(f"FAIL: {kill} < {float(minimum):.0%}")
+    kill = f"kill rate {rate(detected, scored).strip()} ({detected} of {scored})"
+    if not verdict(detected, scored, args.min_kill_rate):
+        print(f"FAIL: {kill} < {float(args.min_kill_rate):.0%}")
         return 1
-    print(f"ok: {kill} >= {float(minimum):.0%}")
+    print(f"ok: {kill} >= {float(args.min_kill_rate):.0%}")
     return 0
 
 

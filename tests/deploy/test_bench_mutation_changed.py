@@ -456,7 +456,7 @@ def test_a_budget_spent_before_any_mutant_fails_and_says_so(toy: dict[str, str])
         "0 not started, 0 stopped at the budget, "
         "5 of modules whose tests the baseline's share left out)"
     ) in done.stdout
-    assert "FAIL: no mutant was scored" in done.stdout
+    assert "FAIL: none of the 5 mutants was scored" in done.stdout
 
 
 def test_a_missing_base_file_mutates_the_last_commit_and_says_why(

@@ -460,14 +460,21 @@ def verdict(detected: int, scored: int, minimum: Fraction) -> bool:
     return scored > 0 and Fraction(detected, scored) >= minimum
 
 
-def tests_by_file(tests: list[str]) -> str:
-    """`file: test, test (3 cases)` per file: a parametrized test is one name."""
+NAMED_TESTS = 12  # a survivor's tests are named up to this many; past it, counted per file
+
+
+def reaching_by_file(tests: list[str]) -> str:
+    """`file: test, test (3 cases)` per file, a parametrized test once; past `NAMED_TESTS`
+    tests, `file (n tests)`: a module-level line reaches every test of its files."""
     files: dict[str, dict[str, int]] = {}
     for test in tests:
         path, _, name = test.partition("::")
         cases = files.setdefault(path, {})
         name = name.split("[", 1)[0]
         cases[name] = cases.get(name, 0) + 1
+    if len(tests) > NAMED_TESTS:
+        counts = {path: sum(names.values()) for path, names in files.items()}
+        return "; ".join(f"{p} ({n} test{'s' * (n > 1)})" for p, n in counts.items())
     return "; ".join(
         f"{path}: "
         + ", ".join(f"{name} ({n} cases)" if n > 1 else name for name, n in names.items())
@@ -489,7 +496,7 @@ def print_survivors(results: list[Result], reach: dict[str, list[str]]) -> None:
         if result.outcome == NOT_COVERED or not tests:
             print(f"      not covered: {result.detail or 'no test runs this line'}")
         else:
-            print(f"      ran by {len(tests)} tests, none failed: {tests_by_file(tests)}")
+            print(f"      ran by {len(tests)} tests, none failed: {reaching_by_file(tests)}")
 
 
 def sort_out(

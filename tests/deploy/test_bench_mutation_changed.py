@@ -29,6 +29,7 @@ from bench.mutation_changed import (  # noqa: E402
     order_key,
     pick_tests,
     plan_module,
+    reaching_by_file,
     record_base,
     resolve_base,
     verdict,
@@ -351,6 +352,14 @@ def test_a_mutant_running_at_the_deadline_is_stopped_and_not_scored() -> None:
 )
 def test_the_threshold_is_90_percent_of_what_ran(detected: int, scored: int, passes: bool) -> None:
     assert verdict(detected, scored, Fraction("0.9")) is passes
+
+
+def test_a_survivors_tests_are_named_by_file_and_counted_past_twelve() -> None:
+    few = ["t/a.py::x[1]", "t/a.py::x[2]", "t/a.py::y", "t/b.py::z"]
+    assert reaching_by_file(few) == "t/a.py: x (2 cases), y; t/b.py: z"
+    many = [f"t/a.py::x[{i}]" for i in range(12)] + ["t/b.py::z"]
+    assert reaching_by_file(many[:12]) == "t/a.py: x (12 cases)"
+    assert reaching_by_file(many) == "t/a.py (12 tests); t/b.py (1 test)"
 
 
 TOY_BASE = """\

@@ -62,6 +62,38 @@ def test_quick_start_is_two_commands_stack_first_then_tests() -> None:
     assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
 
 
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_every_torch_install_line_is_true_off_this_machine() -> None:
+    """`pip install torch==V` takes the CPU build only where pip is set up to serve a local
+    `+cpu` wheel (CI's machine); against the public index it resolves the CUDA build, about 20
+    packages and several GB more. So every torch install a reader can copy names PyTorch's CPU
+    index, the release CI tests (`.ci/run`) and the CPU image's (deploy/Dockerfile)."""
+    ci = re.findall(r"pip install torch==(\S+)", (ROOT / ".ci" / "run").read_text())
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    image = re.findall(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.MULTILINE)
+    assert ci == image == ["2.13.0"], (ci, image)
+    assert f"ARG TORCH_INDEX_URL={CPU_INDEX}\n" in dockerfile
+    lines = {
+        f"{page.name}: {line}": line
+        for page in [ROOT / "README.md", *DOC_PAGES]
+        for line in page.read_text().splitlines()
+        if re.search(r"pip install [^`]*\btorch\b", line)
+    }
+    assert len(lines) >= 5, lines  # the quick start, README's tests, the pages that repeat them
+    wrong = [
+        where
+        for where, line in lines.items()
+        for install in re.findall(r"pip install torch[^\s`]*(?: --index-url [^\s`]+)?", line)
+        if install != f"pip install torch=={ci[0]} --index-url {CPU_INDEX}"
+    ]
+    assert wrong == []
+    quick_start = _commands(re.findall(r"```bash\n(.*?)```", _section("Quick start"), re.DOTALL)[0])
+    assert f"pip install torch=={ci[0]} --index-url {CPU_INDEX} && " in quick_start[0]
+    assert "leave that\n`pip install` out" in _section("Quick start")  # what a GPU machine does
+
+
 def test_readme_is_a_landing_page_that_links_into_the_docs() -> None:
     """The first screen says what this is and the two commands; the reference is in docs/."""
     lines = README.splitlines()

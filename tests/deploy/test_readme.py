@@ -227,3 +227,35 @@ def test_the_failure_codes_page_lists_every_code_a_job_can_end_with() -> None:
     table = _section("Limits and failures", page, level="#")
     listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.MULTILINE)
     assert sorted(listed) == sorted(FAILURE_CODES)
+
+
+def test_what_a_cancel_keeps_is_told_as_the_job_log_tells_it() -> None:
+    """The steering page said a cancel "keeps nothing" while the job's own log says it stops
+    "keeping its last checkpoint" (pdppo/store/jobs/api_side.py), which is what the trainer does
+    (core/training/trainer.py: a cancel mid-update discards that step's partial update and
+    keeps the latest checkpoint; between steps it checkpoints the last one)."""
+    from pdppo.store.jobs import api_side
+
+    assert "the job stops within seconds, keeping its last checkpoint" in (
+        Path(api_side.__file__).read_text()
+    )
+    assert "keeps nothing" not in DOCS
+    steering = (ROOT / "docs" / "users" / "steering.md").read_text()
+    assert "a cancelled job keeps its last\ncheckpoint" in steering
+
+
+def test_the_active_job_limit_is_told_as_the_store_counts_it() -> None:
+    """POST /v1/jobs answers 429 when the tenant's active set (queued, running and paused jobs:
+    a paused job is still active, pdppo/store/jobs/api_side.py) is at the limit; the setting's
+    description and deploy/.env.example said queued plus running."""
+    from pdppo.store.jobs import api_side
+
+    assert "Queued, running or paused jobs come from the small active set" in (
+        Path(api_side.__file__).read_text()
+    )
+    field = Settings.model_fields["max_active_jobs_per_tenant"]
+    assert field.description == "queued, running and paused jobs per tenant before POST answers 429"
+    env = (ROOT / "deploy" / ".env.example").read_text()
+    assert "# Queued, running and paused jobs per tenant before POST /v1/jobs answers 429." in env
+    told = DOCS + env
+    assert re.findall(r"(?i)queued (?:plus|or|and) running jobs", told) == []

@@ -274,3 +274,26 @@ def test_the_docs_site_stays_on_the_line_that_gets_fixes() -> None:
     assert "export NO_MKDOCS_2_WARNING=1" in (ROOT / ".ci" / "docs").read_text()
     page = (ROOT / "docs" / "developers" / "tests.md").read_text()
     assert "does not run MkDocs hooks" in page and "2027-05-05" in page
+
+
+def test_the_deployment_commands_are_the_ones_ci_runs() -> None:
+    """README's and the deployment page's compose commands are the plain `up -d --build` with no
+    service names (before: README's failed on `Service 'worker-gpu' needs to be built`, the
+    page named services and left `sample` out), and .ci/compose runs exactly that, with the
+    Compose v2 CLI (`docker compose`) and with Compose 1.29."""
+    cp = "cp deploy/.env.example deploy/.env"
+    up = "docker compose -f deploy/docker-compose.yml up -d --build"
+    block = re.findall(r"```bash\n(.*?)```", _section("A tour"), re.DOTALL)[-1]
+    assert _commands(block) == [cp, up]
+    page = (ROOT / "docs" / "operators" / "deployment.md").read_text()
+    starting = _commands(
+        re.findall(r"```bash\n(.*?)```", _section("Starting it", page), re.DOTALL)[0]
+    )
+    assert starting[:2] == [cp, up]
+    ci = (ROOT / ".ci" / "compose").read_text()
+    assert 'step "${name}: up -d --build" "${compose[@]}" up -d --build\n' in ci
+    assert "--file deploy/docker-compose.yml)" in ci
+    assert 'deployment v2 "/usr/bin/docker compose --progress quiet"' in ci
+    assert "deployment v1.29 docker-compose " in ci
+    # nowhere a list of services to start instead (restarting one, `up -d redis`, is fine)
+    assert not re.search(r"up -d (?:--no-build |--build )?redis api", ci + page + README)

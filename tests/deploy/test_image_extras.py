@@ -113,6 +113,12 @@ def test_the_pins_bring_no_dev_tools_nor_embedded_redis(constraints: str) -> Non
         assert {"fastapi", "uvicorn"} <= pinned
 
 
+def test_all_is_what_the_cpu_image_installs_plus_local() -> None:
+    """`all` is "everything a deployment runs, in one process tree": the images' extras (the
+    trackers among them now) and `local`."""
+    assert EXTRAS["all"] == [f"pdppo[{','.join([*_lock_extras('CPU_EXTRAS'), 'local'])}]"]
+
+
 def test_the_plain_install_is_the_client_and_dev_brings_everything() -> None:
     plain = {re.split(r"[<>=!~ ]", r, maxsplit=1)[0] for r in PYPROJECT["project"]["dependencies"]}
     assert plain == {"pydantic", "pyyaml", "click", "tqdm", "httpx", "httpx-sse"}

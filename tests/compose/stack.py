@@ -75,7 +75,9 @@ class Stack:
         return done
 
     def container(self, service: str) -> str:
-        ids = self.run("ps", "-q", service).stdout.split()
+        """The service's container, stopped ones too (Compose v2's `ps` lists running ones only
+        unless told `--all`; 1.29's listed both)."""
+        ids = self.run("ps", "--all", "-q", service).stdout.split()
         assert len(ids) == 1, f"{service}: containers {ids}"
         return ids[0]
 

@@ -297,3 +297,26 @@ def test_the_deployment_commands_are_the_ones_ci_runs() -> None:
     assert "deployment v1.29 docker-compose " in ci
     # nowhere a list of services to start instead (restarting one, `up -d redis`, is fine)
     assert not re.search(r"up -d (?:--no-build |--build )?redis api", ci + page + README)
+
+
+def test_every_documented_sample_prompt_is_in_a_built_in_tasks_format() -> None:
+    """The pages tried a tuned model with `"12="`, which no built-in task asks (their prompts
+    are `reverse 123=`, `copy 90=`, ...): a model trained on examples/ answered noise to it."""
+    import json
+    import random
+
+    from core.tasks.builtin import DigitStringTask
+
+    formats = set()
+    for name in ("copy", "reverse", "sort"):
+        example = DigitStringTask(name, min_len=3, max_len=3).sample(random.Random(0))
+        formats.add(re.sub(r"\d+", "D", example.prompt))
+    assert formats == {"copy D=", "reverse D=", "sort D="}
+    for line in (ROOT / "examples" / "data" / "chat_math.jsonl").read_text().splitlines():
+        turns = json.loads(line)["messages"]  # examples/chat_math.yaml's chat prompts
+        formats |= {re.sub(r"\d+", "D", m["content"]) for m in turns if m["role"] == "user"}
+    prompts = re.findall(r'pdppo sample \w+ "([^"]+)"', DOCS)
+    prompts += re.findall(r'client\.complete\(\w+, "([^"]+)"', DOCS)
+    prompts += re.findall(r'"content": "([^"]*\d=)"', DOCS)
+    assert len(prompts) >= 5, prompts
+    assert sorted({p for p in prompts if re.sub(r"\d+", "D", p) not in formats}) == []

@@ -88,7 +88,9 @@ class Settings(
         description="checkpoints and models, one folder per job id",
     )
     max_active_jobs_per_tenant: int = Field(
-        default=16, ge=1, description="queued plus running jobs per tenant before POST answers 429"
+        default=16,
+        ge=1,
+        description="queued, running and paused jobs per tenant before POST answers 429",
     )
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024, description="request bodies above get 413"

@@ -63,15 +63,25 @@ async def submit(
     with this spec. Raises 507 over the storage quota, `SpecRefused` (422) for what admission
     refuses, 429 past the tenant's active-job limit, 409 for a key reused with another spec.
 
+    A replay is answered before any of those checks, which refuse a NEW job: since the first
+    answer the tenant may have passed its quota, a limit may have been lowered or a file the
+    spec names deleted, and a client retrying a create whose answer it lost must get the job it
+    made, not a refusal that reads as "no job" (issue 49). (The create script looks the key up
+    again, in the same step as it creates: a twin request between the two is a replay too.)
+
     `experiment`: the experiment the job is a child of (its task waits behind other jobs',
     `workers.celery_app.task_priority`); `admitted`: the caller has run the quota and admission
     checks already (an experiment checks every child before it creates any)."""
+    spec_json = spec.model_dump_json()
+    if idempotency_key is not None:
+        known = await store.idempotent_job(tenant, idempotency_key)
+        if known is not None:
+            return Submitted(_same_spec(known, spec_json), replayed=True)
     if not admitted:
         await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
         _, _, problems = await admit(spec, settings, tenant, store)
         if problems:
             raise SpecRefused(problems)
-    spec_json = spec.model_dump_json()
     queue = spec.queue
     job_id = new_job_id()
     pending_write(request, "job", job_id, f"the creation of job {job_id}")
@@ -105,13 +115,18 @@ async def submit(
     if record is None:  # only if someone deleted it in between
         raise HTTPException(404, detail=f"job {result.job_id!r} not found")
     if result.outcome == "existing":
-        if record.spec_digest != spec_digest(spec_json):
-            raise HTTPException(
-                409, detail="Idempotency-Key was already used with a different job spec"
-            )
-        return Submitted(record, replayed=True)
+        return Submitted(_same_spec(record, spec_json), replayed=True)
     if settings.api_publish_tasks:
         # off the request path: see api/jobs/publisher.py
         publisher.submit(record.id, queue, task_priority(experiment))
     JOBS_SUBMITTED.labels(queue).inc()
     return Submitted(record, replayed=False)
+
+
+def _same_spec(record: JobRecord, spec_json: str) -> JobRecord:
+    """The job an Idempotency-Key made, if it was made with this spec; else 409."""
+    if record.spec_digest != spec_digest(spec_json):
+        raise HTTPException(
+            409, detail="Idempotency-Key was already used with a different job spec"
+        )
+    return record

@@ -186,6 +186,12 @@ class AsyncJobStore:
         raw = await self.redis.hgetall(job_key(job_id))
         return _record_or_none(cast(dict[str, str], raw))
 
+    async def idempotent_job(self, tenant: str, key: str) -> JobRecord | None:
+        """The job `key` (an Idempotency-Key of `tenant`) made, while the key lives; None when
+        it made none (or the job is deleted)."""
+        job_id = await self.redis.get(idempotency_key(tenant, key))
+        return await self.get(str(job_id)) if job_id else None
+
     async def list_jobs(
         self, tenant: str, *, limit: int, cursor: str | None, status: str | None
     ) -> tuple[list[JobRecord], str | None]:

@@ -7,6 +7,7 @@ the quick tests of the mutation group "routes" (bench/mutation.toml)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -268,3 +269,31 @@ def test_a_change_to_a_setting_that_cannot_change_while_running_is_422_naming_it
         }
     ]
     assert client.hget(job_key("j-fixed"), "config_version") is None  # nothing changed
+
+
+def test_a_change_to_a_queued_job_keeps_its_age_in_the_queue(
+    settings: Settings,  # noqa: F811
+) -> None:
+    """`pdppo_queue_oldest_job_age_seconds` is how long the job has waited since it was queued:
+    a PATCH while it waits changes its settings, not its wait. Before, the age was read from
+    `updated_at`, which the PATCH moves: right after it the job read as queued for 0 s."""
+    headers = {"Content-Type": "application/merge-patch+json"}
+    change = {"json": {"train": {"optim": {"lr": 0.001}}}, "headers": headers}
+    quiet = settings.model_copy(update={"api_publish_tasks": False})
+    (made,) = send(quiet, ("alice", "POST", "/v1/jobs", {"json": smoke_spec()}))
+    assert made.status_code == 201, made.text
+    time.sleep(2.0)
+    patched, metrics = send(
+        quiet,
+        ("alice", "PATCH", f"/v1/jobs/{made.json()['id']}", change),
+        ("alice", "GET", "/metrics", {}),
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["config_version"] == 1
+    ages = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.text.splitlines()
+        if line.startswith('pdppo_queue_oldest_job_age_seconds{queue="cpu"}')
+    ]
+    assert len(ages) == 1
+    assert 2.0 <= ages[0] < 30.0, ages

@@ -31,6 +31,7 @@ QUEUE = "gpu"
 TOKEN = "w1:0123456789abcdef"  # the lease token of the worker that claimed the job
 TRACKED = (
     *("attempts", "config_version", "error_message", "finished_at", "requeues", "started_at"),
+    "queued_at",  # when it entered the queue: the oldest-queued age reads it, a PATCH must not move it
     *("step", "total_steps", "worker_losses", "eval_step", "samples_step", "checkpoint_step"),
 )
 
@@ -88,7 +89,7 @@ RUNNING = ("running", "running+cancel", "running+pause", "running+cancel+pause")
 # fmt: off
 ROWS: list[Row] = [
     # create (API): a new job under its tenant's quota of 2 active jobs, or of none
-    Row("missing", "create", "created", "queued", "status", "attempts total_steps", "listed active outbox"),
+    Row("missing", "create", "created", "queued", "status", "attempts queued_at total_steps", "listed active outbox"),
     *unchanged("create:full", "limit", "missing"),
 
     # claim: a worker takes the job (queued, or running whose lease the caller took over)
@@ -133,14 +134,14 @@ ROWS: list[Row] = [
     *unchanged("finish:cancelled", False, *ENDED, "missing"),
 
     # requeue: a reaper finds the lease expired (its worker died); no limit on worker losses
-    Row("running", "requeue", "requeued", "queued", "log status", "requeues worker_losses", "listed active outbox"),
-    Row("running+lost", "requeue", "requeued", "queued", "log status", "requeues worker_losses", "listed active outbox"),
+    Row("running", "requeue", "requeued", "queued", "log status", "queued_at requeues worker_losses", "listed active outbox"),
+    Row("running+lost", "requeue", "requeued", "queued", "log status", "queued_at requeues worker_losses", "listed active outbox"),
     Row("running+cancel", "requeue", "cancelled", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
     Row("running+pause", "requeue", "paused", "paused", "log status", "", "listed active"),
     Row("running+cancel+pause", "requeue", "cancelled", "cancelled+cancel+pause", "status done", ended("cancelled"), "listed"),
     *unchanged("requeue", "not-running", "queued", "paused", *ENDED, "missing"),
     # ... with at most 1 worker loss: the second one fails the job
-    Row("running", "requeue:limit1", "requeued", "queued", "log status", "requeues worker_losses", "listed active outbox"),
+    Row("running", "requeue:limit1", "requeued", "queued", "log status", "queued_at requeues worker_losses", "listed active outbox"),
     Row("running+lost", "requeue:limit1", "failed", "failed:worker_lost", "status done", f"{ended('failed', 'worker_lost')} worker_losses", "listed"),
     Row("running+cancel", "requeue:limit1", "cancelled", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
     Row("running+pause", "requeue:limit1", "paused", "paused", "log status", "", "listed active"),
@@ -148,8 +149,8 @@ ROWS: list[Row] = [
     *unchanged("requeue:leased", "leased", *RUNNING, "succeeded+lease"),
     *unchanged("requeue:leased", "not-running", "queued", "paused", "succeeded"),
     # hand-back: the lease holder gives the job back (limit 1: a hand-back is no worker loss)
-    Row("running", "hand-back", "requeued", "queued", "log status", "requeues", "listed active outbox"),
-    Row("running+lost", "hand-back", "requeued", "queued", "log status", "requeues", "listed active outbox"),
+    Row("running", "hand-back", "requeued", "queued", "log status", "queued_at requeues", "listed active outbox"),
+    Row("running+lost", "hand-back", "requeued", "queued", "log status", "queued_at requeues", "listed active outbox"),
     Row("running+cancel", "hand-back", "cancelled", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
     Row("running+pause", "hand-back", "paused", "paused", "log status", "", "listed active"),
     Row("succeeded+lease", "hand-back", "not-running", "=", "", "", "listed"),  # lease let go
@@ -179,10 +180,10 @@ ROWS: list[Row] = [
     *unchanged("pause", "missing", "missing"),
 
     # resume (API; the tenant may have 2 active jobs)
-    Row("paused", "resume", "queued", "queued", "status", "", "listed active outbox"),
+    Row("paused", "resume", "queued", "queued", "status", "queued_at", "listed active outbox"),
     Row("running+pause", "resume", "withdrawn", "running", "log", "", "="),
     Row("running+cancel+pause", "resume", "withdrawn", "running+cancel", "log", "", "="),
-    Row("failed:storage_full", "resume", "queued", "queued", "log status", "error_message finished_at", "listed active outbox"),
+    Row("failed:storage_full", "resume", "queued", "queued", "log status", "error_message finished_at queued_at", "listed active outbox"),
     *unchanged("resume", "expired", "failed:storage_full+expired"),
     *unchanged("resume", "already-queued", "queued"),
     *unchanged("resume", "already-running", "running", "running+cancel"),
@@ -191,7 +192,7 @@ ROWS: list[Row] = [
     *unchanged("resume", "already-cancelled", "cancelled"),
     *unchanged("resume", "missing", "missing"),
     # ... when the tenant may have no active job: a paused one holds its place already
-    Row("paused", "resume:full", "queued", "queued", "status", "", "listed active outbox"),
+    Row("paused", "resume:full", "queued", "queued", "status", "queued_at", "listed active outbox"),
     *unchanged("resume:full", "limit", "failed:storage_full"),
 
     # patch (API): settings changed from version 0, total steps to 20

@@ -148,6 +148,7 @@ class AsyncJobStore:
             "spec_digest": spec_digest(spec_json),
             "created_at": now,
             "updated_at": now,
+            "queued_at": now,
             "total_steps": str(total_steps),
             "attempts": "0",
         }

@@ -95,7 +95,7 @@ if st == 'failed' and (code == 'storage_full' or code == 'storage_error') then
   if redis.call('HEXISTS', KEYS[1], 'artifacts_expired_at') == 1 then return 'expired' end
   if redis.call('SCARD', KEYS[4]) >= tonumber(ARGV[5]) then return 'limit' end
   local id = redis.call('HGET', KEYS[1], 'id')
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1], 'queued_at', ARGV[1])
   redis.call('HDEL', KEYS[1], 'finished_at', 'error_code', 'error_message', 'error_traceback')
   redis.call('SADD', KEYS[4], id)
   redis.call('ZADD', KEYS[3], ARGV[3], id)
@@ -104,7 +104,7 @@ if st == 'failed' and (code == 'storage_full' or code == 'storage_error') then
   return 'queued'
 end
 if st == 'paused' then
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1], 'queued_at', ARGV[1])
   redis.call('ZADD', KEYS[3], ARGV[3], redis.call('HGET', KEYS[1], 'id'))
   job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[2])
   return 'queued'

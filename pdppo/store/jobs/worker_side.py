@@ -241,7 +241,7 @@ if ARGV[7] == '' then
     return 'failed'
   end
 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2], 'queued_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 redis.call('ZADD', KEYS[6], ARGV[12], ARGV[1])
 redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])

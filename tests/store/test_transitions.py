@@ -159,6 +159,19 @@ async def pause(conn: aredis.Redis) -> str:
     return (await AsyncSteering(conn).pause(JOB)).outcome
 
 
+def patch_if_match(url: str, *, base: int, expected: list[int]) -> tuple[str, str]:
+    """A change computed from version `base`, sent with `If-Match` naming `expected`."""
+    return cast(
+        tuple[str, str],
+        on_api(
+            url,
+            lambda a: AsyncSteering(a).patch(
+                JOB, base, {"lr": 0.1}, 20, "lr 0.1", expected_versions=expected
+            ),
+        ),
+    )
+
+
 REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "create": lambda c, url: on_api(url, lambda a: create(a, 2)),
     "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
@@ -189,6 +202,10 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "patch:stale": lambda c, url: on_api(
         url, lambda a: AsyncSteering(a).patch(JOB, 3, {"lr": 0.1}, 20, "lr 0.1")
     ),
+    "patch:if-match": lambda c, url: patch_if_match(url, base=0, expected=[0]),
+    "patch:if-match-stale": lambda c, url: patch_if_match(url, base=3, expected=[3]),
+    "patch:if-match-list": lambda c, url: patch_if_match(url, base=0, expected=[2, 0]),
+    "patch:if-match-moved": lambda c, url: patch_if_match(url, base=3, expected=[0]),
     "delete": lambda c, url: on_api(url, lambda a: delete(a, TENANT)),
     "delete:other-tenant": lambda c, url: on_api(url, lambda a: delete(a, "u")),
 }

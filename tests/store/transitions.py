@@ -203,6 +203,19 @@ ROWS: list[Row] = [
     *unchanged("patch", ("terminal", "cancelled"), "cancelled"),
     *unchanged("patch", ("missing", ""), "missing"),
     *unchanged("patch:stale", ("conflict", "0"), "queued", "running"),  # from version 3
+    # ... with If-Match: the version the change was computed from (0) is the job's, or is not (3,
+    # a client that read the job before another change); a list matches any of its versions
+    *[Row(s, "patch:if-match", ("patched", "1"), "=", "log", "config_version total_steps", "=")
+      for s in ("queued", "running", "running+cancel+pause", "paused")],
+    *unchanged("patch:if-match", ("terminal", "succeeded"), "succeeded"),
+    *unchanged("patch:if-match", ("missing", ""), "missing"),
+    *unchanged("patch:if-match-stale", ("precondition", "0"), "queued", "running", "running+cancel+pause", "paused"),
+    *unchanged("patch:if-match-stale", ("terminal", "succeeded"), "succeeded"),
+    *unchanged("patch:if-match-stale", ("terminal", "cancelled"), "cancelled"),
+    *unchanged("patch:if-match-stale", ("missing", ""), "missing"),
+    Row("queued", "patch:if-match-list", ("patched", "1"), "=", "log", "config_version total_steps", "="),
+    # ... If-Match naming the job's version, the change computed from another: computed again
+    *unchanged("patch:if-match-moved", ("conflict", "0"), "queued", "running"),
 
     # delete (API): an ended job, by its tenant, once its worker let go of it
     *[Row(s, "delete", "deleted", "missing", "", "", "purge") for s in ENDED],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from typing import Any, NamedTuple, cast
 
 import redis
@@ -42,14 +43,25 @@ from pdppo.store.keys import (
 )
 from pdppo.store.webhooks.feed import FEED_EVENT
 
-# KEYS: job, events; ARGV: the version the change was computed from, overrides json, now, new
-# total steps ('' for unchanged), log data. Compare-and-set on the version: two concurrent
-# changes never lose one another (the loser computes again from the winner's overrides).
+# KEYS: job, events; ARGV (`AsyncSteering.patch` names them): base_version (the version the change
+# was computed from), overrides json, now, total_steps (new total steps, '' for unchanged), log
+# data, expected_versions (the versions the client's If-Match names, space-separated; '' for no
+# If-Match). Compare-and-set on the version: two concurrent changes never lose one another (the
+# loser computes again from the winner's overrides). The If-Match precondition is checked here,
+# with the write, so that a retried change whose first attempt landed meanwhile is refused, not
+# made over the first (`precondition`, the route's 412).
 _PATCH = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing', ''} end
 if st == 'succeeded' or st == 'failed' or st == 'cancelled' then return {'terminal', st} end
 local v = tonumber(redis.call('HGET', KEYS[1], 'config_version') or '0')
+if ARGV[6] ~= '' then
+  local matched = false
+  for expected in string.gmatch(ARGV[6], '%S+') do
+    if tonumber(expected) == v then matched = true end
+  end
+  if not matched then return {'precondition', tostring(v)} end
+end
 if v ~= tonumber(ARGV[1]) then return {'conflict', tostring(v)} end
 redis.call('HSET', KEYS[1], 'overrides', ARGV[2], 'config_version', v + 1, 'updated_at', ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'total_steps', ARGV[4]) end
@@ -153,19 +165,25 @@ class AsyncSteering:
         overrides: dict[str, Any],
         total_steps: int | None,
         message: str,
+        *,
+        expected_versions: Collection[int] | None = None,
     ) -> tuple[str, str]:
         """Store the cumulative `overrides` as version `base_version + 1`, with `message` in the
-        job's log: ('patched', new version), ('conflict', current version), ('terminal',
-        status) or ('missing', '')."""
+        job's log: ('patched', new version), ('conflict', current version), ('precondition',
+        current version: not one of `expected_versions`, the versions an If-Match names; None:
+        no If-Match), ('terminal', status) or ('missing', '')."""
+        args: dict[str, str | int] = {
+            "base_version": base_version,
+            "overrides": json.dumps(overrides),
+            "now": now_iso(),
+            "total_steps": "" if total_steps is None else total_steps,
+            "log": _log_data(message),
+            "expected_versions": (  # an empty If-Match list matches nothing: -1 is no version
+                "" if expected_versions is None else " ".join(map(str, expected_versions)) or "-1"
+            ),
+        }
         outcome, value = await self._patch(
-            keys=[job_key(job_id), events_key(job_id)],
-            args=[
-                base_version,
-                json.dumps(overrides),
-                now_iso(),
-                "" if total_steps is None else total_steps,
-                _log_data(message),
-            ],
+            keys=[job_key(job_id), events_key(job_id)], args=list(args.values())
         )
         return str(outcome), str(value)
 

@@ -6,9 +6,9 @@ all-or-nothing checking (every child is validated and admitted before the first 
 bad arm refuses the experiment and leaves no job behind), crash-safe creation (children are
 created under keys derived from the experiment, `pdppo.store.experiments`), and its place in the
 queue: children are created seed-major (every arm of seed 0, then seed 1, ...) so that the runs
-done so far stay paired, and their tasks wait behind other jobs'
-(`workers.celery_app.task_priority`), so a grid of dozens of runs never holds a tenant's next job
-back until it has all run.
+done so far stay paired, and the experiment takes turns with the tenant's plain jobs and other
+experiments (`pdppo.store.jobs.fair`), so a grid of dozens of runs never holds a tenant's next job
+back until it has all run, nor does a stream of jobs hold the experiment back.
 """
 
 from __future__ import annotations

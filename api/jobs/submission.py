@@ -69,8 +69,8 @@ async def submit(
     made, not a refusal that reads as "no job" (issue 49). (The create script looks the key up
     again, in the same step as it creates: a twin request between the two is a replay too.)
 
-    `experiment`: the experiment the job is a child of (its task waits behind other jobs',
-    `workers.celery_app.task_priority`); `admitted`: the caller has run the quota and admission
+    `experiment`: the experiment the job is a child of (a flow of its own in the fair order,
+    `pdppo.store.jobs.fair`); `admitted`: the caller has run the quota and admission
     checks already (an experiment checks every child before it creates any)."""
     spec_json = spec.model_dump_json()
     if idempotency_key is not None:

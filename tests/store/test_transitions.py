@@ -15,6 +15,7 @@ import redis.asyncio as aredis
 from pdppo.store import JobRecord, JobStore
 from pdppo.store.deletion import PURGE_SET, AsyncDeletion
 from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.fair import PLAIN_FLOW
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import (
@@ -23,6 +24,7 @@ from pdppo.store.keys import (
     STATS,
     WEBHOOK_FEED,
     events_key,
+    fair_jobs_key,
     job_key,
     lease_key,
     tenant_active_key,
@@ -78,6 +80,7 @@ def indexes(client: redis.Redis) -> str:
         ("active", bool(client.sismember(tenant_active_key(TENANT), JOB))),
         ("running", bool(client.sismember(RUNNING_SET, JOB))),
         ("outbox", client.zscore(OUTBOX, JOB) is not None),
+        ("fair", client.zscore(fair_jobs_key(QUEUE, TENANT, PLAIN_FLOW), JOB) is not None),
         ("lease", bool(client.exists(lease_key(JOB)))),
         ("purge", client.zscore(PURGE_SET, JOB) is not None),
     ]

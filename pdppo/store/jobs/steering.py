@@ -29,6 +29,7 @@ import redis
 import redis.asyncio as aredis
 
 from pdppo.store.jobs.events import _log_data, _status_data
+from pdppo.store.jobs.fair import FAIR
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.jobs.records import JobRecord, _record_or_none
 from pdppo.store.jobs.worker_side import _checked, _fenced
@@ -79,6 +80,7 @@ local function outcome()
   if st == 'queued' then
     redis.call('HSET', KEYS[1], 'status', 'paused', 'updated_at', ARGV[1])
     redis.call('ZREM', KEYS[3], redis.call('HGET', KEYS[1], 'id'))
+    fair_dropped(KEYS[1])
     job_event(KEYS[2], KEYS[4], KEYS[1], 'status', ARGV[2])
     return 'paused'
   end
@@ -95,7 +97,7 @@ end
 local said = outcome()
 return {said, redis.call('HGETALL', KEYS[1])}
 """
-_PAUSE = FEED_EVENT + _PAUSE
+_PAUSE = FAIR + FEED_EVENT + _PAUSE
 
 # KEYS: job, events, outbox, tenant active, webhook feed; ARGV: now, queued data, outbox check
 # time, log data, most active jobs of the tenant, log data of a failed job resumed.
@@ -111,6 +113,7 @@ if st == 'failed' and (code == 'storage_full' or code == 'storage_error') then
   redis.call('HDEL', KEYS[1], 'finished_at', 'error_code', 'error_message', 'error_traceback')
   redis.call('SADD', KEYS[4], id)
   redis.call('ZADD', KEYS[3], ARGV[3], id)
+  fair_enqueue(KEYS[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[6])
   job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[2])
   return 'queued'
@@ -118,6 +121,7 @@ end
 if st == 'paused' then
   redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1], 'queued_at', ARGV[1])
   redis.call('ZADD', KEYS[3], ARGV[3], redis.call('HGET', KEYS[1], 'id'))
+  fair_enqueue(KEYS[1])
   job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[2])
   return 'queued'
 end
@@ -128,7 +132,7 @@ if st == 'running' and redis.call('HGET', KEYS[1], 'pause_requested') == '1' the
 end
 return 'already-' .. st
 """
-_RESUME = FEED_EVENT + _RESUME
+_RESUME = FAIR + FEED_EVENT + _RESUME
 
 # KEYS: job, events, lease; ARGV: version, event data, lease token. A job process's `config`
 # event, once per version, only while it holds the lease.

@@ -63,25 +63,30 @@ async def submit(
     with this spec. Raises 507 over the storage quota, `SpecRefused` (422) for what admission
     refuses, 429 past the tenant's active-job limit, 409 for a key reused with another spec.
 
-    A replay is answered before any of those checks, which refuse a NEW job: since the first
-    answer the tenant may have passed its quota, a limit may have been lowered or a file the
-    spec names deleted, and a client retrying a create whose answer it lost must get the job it
-    made, not a refusal that reads as "no job" (issue 49). (The create script looks the key up
-    again, in the same step as it creates: a twin request between the two is a replay too.)
+    A replay is never refused by those checks, which refuse a NEW job: since the first answer
+    the tenant may have passed its quota, a limit may have been lowered or a file the spec names
+    deleted, and a client retrying a create whose answer it lost must get the job it made, not a
+    refusal that reads as "no job" (issue 49). So a refusal looks the key up first, and answers
+    its job if it made one. (Only a refusal: the create script looks the key up itself, in the
+    same step as it creates, and a lookup before it would be one more Redis call in the way of
+    every create, the call a store stall would meet first, before the create's write is sent
+    and named in the 503: `api.jobs.pending_writes`.)
 
     `experiment`: the experiment the job is a child of (a flow of its own in the fair order,
     `pdppo.store.jobs.fair`); `admitted`: the caller has run the quota and admission
     checks already (an experiment checks every child before it creates any)."""
     spec_json = spec.model_dump_json()
-    if idempotency_key is not None:
-        known = await store.idempotent_job(tenant, idempotency_key)
-        if known is not None:
-            return Submitted(_same_spec(known, spec_json), replayed=True)
     if not admitted:
-        await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
-        _, _, problems = await admit(spec, settings, tenant, store)
-        if problems:
-            raise SpecRefused(problems)
+        try:
+            await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
+            _, _, problems = await admit(spec, settings, tenant, store)
+            if problems:
+                raise SpecRefused(problems)
+        except HTTPException:
+            known = await _made_by(store, tenant, idempotency_key)
+            if known is None:
+                raise
+            return Submitted(_same_spec(known, spec_json), replayed=True)
     queue = spec.queue
     job_id = new_job_id()
     pending_write(request, "job", job_id, f"the creation of job {job_id}")
@@ -121,6 +126,10 @@ async def submit(
         publisher.submit(record.id, queue, task_priority(experiment))
     JOBS_SUBMITTED.labels(queue).inc()
     return Submitted(record, replayed=False)
+
+
+async def _made_by(store: AsyncJobStore, tenant: str, key: str | None) -> JobRecord | None:
+    return None if key is None else await store.idempotent_job(tenant, key)
 
 
 def _same_spec(record: JobRecord, spec_json: str) -> JobRecord:

@@ -82,7 +82,10 @@ class Settings(
     )
 
     environment: Literal["development", "test", "production"] = Field(
-        default="development", description="production refuses empty or short API keys"
+        default="development",
+        description=(
+            "production refuses empty or short API keys, and no PDPPO_WEBHOOK_SECRET_KEYS"
+        ),
     )
     redis_url: str = Field(
         default="redis://localhost:6379/0", description="job store, event streams and Celery broker"

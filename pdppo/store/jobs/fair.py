@@ -22,11 +22,10 @@ says is next on that queue (`FairQueue.next`, `workers.tasks`), which takes turn
 counter (`FAIR_TURN`, from 1) stamped on the tenant and the flow and kept (`...:served`), so a
 tenant or flow that empties and comes back takes its place in the rotation, not its head (or it
 could take the head with every job it submits). One never served scores below every turn, by
-arrival (`FAIR_ARRIVALS`, less `NEVER`). Each
-job's task still exists (the outbox sees to that, `pdppo.store.jobs.outbox`), so there are at least
-as many tasks as queued jobs: a task whose own job waits while another one runs is given back to
-the head of its queue (`workers.tasks.give_back`), a task that finds nothing queued does
-nothing.
+arrival (`FAIR_ARRIVALS`, less `NEVER`). Each job's task still exists (the outbox sees to that,
+`pdppo.store.jobs.outbox`), so there are at least as many tasks as queued jobs: a task whose own
+job waits while another one runs is given back to the head of its queue
+(`workers.tasks.give_back`), a task that finds nothing queued does nothing.
 
 Layout, per queue (jobs of different queues never share a worker): an active-tenants sorted set
 scored by last turn, a hash of every tenant's last turn; per tenant an active-flows sorted set and

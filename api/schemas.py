@@ -286,6 +286,12 @@ class StoreUnavailableBody(ErrorBody):
     )
 
 
+class VersionMismatchBody(ErrorBody):
+    """A 412 of `PATCH /v1/jobs/{id}` (`api.jobs.preconditions`): the version the job is at."""
+
+    config_version: int = Field(description="the job's config_version now (its ETag, unquoted)")
+
+
 class ValidationErrorItem(BaseModel):
     """One bad part of a request, as FastAPI names it (`loc` starts with body, query, ...)."""
 

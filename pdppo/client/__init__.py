@@ -32,7 +32,7 @@ from pdppo.client.errors import _detail_text as _detail_text
 from pdppo.client.errors import _raise_for_status
 from pdppo.client.experiments import ExperimentsMixin
 from pdppo.client.files import FilesMixin
-from pdppo.client.retry import RetryingWrites
+from pdppo.client.retry import RetryingWrites, merged_in
 from pdppo.client.sampling import Completion as Completion
 from pdppo.client.sampling import SamplingMixin
 from pdppo.client.specs import SpecLike as SpecLike
@@ -44,6 +44,7 @@ from pdppo.client.webhooks import WebhooksMixin
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+CHANGE_TRIES = 5  # changes of a job made over another client's change, before giving up
 
 
 class FollowError(Exception):
@@ -309,16 +310,42 @@ class Client(
         )
         return Job.model_validate(response.json())
 
-    def change(self, job_id: str, patch: Mapping[str, Any]) -> Job:
+    def change(
+        self, job_id: str, patch: Mapping[str, Any], *, expected_version: int | None = None
+    ) -> Job:
         """Changes a job's settings while it runs: `patch` is a JSON merge patch of its spec,
-        e.g. {"train": {"optim": {"lr": 1e-4}}}; it applies at the job's next step."""
-        response = self._write(  # a merge patch applied twice: the same spec
-            "PATCH",
-            f"/v1/jobs/{job_id}",
-            content=json.dumps(patch),
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        return Job.model_validate(response.json())
+        e.g. {"train": {"optim": {"lr": 1e-4}}}; it applies at the job's next step.
+
+        Each attempt names the `config_version` the change is made over (`If-Match`), so a
+        retry after an answer that was lost (a 503 whose write landed later, a dropped
+        connection) is refused by the server (412) instead of made a second time, and the job
+        read again shows the change made. `expected_version`: the version the caller read and
+        computed the change from; the job at another one raises `ApiError` (412). Without it,
+        the job's version is read first, and a change another client made meanwhile is read
+        again and this one made over it (merge patches compose)."""
+        version = self.get(job_id).config_version if expected_version is None else expected_version
+        for attempt in range(CHANGE_TRIES):
+            try:
+                response = self._write(
+                    "PATCH",
+                    f"/v1/jobs/{job_id}",
+                    content=json.dumps(patch),
+                    headers={
+                        "Content-Type": "application/merge-patch+json",
+                        "If-Match": f'"{version}"',
+                    },
+                    settled=lambda job: merged_in(job.overrides, patch),
+                    settled_status=412,
+                )
+            except ApiError as exc:
+                if exc.status_code != 412 or expected_version is not None:
+                    raise
+                if attempt == CHANGE_TRIES - 1:
+                    raise
+                version = self.get(job_id).config_version  # changed meanwhile: over that
+                continue
+            return Job.model_validate(response.json())
+        raise AssertionError("unreachable")
 
     def pause(self, job_id: str) -> Job:
         """A running job stops at the next step boundary (or warm-up step), checkpoints there

@@ -15,6 +15,7 @@ import redis.asyncio as aredis
 from pdppo.store import JobRecord, JobStore
 from pdppo.store.deletion import PURGE_SET, AsyncDeletion
 from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.fair import PLAIN_FLOW
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import (
@@ -23,6 +24,7 @@ from pdppo.store.keys import (
     STATS,
     WEBHOOK_FEED,
     events_key,
+    fair_jobs_key,
     job_key,
     lease_key,
     tenant_active_key,
@@ -78,6 +80,7 @@ def indexes(client: redis.Redis) -> str:
         ("active", bool(client.sismember(tenant_active_key(TENANT), JOB))),
         ("running", bool(client.sismember(RUNNING_SET, JOB))),
         ("outbox", client.zscore(OUTBOX, JOB) is not None),
+        ("fair", client.zscore(fair_jobs_key(QUEUE, TENANT, PLAIN_FLOW), JOB) is not None),
         ("lease", bool(client.exists(lease_key(JOB)))),
         ("purge", client.zscore(PURGE_SET, JOB) is not None),
     ]
@@ -159,6 +162,19 @@ async def pause(conn: aredis.Redis) -> str:
     return (await AsyncSteering(conn).pause(JOB)).outcome
 
 
+def patch_if_match(url: str, *, base: int, expected: list[int]) -> tuple[str, str]:
+    """A change computed from version `base`, sent with `If-Match` naming `expected`."""
+    return cast(
+        tuple[str, str],
+        on_api(
+            url,
+            lambda a: AsyncSteering(a).patch(
+                JOB, base, {"lr": 0.1}, 20, "lr 0.1", expected_versions=expected
+            ),
+        ),
+    )
+
+
 REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "create": lambda c, url: on_api(url, lambda a: create(a, 2)),
     "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
@@ -189,6 +205,10 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "patch:stale": lambda c, url: on_api(
         url, lambda a: AsyncSteering(a).patch(JOB, 3, {"lr": 0.1}, 20, "lr 0.1")
     ),
+    "patch:if-match": lambda c, url: patch_if_match(url, base=0, expected=[0]),
+    "patch:if-match-stale": lambda c, url: patch_if_match(url, base=3, expected=[3]),
+    "patch:if-match-list": lambda c, url: patch_if_match(url, base=0, expected=[2, 0]),
+    "patch:if-match-moved": lambda c, url: patch_if_match(url, base=3, expected=[0]),
     "delete": lambda c, url: on_api(url, lambda a: delete(a, TENANT)),
     "delete:other-tenant": lambda c, url: on_api(url, lambda a: delete(a, "u")),
 }

@@ -40,6 +40,7 @@ from typing import cast
 
 import redis
 
+from pdppo.store.jobs.fair import FAIR
 from pdppo.store.keys import OUTBOX, job_key, tenant_active_key
 
 # How long after a job is created or requeued a dispatcher first checks that its task exists:
@@ -70,15 +71,18 @@ return out
 
 # KEYS: outbox, then one job hash per id; ARGV: check at, then the ids. Queued jobs missing from
 # the outbox (queued before it existed, or by a path that skipped it) are added; others untouched.
+# Each queued job also enters the fair order (`pdppo.store.jobs.fair`), where it is if it was.
 _ADOPT = """
 local added = 0
 for i = 2, #ARGV do
   if redis.call('HGET', KEYS[i], 'status') == 'queued' then
     added = added + redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[i])
+    fair_enqueue(KEYS[i])
   end
 end
 return added
 """
+_ADOPT = FAIR + _ADOPT
 
 
 class Outbox:

@@ -28,6 +28,7 @@ from typing import Any, cast
 import redis
 
 from pdppo.store.jobs.events import EventStore, _log_data, _status_data
+from pdppo.store.jobs.fair import FAIR, FairQueue
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.jobs.records import JobRecord, _record_or_none
 from pdppo.store.keys import (
@@ -97,10 +98,11 @@ end
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
+fair_started(KEYS[1])
 if st ~= 'running' then job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[4]) end
 return 1
 """
-_CLAIM = FEED_EVENT + _CLAIM
+_CLAIM = FAIR + FEED_EVENT + _CLAIM
 
 # KEYS: job, events, metrics list, lease; ARGV: step, now, metrics json, event data, row json,
 # lease token. Publishes only past the last published step: a resumed run redoes steps it
@@ -190,12 +192,13 @@ for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
+fair_dropped(KEYS[1])
 job_event(KEYS[2], KEYS[7], KEYS[1], 'status', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[5])
 count_end(KEYS[6], KEYS[1], ARGV[2])
 return 1
 """
-_FINISH = COUNT_END + FEED_EVENT + _FINISH
+_FINISH = FAIR + COUNT_END + FEED_EVENT + _FINISH
 
 # KEYS: job, events, lease, running, tenant active, outbox, stats, webhook feed; ARGV: id, now,
 # queued data, log data, cancelled data, done data, lease token of the caller ('' for none), most
@@ -241,14 +244,15 @@ if ARGV[7] == '' then
     return 'failed'
   end
 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2], 'queued_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 redis.call('ZADD', KEYS[6], ARGV[12], ARGV[1])
+fair_enqueue(KEYS[1])
 redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
 job_event(KEYS[2], KEYS[8], KEYS[1], 'status', ARGV[3])
 return 'requeued'
 """
-_REQUEUE = COUNT_END + FEED_EVENT + _REQUEUE
+_REQUEUE = FAIR + COUNT_END + FEED_EVENT + _REQUEUE
 
 
 class JobStore:
@@ -261,6 +265,7 @@ class JobStore:
         self.redis = client
         self.events = EventStore(client)
         self.outbox = Outbox(client)
+        self.fair = FairQueue(client)
         self._claim = client.register_script(_CLAIM)
         self._publish_step = client.register_script(_PUBLISH_STEP)
         self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)

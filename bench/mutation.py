@@ -43,15 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mutation_cover import Baseline, BaselineFailed, Copy, make_copy, run_baseline
-from bench.mutation_exec import (
-    KILLED,
-    STOPPING,
-    TIMEOUT,
-    Killers,
-    Result,
-    interrupt_all,
-    run_mutant,
-)
+from bench.mutation_exec import KILLED, TIMEOUT, Killers, Result, run_mutant
 from bench.mutation_lua import OPERATORS as LUA_OPERATORS
 from bench.mutation_plan import (
     Config,
@@ -65,6 +57,7 @@ from bench.mutation_plan import (
     sample,
     split_equivalents,
 )
+from bench.mutation_proc import STOPPING, interrupt_all
 from bench.mutation_report import ModuleRun, print_group, print_total, rate, write_json
 
 REPO = Path(__file__).resolve().parents[1]

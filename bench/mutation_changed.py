@@ -17,21 +17,30 @@ The base is the landed main the submission started from, recorded in `.ci/mutati
 missing, not a commit here, or not an ancestor of what is mutated is named, and the last
 commit's lines are mutated instead; with no last commit to fall back on the step fails.
 
-Which tests: for each changed module, the `quick_tests` of the groups in `bench/mutation.toml`
-that list it, then the test files nearest to it by imports (those importing it, then those
-importing a module that imports it, ...; tests/compose, vllm, browser and contract left out:
-they need what this step has not), unit files before integration ones at each distance. The
-baseline runs them under coverage in that order for at most `--baseline-share` of the budget
-and says which test reaches which line; a mutant runs only those tests, its line's known
-killers first. A mutant of a line none of its module's test files reaches is a survivor ("not
-covered"); one whose module had test files left out by the budget is not run (its coverage is
-unknown).
+Which tests: for each changed module, the test files nearest to it by imports (those importing
+it, then its groups' `quick_tests` in `bench/mutation.toml`, then those importing a module that
+imports it, ...; tests/compose, vllm, browser and contract left out: they need what this step
+has not), unit files before integration ones at each distance. Coverage of those files says
+which test reaches which line; a mutant runs only those tests, its line's known killers first.
 
-Budget: mutants start in a fixed order, that of sha256("file:line:col:operator"), until
-`--budget` seconds after the start; the ones still running then are stopped and not scored.
-Beyond the budget the run is a deterministic subset, reported as "ran N of M mutants". The
-step fails below `--min-kill-rate` of what it scored ((killed + timed out) / scored), and
-lists each survivor with its line, operator, mutated line and the tests that ran it.
+Turns: a large change has more test files than any budget can run first, so nothing would be
+left for mutants. So the modules take turns, in the fixed order of sha256(path): a module's
+baseline runs its files nearest first (one another module's turn ran is not run again), none
+but the first started past `--module-baseline` seconds or past `--baseline-share` of the budget
+left, each stopped at that share; then its mutants run, in the order of
+sha256("file:line:col:operator"), against whatever measured file reaches them (where the cap
+left some of its files out, the output says against how many); then the next module. When
+every module has had its turn with time left, those with mutants no measured file reaches run
+the rest of their files, and then those mutants. A mutant none of its module's files reaches
+is a survivor ("not covered"); one none of the measured files reaches while some were not
+measured is not scored, and named.
+
+Budget: nothing starts after `--budget` seconds from the start; a mutant or baseline file still
+running then is stopped and not scored. Beyond the budget the run is a deterministic subset,
+the first modules in full and part of the next, reported as "ran N of M mutants in k of K
+modules". The step fails below `--min-kill-rate` of what it scored ((killed + timed out) /
+scored), or when the budget was spent and nothing was scored, and lists each survivor with
+its line, operator, mutated line and the tests that ran it.
 """
 
 from __future__ import annotations
@@ -47,9 +56,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -57,14 +67,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mutation import TIMEOUT_FACTOR, reaching, stop_on_signals
-from bench.mutation_cover import Baseline, Copy, make_copy, run_baseline
+from bench.mutation_cover import BaselineRunner, Copy, make_copy
 from bench.mutation_exec import (
     ERROR,
     KILLED,
     NOT_COVERED,
     Killers,
     Result,
-    interrupt_all,
     run_mutant,
 )
 from bench.mutation_plan import (
@@ -78,6 +87,7 @@ from bench.mutation_plan import (
     load_config,
     split_equivalents,
 )
+from bench.mutation_proc import interrupt_all
 from bench.mutation_report import ModuleRun, print_group, rate, write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +98,7 @@ BASE_FILE = ".ci/mutation-base"
 LEFT_OUT_TESTS = ("tests/compose/", "tests/vllm/", "tests/browser/", "tests/contract/")
 INTEGRATION = "tests/integration/"
 ORDER = "sha256(file:line:col:operator)"
+MODULE_ORDER = "sha256(path)"
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -290,15 +301,6 @@ def groups_of(config: Config, module: str) -> list[Group]:
     return [g for g in config.groups if any(fnmatch.fnmatchcase(module, p) for p in g.modules)]
 
 
-@dataclass
-class TestPlan:
-    """The test files (or node ids) the baseline runs, in order, each module's, and why each."""
-
-    order: list[str]
-    of_module: dict[str, list[str]]
-    why: dict[str, str]
-
-
 def module_tests(
     root: Path, config: Config, graph: dict[str, set[str]], module: str
 ) -> list[tuple[str, str]]:
@@ -325,48 +327,28 @@ def module_tests(
     return list(first.items())
 
 
-def pick_tests(root: Path, config: Config, mutants: dict[str, int]) -> TestPlan:
-    """The tests of the modules (module -> its number of mutants), in the order the baseline
-    runs them, which its share of the budget ends somewhere: first each module's nearest test
-    (the modules with more mutants first), then, one test at a time, the next one of the module
-    with the most mutants per test taken so far. A test another module took already is skipped
-    over, not counted twice."""
+def pick_tests(root: Path, config: Config, modules: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Each module's (test, why), nearest first (`module_tests`): its turn's baseline runs
+    them in that order, as far as its share of the budget goes."""
     graph = import_graph(root)
-    lists = {m: module_tests(root, config, graph, m) for m in mutants}
-    order: dict[str, str] = {}
-    taken = dict.fromkeys(lists, 0)
-    place = dict.fromkeys(lists, 0)
-
-    def take(module: str) -> bool:
-        tests = lists[module]
-        while place[module] < len(tests) and tests[place[module]][0] in order:
-            place[module] += 1
-        if place[module] == len(tests):
-            return False
-        test, why = tests[place[module]]
-        order[test] = f"{why}: {module}"
-        taken[module] += 1
-        return True
-
-    for module in sorted(lists, key=lambda m: (-mutants[m], m)):
-        take(module)
-    while True:
-        left = sorted(lists, key=lambda m: (-mutants[m] / (taken[m] + 1), m))
-        if not any(take(module) for module in left):
-            break
-    of_module = {m: [t for t, _ in tests] for m, tests in lists.items()}
-    return TestPlan(list(order), of_module, order)
+    return {m: module_tests(root, config, graph, m) for m in modules}
 
 
 # --- the mutants ---------------------------------------------------------------------------
 
 
 def order_key(mutant: Mutant) -> tuple[str, int]:
-    """The fixed order mutants start in: a hash of where they are and what they change, so that
-    a run cut by the budget is a spread over the change's modules and lines, the same one each
-    time, rather than its first module."""
+    """The fixed order a module's mutants start in: a hash of where they are and what they
+    change, so that a module cut by the budget is a spread over its lines, the same one each
+    time, rather than its first function."""
     text = f"{mutant.module}:{mutant.line}:{mutant.col}:{mutant.short_operator}"
     return hashlib.sha256(text.encode()).hexdigest(), mutant.occurrence
+
+
+def module_key(module: str) -> str:
+    """The fixed order the modules take their turns in: a hash of the path, so that a change cut
+    by the budget is the same modules each time, and not always those first by name."""
+    return hashlib.sha256(module.encode()).hexdigest()
 
 
 @dataclass
@@ -499,38 +481,100 @@ def print_survivors(results: list[Result], reach: dict[str, list[str]]) -> None:
             print(f"      ran by {len(tests)} tests, none failed: {reaching_by_file(tests)}")
 
 
-def sort_out(
-    root: Path,
+@dataclass
+class Turns:
+    """What the modules' turns did: each mutant ends in exactly one of `results` (run),
+    `uncovered` (no test file of its module reaches its line), `unknown` (none of the files
+    measured reaches it, and some of its module's files were not measured), `stopped` (running
+    at the deadline) or `not_started` (its module's turn, or its own, came after the deadline)."""
+
+    had_turn: list[str] = field(default_factory=list)  # modules, in the order they had it
+    tried: dict[str, str] = field(default_factory=dict)  # test file -> "" measured, else why not
+    results: list[Result] = field(default_factory=list)
+    uncovered: list[tuple[Mutant, str]] = field(default_factory=list)
+    unknown: dict[str, list[Mutant]] = field(default_factory=dict)
+    stopped: list[Mutant] = field(default_factory=list)
+    not_started: list[Mutant] = field(default_factory=list)
+    budget_spent: bool = False
+
+
+def take_turns(
     plans: list[ModulePlan],
-    tests: TestPlan,
-    baseline: Baseline,
-    runs: dict[str, ModuleRun],
-) -> tuple[dict[str, list[str]], list[Mutant], list[Mutant]]:
-    """(each mutant's reaching tests, the mutants to run in their fixed order, those whose
-    coverage is unknown). A mutant no test reaches is scored "not covered" into `runs` when
-    every test file of its module ran in the baseline; when one did not, it is unknown."""
-    reach: dict[str, list[str]] = {}
-    todo: list[Mutant] = []
-    unmeasured: list[Mutant] = []
-    for plan in plans:
-        mine = tests.of_module.get(plan.module, [])
-        for mutant in plan.mutants:
-            reach[mutant.key] = reaching(baseline, mutant)
-            if reach[mutant.key]:
-                todo.append(mutant)
-            elif set(mine) & set(baseline.left_out):
-                unmeasured.append(mutant)
-            else:
+    tests: dict[str, list[str]],
+    measure: Callable[[str, float], str],
+    reach: Callable[[Mutant], list[str]],
+    run: Callable[[list[Mutant], float], Dispatched],
+    deadline: float,
+    cap: float,
+    share: float,
+    clock: Callable[[], float] = time.monotonic,
+    say: Callable[[str], None] = print,
+) -> Turns:
+    """The modules in the order of `plans` (`module_key`), each in its turn: the baseline of
+    its test files nearest first (`measure(file, stop_at)`: "" when its coverage is in, else
+    why not), none started past `cap` seconds nor past `share` of the budget left, the first
+    always, each stopped at that share; then its mutants (`run`, in `order_key` order) against
+    whatever measured file reaches them, until `deadline`. A file another module's turn ran is
+    not run again. The subset a budget leaves is then the first modules in full and part of the
+    next, the same each time.
+
+    When every module has had its turn and time is left, the modules with mutants no measured
+    file reaches take a second turn, in the same order, with the rest of their files (none
+    stopped before the deadline), and run what those reach. A file stopped at its limit, or
+    failing unmutated, is not run again."""
+    turns = Turns()
+    waiting = {p.module: sorted(p.mutants, key=order_key) for p in plans}
+    for second in (False, True):
+        for plan in plans:
+            module = plan.module
+            mine = tests.get(module, [])
+            untried = [t for t in mine if t not in turns.tried]
+            if clock() >= deadline or (second and not untried):
+                continue
+            unknown = turns.unknown.pop(module, [])
+            candidates = waiting[module] + unknown
+            if not candidates:
+                continue
+            begin = clock()
+            stop_at = deadline if second else begin + share * (deadline - begin)
+            start_by = stop_at if second else min(begin + cap, stop_at)
+            if not second:
+                turns.had_turn.append(module)
+            cap_line = f"; none but its first file starts after {start_by - begin:.0f}s"
+            say(
+                f"\n{'second turn' if second else 'turn'} of {module}: {len(candidates)} "
+                f"mutants, {len(mine) - len(untried)} of its {len(mine)} test files measured"
+                + (cap_line if untried else "")
+            )
+            for index, test in enumerate(untried):
+                if (index and clock() >= start_by) or clock() >= deadline:
+                    break
+                turns.tried[test] = measure(test, min(stop_at, deadline))
+            if clock() >= deadline:  # as they were: not started, or not known
+                turns.unknown.update({module: unknown} if unknown else {})
+                continue
+            waiting[module] = []
+            todo: list[Mutant] = []
+            unreached: list[Mutant] = []
+            for mutant in candidates:
+                (todo if reach(mutant) else unreached).append(mutant)
+            if all(turns.tried.get(t) == "" for t in mine):
                 why = (
-                    f"none of the {len(mine)} test files run for {plan.module} reaches it"
+                    f"none of the {len(mine)} test files run for {module} reaches it"
                     if mine
-                    else f"no test file imports {plan.module}, nor lists it in a group of "
+                    else f"no test file imports {module}, nor lists it in a group of "
                     "bench/mutation.toml"
                 )
-                runs[plan.module].results.append(
-                    Result(describe(root, mutant), NOT_COVERED, 0.0, 0, "", why)
-                )
-    return reach, sorted(todo, key=order_key), unmeasured
+                turns.uncovered += [(m, why) for m in unreached]
+            elif unreached:
+                turns.unknown[module] = unreached
+            ran = run(todo, deadline)
+            turns.results += ran.results
+            turns.stopped += ran.stopped
+            waiting[module] = ran.not_started
+    turns.not_started = [m for p in plans for m in waiting[p.module]]
+    turns.budget_spent = clock() >= deadline
+    return turns
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -542,11 +586,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--working-tree", action="store_true", help="mutate the working tree")
     parser.add_argument("--budget", type=float, default=480.0, metavar="S", help="seconds")
     parser.add_argument(
+        "--module-baseline",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="in a module's turn, no baseline test file but its first starts past S seconds "
+        "(default 60)",
+    )
+    parser.add_argument(
         "--baseline-share",
         type=float,
         default=0.5,
         metavar="F",
-        help="no baseline test file starts past this share of the budget left (default 0.5)",
+        help="nor past this share of the budget left at its turn, when each is stopped "
+        "(default 0.5)",
     )
     parser.add_argument("--workers", type=int, default=1, help="mutants at a time, one copy each")
     parser.add_argument("--min-kill-rate", type=str, default="0.9", metavar="R")
@@ -561,6 +614,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.module_baseline < 0:
+        parser.error("--module-baseline is a number of seconds, 0 or more")
+    if not 0 < args.baseline_share <= 1:
+        parser.error("--baseline-share is a fraction above 0, at most 1")
     try:
         args.min_kill_rate = Fraction(args.min_kill_rate)
     except ValueError:
@@ -622,22 +679,30 @@ def _run(
     for index in range(1 if args.list else args.workers):
         copies.append(make_copy(REPO, workdir / f"copy-{index}", rev))
     root = copies[0].root
-    plans = [plan_module(root, config, m, lines) for m, lines in sorted(changed.items())]
-    plans = [p for p in plans if p.mutants or p.equivalents]
+    plans = [plan_module(root, config, m, lines) for m, lines in changed.items()]
+    plans = sorted(
+        (p for p in plans if p.mutants or p.equivalents), key=lambda p: module_key(p.module)
+    )
     total = sum(len(p.mutants) for p in plans)
     lines = sum(len(lines) for lines in changed.values())
     print(f"{lines} changed lines in {len(changed)} modules; {total} mutants on them")
-    tests = pick_tests(root, config, {p.module: len(p.mutants) for p in plans if p.mutants})
+    picked = pick_tests(root, config, [p.module for p in plans if p.mutants])
+    tests = {m: [t for t, _ in pairs] for m, pairs in picked.items()}
+    print(f"modules in the order of {MODULE_ORDER}:")
     for plan in plans:
-        mine = tests.of_module.get(plan.module, [])
         print(
             f"  {plan.module}: {len(plan.lines)} lines, {len(plan.mutants)} mutants, "
-            f"{len(plan.equivalents)} equivalent; {len(mine)} test files"
+            f"{len(plan.equivalents)} equivalent; {len(tests.get(plan.module, []))} test files"
         )
-    meta: dict[str, Any] = {"rev": what_rev(root, rev), "base": base.rev, "order": ORDER}
+        for test, why in picked.get(plan.module, []) if args.list else []:
+            print(f"      test: {test}  ({why})")
+    meta: dict[str, Any] = {
+        "rev": what_rev(root, rev),
+        "base": base.rev,
+        "module_order": MODULE_ORDER,
+        "order": ORDER,
+    }
     if args.list:
-        for test in tests.order:
-            print(f"  test: {test}  ({tests.why[test]})")
         return 0
     if not total:
         print("nothing to mutate: no mutant on a changed line, less the reviewed equivalents")
@@ -645,49 +710,35 @@ def _run(
 
     measured = {p.module for p in plans if p.mutants}
     measured |= {f for p in plans for m in p.mutants for f, _ in m.foreign}
-    now = time.monotonic()
-    baseline_deadline = now + args.baseline_share * max(0.0, deadline - now)
-    print(f"\nbaseline: {len(tests.order)} test files, none started after "
-          f"{baseline_deadline - started:.0f}s", flush=True)  # fmt: skip
-    baseline = run_baseline(
-        root,
-        tuple(sorted(measured)),
-        tests.order,
-        workdir / "baseline",
-        deadline=baseline_deadline,
-        skip_failing=True,
-    )
-    for test, why in baseline.left_out.items():
-        print(f"  baseline left out {test}: {why}")
-    print(f"baseline: {baseline.seconds:.0f}s", flush=True)
-
+    runner = BaselineRunner(root, tuple(sorted(measured)), workdir / "baseline", skip_failing=True)
     runs = {p.module: ModuleRun(p.module, len(p.mutants) + len(p.equivalents), {},
                                 p.equivalents, len(p.mutants)) for p in plans}  # fmt: skip
-    reach, todo, unmeasured = sort_out(root, plans, tests, baseline, runs)
-
+    reach: dict[str, list[str]] = {}
     killers = Killers()
     free: queue.Queue[int] = queue.Queue()
     for index in range(len(copies)):
         free.put(index)
-    confirm = {
-        m.key: any(g.confirm_kills for g in groups_of(config, m.module))
-        or any(t.startswith(INTEGRATION) for t in reach[m.key])
-        for m in todo
-    }
     count = [0]
+
+    def reaching_now(mutant: Mutant) -> list[str]:
+        reach[mutant.key] = reaching(runner.baseline, mutant)
+        return reach[mutant.key]
 
     def run(mutant: Mutant) -> Result:
         index = free.get()
+        tests_in_order = killers.order(mutant, reach[mutant.key])
+        confirm = any(g.confirm_kills for g in groups_of(config, mutant.module)) or any(
+            t.startswith(INTEGRATION) for t in tests_in_order
+        )
         try:
-            tests_in_order = killers.order(mutant, reach[mutant.key])
             result = run_mutant(
                 copies[index].root,
                 mutant,
                 tests_in_order,
-                baseline.timeout_for(tests_in_order, TIMEOUT_FACTOR),
+                runner.baseline.timeout_for(tests_in_order, TIMEOUT_FACTOR),
                 workdir / f"pytest-{index}",
-                confirm[mutant.key],
-                test_timeouts=baseline.test_timeouts_for(tests_in_order, TIMEOUT_FACTOR),
+                confirm,
+                test_timeouts=runner.baseline.test_timeouts_for(tests_in_order, TIMEOUT_FACTOR),
             )
         finally:
             free.put(index)
@@ -701,7 +752,7 @@ def _run(
         m = result.mutant
         by = f" by {result.killer}" if result.killer else ""
         print(
-            f"  [{count[0]}/{len(todo)}] {m.module}:{m.line} {m.short_operator} "
+            f"  [{count[0]}/{total}] {m.module}:{m.line} {m.short_operator} "
             f"{result.outcome}{by} ({result.seconds:.0f}s, {result.tests} tests)",
             file=sys.stderr,
             flush=True,
@@ -709,14 +760,37 @@ def _run(
         if args.json:
             write_json(args.json, list(runs.values()), meta)
 
-    ran = dispatch(todo, len(copies), run, deadline, scored)
+    def measure(test: str, stop_at: float) -> str:
+        why = runner.run(test, stop_at)
+        if why:
+            print(f"  baseline left out {test}: {why}", flush=True)
+        return why
+
+    turns = take_turns(
+        [p for p in plans if p.mutants],
+        tests,
+        measure,
+        reaching_now,
+        lambda todo, until: dispatch(todo, len(copies), run, until, scored),
+        deadline,
+        args.module_baseline,
+        args.baseline_share,
+    )
+    for mutant, why in turns.uncovered:
+        runs[mutant.module].results.append(
+            Result(describe(root, mutant), NOT_COVERED, 0.0, 0, "", why)
+        )
+    print(f"\nbaseline: {len(runner.measured)} test files, {runner.baseline.seconds:.0f}s")
     meta.update(
-        not_started=len(ran.not_started),
-        stopped=len(ran.stopped),
-        unmeasured=len(unmeasured),
+        not_started=len(turns.not_started),
+        stopped=len(turns.stopped),
+        unknown=sum(len(ms) for ms in turns.unknown.values()),
+        modules_in_turn_order=turns.had_turn,
         seconds=round(time.monotonic() - started, 1),
     )
-    return report(args, root, base, list(runs.values()), ran, unmeasured, reach, meta, started)
+    return report(
+        args, root, base, [runs[p.module] for p in plans], turns, tests, reach, meta, started
+    )
 
 
 def report(
@@ -724,40 +798,78 @@ def report(
     root: Path,
     base: Base,
     runs: list[ModuleRun],
-    ran: Dispatched,
-    unmeasured: list[Mutant],
+    turns: Turns,
+    tests: dict[str, list[str]],
     reach: dict[str, list[str]],
     meta: dict[str, Any],
     started: float,
 ) -> int:
-    """Prints the table, the survivors and what the budget left out; the exit status."""
+    """Prints the table, the survivors, what the budget and the caps left out; the exit
+    status."""
     print_group("lines changed since " + base.named, runs, reach, survivors=False)
     print_survivors([r for run in runs for r in run.results], reach)
     total = sum(run.planned for run in runs)
     detected = sum(run.detected for run in runs)
     scored = sum(run.scored for run in runs)
-    meta.update(ran=scored, mutants=total)
+    with_mutants = [run for run in runs if run.planned]
+    full = [run.module for run in with_mutants if len(run.results) == run.planned]
+    meta.update(ran=scored, mutants=total, modules_in_full=len(full))
     if args.json:
         write_json(args.json, runs, meta)
-    print(f"\nran {scored} of {total} mutants", end="")
+    print(
+        f"\nran {scored} of {total} mutants in {len(full)} of {len(with_mutants)} modules", end=""
+    )
     if scored < total:
+        unknown = sum(len(ms) for ms in turns.unknown.values())
         parts = [
-            f"{len(ran.not_started)} not started",
-            f"{len(ran.stopped)} stopped at the budget",
-            f"{len(unmeasured)} of modules whose tests the baseline's share left out",
+            f"{len(turns.not_started)} not started",
+            f"{len(turns.stopped)} stopped at the budget",
+            f"{unknown} not reached by the test files measured",
         ]
-        errors = sum(1 for r in ran.results if r.outcome == ERROR)
+        errors = sum(1 for r in turns.results if r.outcome == ERROR)
         parts += [f"{errors} errors"] if errors else []
-        print(f" (budget {args.budget:.0f}s; in the order of {ORDER}: {', '.join(parts)})")
+        print(
+            f" (budget {args.budget:.0f}s; modules in the order of {MODULE_ORDER}, their "
+            f"mutants in that of {ORDER}: {', '.join(parts)})"
+        )
     else:
         print()
-    for mutant in ran.stopped:
+    for run in with_mutants:
+        module = run.module
+        mine = tests.get(module, [])
+        measured = [t for t in mine if turns.tried.get(t) == ""]
+        if module not in turns.had_turn:
+            print(f"  {module}: no turn (the budget ended before it), {run.planned} mutants")
+            continue
+        if len(run.results) < run.planned and run.results:
+            print(f"  {module}: {len(run.results)} of its {run.planned} mutants ran")
+        if len(measured) < len(mine):
+            why = Counter(w for w in (turns.tried.get(t, "not started") for t in mine) if w)
+            print(
+                f"  {module}: its mutants ran against the {len(measured)} of its {len(mine)} "
+                f"test files measured ({', '.join(f'{n} {w}' for w, n in why.items())})"
+            )
+        if module in turns.unknown:
+            where = sorted({m.line for m in turns.unknown[module]})
+            print(
+                f"      {len(turns.unknown[module])} not reached by those, not scored: "
+                f"line{'s' * (len(where) > 1)} {', '.join(map(str, where))}"
+            )
+    for mutant in turns.stopped:
         m = describe(root, mutant)
         print(f"  stopped at the budget: {m.module}:{m.line} {m.short_operator}: {m.mutated}")
     print(f"({(time.monotonic() - started) / 60:.1f} min in all)")
     if not scored:
-        print(f"FAIL: none of the {total} mutants was scored")
-        return 1
+        errors = sum(1 for r in turns.results if r.outcome == ERROR)
+        if turns.budget_spent or errors:
+            spent = "the budget was spent" if turns.budget_spent else f"{errors} errors"
+            print(f"FAIL: none of the {total} mutants was scored ({spent})")
+            return 1
+        print(
+            f"ok: none of the {total} mutants was scored: no test file measured reaches them, "
+            "and their modules' other files fail unmutated (the test step fails on those)"
+        )
+        return 0
     kill = f"kill rate {rate(detected, scored).strip()} ({detected} of {scored})"
     if not verdict(detected, scored, args.min_kill_rate):
         print(f"FAIL: {kill} < {float(args.min_kill_rate):.0%}")

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import coverage
 
+from bench.mutation_proc import run_command
+
 HERE = Path(__file__).resolve().parent
 PLUGIN = "mutation_contexts"
 # pytest plugins no test uses, whose import every test process pays (hypothesis's: 1.6 s of CPU
@@ -145,53 +147,80 @@ def _rc_file(workdir: Path, copy: Path, modules: tuple[str, ...], data_dir: Path
     return rc
 
 
-def run_baseline(
-    copy: Path,
-    modules: tuple[str, ...],
-    test_files: list[str],
-    workdir: Path,
-    deadline: float | None = None,
-    skip_failing: bool = False,
-) -> Baseline:
-    """Runs each test file unmutated under coverage; raises `BaselineFailed` if any test fails.
+class BaselineRunner:
+    """Runs test files into one `Baseline`, one at a time, whenever a caller asks: the
+    changed-lines step measures each module's files when its turn comes, not all of them first.
+    Every file measures all of `modules`, so a file run for one module serves the others."""
 
-    With `deadline` (time.monotonic()), no file starts after it: the files left are in
-    `left_out`, and the lines only they reach are not known. With `skip_failing`, a file that
-    fails twice is left out too instead of failing the whole baseline: the changed-lines step
-    needs coverage only, and the test step is the one that fails a run on a failing test."""
-    plugin_dir = workdir / "plugin"
-    plugin_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / f"{PLUGIN}.py", plugin_dir / f"{PLUGIN}.py")
-    baseline = Baseline(reach={m: {} for m in modules})
-    started = time.monotonic()
-    for index, test_file in enumerate(test_files):
-        if deadline is not None and time.monotonic() > deadline:
-            baseline.left_out[test_file] = "budget"
-            continue
-        data_dir = workdir / f"coverage-{index}"
+    def __init__(
+        self, copy: Path, modules: tuple[str, ...], workdir: Path, skip_failing: bool = False
+    ) -> None:
+        self.copy = copy
+        self.modules = modules
+        self.workdir = workdir
+        self.skip_failing = skip_failing
+        self.plugin_dir = workdir / "plugin"
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HERE / f"{PLUGIN}.py", self.plugin_dir / f"{PLUGIN}.py")
+        self.baseline = Baseline(reach={m: {} for m in modules})
+        self.measured: list[str] = []  # the files whose coverage is in, in the order they ran
+        self._runs = 0
+
+    def run(self, test_file: str, stop_at: float | None = None) -> str:
+        """Runs `test_file` under coverage and adds what it reached; "" then, else why it is
+        left out (also in `baseline.left_out`). With `stop_at` (time.monotonic()), a file still
+        running then is stopped, nothing it started left behind, and left out. A file that
+        fails is run once more (an integration test may time out on a busy machine); failing
+        twice it raises `BaselineFailed`, or with `skip_failing` is left out: the changed-lines
+        step needs coverage only, and the test step is the one that fails a run on it."""
+        began = time.monotonic()
+        try:
+            return self._run(test_file, stop_at)
+        finally:
+            self.baseline.seconds += time.monotonic() - began
+
+    def _run(self, test_file: str, stop_at: float | None) -> str:
+        baseline = self.baseline
+        baseline.left_out.pop(test_file, None)  # one stopped at an earlier limit, run again
+        self._runs += 1
+        data_dir = self.workdir / f"coverage-{self._runs}"
         times = data_dir / "times.json"
-        for attempt in (1, 2):  # once more: an integration test may time out on a busy machine
+        code: int | None = None
+        wall = 0.0
+        for attempt in (1, 2):
+            if attempt == 2 and stop_at is not None and time.monotonic() >= stop_at:
+                break
             shutil.rmtree(data_dir, ignore_errors=True)
             data_dir.mkdir(parents=True)
-            env = test_env(copy, plugin_dir)
-            env["COVERAGE_PROCESS_START"] = str(_rc_file(data_dir, copy, modules, data_dir))
+            env = test_env(self.copy, self.plugin_dir)
+            rc = _rc_file(data_dir, self.copy, self.modules, data_dir)
+            env["COVERAGE_PROCESS_START"] = str(rc)
             env["PDPPO_MUTATION_TIMES"] = str(times)
             cmd = [sys.executable, "-m", "pytest", "-q", *UNUSED_PLUGINS, "-p", PLUGIN]
-            cmd += [f"--basetemp={workdir / 'pytest-baseline'}", test_file]
+            cmd += [f"--basetemp={self.workdir / 'pytest-baseline'}", test_file]
             print(f"  baseline: {test_file} ...", file=sys.stderr, flush=True)
             t0 = time.monotonic()
-            done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True)
+            left = None if stop_at is None else max(0.0, stop_at - t0)
+            code, out = run_command(cmd, self.copy, env, left)
             wall = time.monotonic() - t0
-            if done.returncode == 0:
+            if code is None:
+                why = "stopped at its time limit"
+                print(f"  baseline: {test_file} {why}, {wall:.0f}s", file=sys.stderr, flush=True)
+                baseline.left_out[test_file] = why
+                return why
+            if code == 0:
                 break
-            tail = (done.stdout + done.stderr)[-3000:]
-            if attempt == 2 and not skip_failing:
+            tail = out[-3000:]
+            if attempt == 2 and not self.skip_failing:
                 raise BaselineFailed(f"{test_file} fails on the unmutated copy:\n{tail}")
             again = "left out" if attempt == 2 else "once more"
             print(f"  baseline: {test_file} failed, {again}:\n{tail[-600:]}", file=sys.stderr)
-        if done.returncode != 0:
-            baseline.left_out[test_file] = f"fails unmutated (pytest exit {done.returncode})"
-            continue
+        if code != 0:
+            if not self.skip_failing:
+                raise BaselineFailed(f"{test_file} fails on the unmutated copy (no time to rerun)")
+            why = f"fails unmutated (pytest exit {code})"
+            baseline.left_out[test_file] = why
+            return why
         result = json.loads(times.read_text())
         nodeids: list[str] = result["order"]
         baseline.order += nodeids
@@ -200,13 +229,36 @@ def run_baseline(
         baseline.file_of.update({n: test_file for n in nodeids})
         baseline.overhead[test_file] = max(0.0, wall - sum(result["total"].values()))
         owners = {int(pid): set(tests) for pid, tests in result["owners"].items()}
-        _charge(baseline, copy, data_dir, set(nodeids), result["pid"], owners)
+        _charge(baseline, self.copy, data_dir, set(nodeids), result["pid"], owners)
+        self.measured.append(test_file)
         print(f"  baseline: {test_file} {len(nodeids)} tests, {wall:.0f}s", file=sys.stderr)
-    baseline.seconds = time.monotonic() - started
-    for module, lines in baseline.reach.items():
+        return ""
+
+
+def run_baseline(
+    copy: Path,
+    modules: tuple[str, ...],
+    test_files: list[str],
+    workdir: Path,
+    deadline: float | None = None,
+    skip_failing: bool = False,
+) -> Baseline:
+    """Runs each test file unmutated under coverage (`BaselineRunner.run`); raises
+    `BaselineFailed` if any test fails, unless `skip_failing`. With `deadline`
+    (time.monotonic()), no file starts after it: the files left are in `left_out`, and the lines
+    only they reach are not known."""
+    runner = BaselineRunner(copy, modules, workdir, skip_failing)
+    started = time.monotonic()
+    for test_file in test_files:
+        if deadline is not None and time.monotonic() > deadline:
+            runner.baseline.left_out[test_file] = "budget"
+            continue
+        runner.run(test_file)
+    runner.baseline.seconds = time.monotonic() - started
+    for module, lines in runner.baseline.reach.items():
         if not lines:  # imports resolved elsewhere (an install, another checkout), or no test
             print(f"  warning: no test ran a line of {copy / module}", file=sys.stderr)
-    return baseline
+    return runner.baseline
 
 
 def _charge(

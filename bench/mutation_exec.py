@@ -1,11 +1,6 @@
 """Running one mutant: cosmic-ray writes it into the copy, pytest runs the tests that reach its
 line (known killers first, then the quickest: `Killers`; stopping at the first failure), and
-the file is put back.
-
-A timed-out run must not leave servers behind: the integration tests start the API and workers
-in sessions of their own, so killing pytest's process group would orphan them. The whole tree of
-descendants is read from /proc before pytest is interrupted (SIGINT lets its fixtures stop what
-they started), and whatever still lives after a grace period is killed.
+the file is put back. A timed-out run leaves no server behind (`bench/mutation_proc.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -27,9 +20,9 @@ import cosmic_ray.plugins
 from cosmic_ray.mutating import use_mutation
 
 from bench import mutation_lua
-from bench.mutation_contexts import descendants
 from bench.mutation_cover import UNUSED_PLUGINS, test_env
 from bench.mutation_plan import Mutant, changed_text, describe
+from bench.mutation_proc import run_command
 
 KILLED, TIMEOUT, SURVIVED, NOT_COVERED, FLAKY, ERROR = (
     "killed",
@@ -39,7 +32,6 @@ KILLED, TIMEOUT, SURVIVED, NOT_COVERED, FLAKY, ERROR = (
     "flaky",
     "error",
 )
-GRACE_SECONDS = 30.0
 # pytest's exit codes: 1 tests failed, 2 interrupted (a collection error: the mutant broke an
 # import), 3 internal error; 4 (usage) and 5 (nothing collected) are this tool's fault, except
 # where the mutant broke an import (4 too): a conftest that no longer loads, or a test module
@@ -91,58 +83,6 @@ class Killers:
             )
         first = list(dict.fromkeys(test for _, test in known))
         return first + [test for test in tests if test not in first]
-
-
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):  # already gone
-            os.kill(pid, signal.SIGKILL)
-
-
-_running: dict[int, subprocess.Popen[str]] = {}
-STOPPING = threading.Event()
-"""Set on Ctrl-C: no new mutant starts, and what runs is asked to stop (`interrupt_all`)."""
-
-
-def interrupt_all() -> None:
-    """Stops every running test command the way a timeout does, so that no server lives on."""
-    STOPPING.set()
-    procs = list(_running.values())
-    trees = {p.pid: set(descendants(p.pid)) for p in procs}
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + GRACE_SECONDS
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for proc in procs:
-        _kill(sorted(trees[proc.pid] | {proc.pid}))
-
-
-def run_command(
-    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float
-) -> tuple[int | None, str]:
-    """(exit code or None on timeout, output); on timeout nothing it started survives."""
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    _running[proc.pid] = proc
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        tree = set(descendants(proc.pid))
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            tree |= set(descendants(proc.pid))
-            proc.kill()
-            out, _ = proc.communicate()
-        _kill(sorted(tree))
-        return None, out
-    finally:
-        _running.pop(proc.pid, None)
 
 
 def pytest_command(tests: list[str], basetemp: Path, bounds: dict[str, float] | None) -> list[str]:

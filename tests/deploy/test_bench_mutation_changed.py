@@ -23,15 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.mutation_changed import (  # noqa: E402
+    Dispatched,
+    ModulePlan,
     NoBase,
+    Turns,
     changed_lines,
     dispatch,
+    module_key,
     order_key,
     pick_tests,
     plan_module,
     reaching_by_file,
     record_base,
     resolve_base,
+    take_turns,
     verdict,
 )
 from bench.mutation_exec import KILLED, Result  # noqa: E402
@@ -236,12 +241,10 @@ def test_recording_the_base_replaces_the_revision_and_keeps_the_comments(
     assert resolve_base(repo, "HEAD~1", None, base_file).rev == history["c1"]
 
 
-def test_each_modules_tests_nearest_first_and_the_larger_modules_take_more(
-    tmp_path: Path,
-) -> None:
+def test_each_modules_tests_nearest_first(tmp_path: Path) -> None:
     """A module's tests: the files importing it (unit before integration), its group's quick
     tests, then the files further away by imports (through product modules and test helpers);
-    tests/browser never. Across modules: each one's first test, then by mutants per test."""
+    tests/browser never. A file two modules share is in both lists (its turn runs it once)."""
     files = {
         "pdppo/__init__.py": "",
         "pdppo/a.py": "X = 1\n",
@@ -256,7 +259,7 @@ def test_each_modules_tests_nearest_first_and_the_larger_modules_take_more(
         "tests/unit/test_q.py": "Q = 1\n",
         "tests/browser/test_ui.py": "import pdppo.a\n",
         "tests/unit/test_d.py": "import pdppo.d\n",
-        "tests/unit/test_d2.py": "from pdppo import d\n",
+        "tests/unit/test_d2.py": "from pdppo import d\nfrom pdppo.a import X\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -266,30 +269,22 @@ def test_each_modules_tests_nearest_first_and_the_larger_modules_take_more(
         'modules = ["pdppo/a.py"]\ntests = ["tests/unit/test_q.py"]\n'
     )
     config = load_config(tmp_path / "mutation.toml")
-    plan = pick_tests(tmp_path, config, {"pdppo/a.py": 5, "pdppo/c.py": 1, "pdppo/d.py": 2})
-    assert plan.of_module == {
+    picked = pick_tests(tmp_path, config, ["pdppo/a.py", "pdppo/c.py", "pdppo/d.py"])
+    assert picked == {
         "pdppo/a.py": [
-            "tests/unit/test_a.py",
-            "tests/integration/test_a_service.py",
-            "tests/unit/test_q.py",
-            "tests/unit/test_b.py",
-            "tests/unit/test_helped.py",
+            ("tests/unit/test_a.py", "imports it"),
+            ("tests/unit/test_d2.py", "imports it"),
+            ("tests/integration/test_a_service.py", "imports it"),
+            ("tests/unit/test_q.py", "quick test of group g"),
+            ("tests/unit/test_b.py", "2 imports away"),
+            ("tests/unit/test_helped.py", "2 imports away"),
         ],
         "pdppo/c.py": [],
-        "pdppo/d.py": ["tests/unit/test_d.py", "tests/unit/test_d2.py"],
+        "pdppo/d.py": [
+            ("tests/unit/test_d.py", "imports it"),
+            ("tests/unit/test_d2.py", "imports it"),
+        ],
     }
-    # a first, d first; then a (5/2, 5/3, 5/4 mutants per test), the tie at 1.0 to a by name
-    assert plan.order == [
-        "tests/unit/test_a.py",
-        "tests/unit/test_d.py",
-        "tests/integration/test_a_service.py",
-        "tests/unit/test_q.py",
-        "tests/unit/test_b.py",
-        "tests/unit/test_helped.py",
-        "tests/unit/test_d2.py",
-    ]
-    assert plan.why["tests/unit/test_q.py"] == "quick test of group g: pdppo/a.py"
-    assert plan.why["tests/unit/test_helped.py"] == "2 imports away: pdppo/a.py"
 
 
 def mutant(module: str, line: int, operator: str = "NumberReplacer") -> Mutant:
@@ -303,6 +298,14 @@ def test_mutants_start_in_a_fixed_order_whatever_order_they_were_made_in() -> No
     expected = [("pdppo/a.py", 3), ("pdppo/a.py", 2), ("pdppo/a.py", 1), ("core/b.py", 7)]
     for todo in (made, made[::-1], made[2:] + made[:2]):
         assert [(m.module, m.line) for m in sorted(todo, key=order_key)] == expected
+
+
+def test_modules_take_their_turns_in_a_fixed_order_of_their_paths() -> None:
+    # sha256 of "pdppo/two.py" starts 449115e3, of "pdppo/one.py" 49c92c29, of
+    # "pdppo/first.py" 80a373c2, of "pdppo/second.py" d5d9f717 (sha256sum)
+    expected = ["pdppo/two.py", "pdppo/one.py", "pdppo/first.py", "pdppo/second.py"]
+    for names in (sorted(expected), expected[::-1], expected):
+        assert sorted(names, key=module_key) == expected
 
 
 @pytest.mark.parametrize(
@@ -336,6 +339,162 @@ def test_a_mutant_running_at_the_deadline_is_stopped_and_not_scored() -> None:
 
     got = dispatch(todo, 1, run, time.monotonic() + 0.5, stop=release.set)
     assert (got.results, got.stopped, got.not_started) == ([], todo[:1], todo[1:])
+
+
+class Clocked:
+    """take_turns' collaborators on a clock of their own: each test file takes its seconds
+    (cut at the `stop_at` it is given), each mutant 10 s, killed by any measured file that
+    reaches its line. The log says what ran, in order."""
+
+    def __init__(self, seconds: dict[str, float], reaches: dict[str, set[tuple[str, int]]]) -> None:
+        self.now = 0.0
+        self.seconds = seconds
+        self.reaches = reaches
+        self.measured: list[str] = []
+        self.log: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, test: str, stop_at: float) -> str:
+        if self.now + self.seconds[test] > stop_at:
+            self.now = stop_at
+            self.log.append(f"stopped {test} at {stop_at:g}")
+            return "stopped at its time limit"
+        self.now += self.seconds[test]
+        self.measured.append(test)
+        self.log.append(f"measured {test}")
+        return ""
+
+    def reach(self, m: Mutant) -> list[str]:
+        return [t for t in self.measured if (m.module, m.line) in self.reaches.get(t, set())]
+
+    def run(self, todo: list[Mutant], deadline: float) -> Dispatched:
+        def one(m: Mutant) -> Result:
+            self.now += 10.0
+            self.log.append(f"ran {m.module}:{m.line}")
+            return Result(m, KILLED, 10.0, 1, "t", "")
+
+        def no_stop() -> None:
+            raise AssertionError("a fake mutant ends before the clock is read")
+
+        return dispatch(todo, 1, one, deadline, clock=self.clock, stop=no_stop)
+
+    def turns(
+        self,
+        plans: list[ModulePlan],
+        tests: dict[str, list[str]],
+        budget: float,
+        cap: float = 60.0,
+        share: float = 0.5,
+    ) -> Turns:
+        return take_turns(
+            plans, tests, self.measure, self.reach, self.run, budget, cap, share,
+            clock=self.clock, say=lambda line: None,
+        )  # fmt: skip
+
+
+def plan(module: str, *lines: int) -> ModulePlan:
+    return ModulePlan(module, set(lines), [mutant(module, line) for line in lines], [])
+
+
+@pytest.mark.parametrize(
+    ("cap", "measured"),
+    [(40.0, ["a1", "a2"]), (39.9, ["a1", "a2"]), (40.1, ["a1", "a2", "a3"]), (0.0, ["a1"])],
+)
+def test_a_modules_baseline_starts_no_file_past_its_cap_and_runs_its_mutants_next(
+    cap: float, measured: list[str]
+) -> None:
+    """Files of 20 s: the third starts at 40 s, so only under a cap over 40 s; the first starts
+    whatever the cap. A file a module's turn ran (a1) is not run again for the next module."""
+    fake = Clocked(dict.fromkeys(["a1", "a2", "a3", "b1"], 20.0), {"a1": {("a", 1), ("b", 1)}})
+    tests = {"a": ["a1", "a2", "a3"], "b": ["a1", "b1"]}
+    turns = fake.turns([plan("a", 1), plan("b", 1)], tests, budget=1000.0, cap=cap)
+    assert fake.log == [
+        *(f"measured {t}" for t in measured),
+        "ran a:1",
+        "measured b1",
+        "ran b:1",
+    ]
+    assert turns.had_turn == ["a", "b"]
+    assert turns.tried == {**dict.fromkeys(measured, ""), "b1": ""}
+    assert [r.mutant.key for r in turns.results] == [
+        "a:1:4:NumberReplacer:0",
+        "b:1:4:NumberReplacer:0",
+    ]
+    assert (turns.not_started, turns.stopped, turns.unknown, turns.uncovered) == ([], [], {}, [])
+    assert not turns.budget_spent
+
+
+def test_the_budget_leaves_the_first_modules_in_full_and_part_of_the_next() -> None:
+    """a: a1 (0-10 s), its 3 mutants (10-40 s); b: b1 (40-50 s), two of its 3 mutants (50-70 s:
+    the second starts at 60 s, before the 65 s deadline); c never has its turn."""
+    reaches = {"a1": {("a", n) for n in (1, 2, 3)}, "b1": {("b", n) for n in (1, 2, 3)}}
+    fake = Clocked({"a1": 10.0, "b1": 10.0, "c1": 10.0}, reaches)
+    plans = [plan("a", 1, 2, 3), plan("b", 1, 2, 3), plan("c", 1, 2)]
+    turns = fake.turns(plans, {"a": ["a1"], "b": ["b1"], "c": ["c1"]}, budget=65.0)
+    assert turns.had_turn == ["a", "b"]
+    assert [(r.mutant.module, r.mutant.line) for r in turns.results] == [
+        (m.module, m.line) for m in sorted(plans[0].mutants, key=order_key)
+    ] + [(m.module, m.line) for m in sorted(plans[1].mutants, key=order_key)[:2]]
+    assert turns.not_started == sorted(plans[1].mutants, key=order_key)[2:] + sorted(
+        plans[2].mutants, key=order_key
+    )
+    assert "measured c1" not in fake.log
+    assert turns.budget_spent
+
+
+def test_a_first_file_longer_than_the_budget_is_stopped_at_its_share_and_the_next_module_runs() -> (
+    None
+):
+    """A module's first file would take 1000 s of a 480 s budget: it is stopped at 240 s (half
+    of what was left), its mutants are not known (not scored, not survivors), and the next
+    module's turn scores its own."""
+    fake = Clocked({"a1": 1000.0, "a2": 5.0, "b1": 10.0}, {"b1": {("b", 1)}})
+    turns = fake.turns([plan("a", 1), plan("b", 1)], {"a": ["a1", "a2"], "b": ["b1"]}, 480.0)
+    assert fake.log == ["stopped a1 at 240", "measured b1", "ran b:1", "measured a2"]
+    assert turns.tried == {"a1": "stopped at its time limit", "b1": "", "a2": ""}
+    assert [r.mutant.key for r in turns.results] == ["b:1:4:NumberReplacer:0"]
+    assert turns.unknown == {"a": [mutant("a", 1)]}  # a2 does not reach it; a1 might
+    assert turns.uncovered == []
+
+
+def test_mutants_no_measured_file_reaches_wait_for_a_second_turn_with_the_rest_of_the_files() -> (
+    None
+):
+    """A cap of 5 s runs a's first file only; its line 2, which only a2 reaches, waits while b
+    has its turn, then a's second turn runs a2 and the mutant. With no time left for that
+    turn, it stays unknown."""
+    reaches = {"a1": {("a", 1)}, "a2": {("a", 2)}, "b1": {("b", 1)}}
+    tests = {"a": ["a1", "a2"], "b": ["b1"]}
+    plans = [plan("a", 1, 2), plan("b", 1)]
+    fake = Clocked(dict.fromkeys(["a1", "a2", "b1"], 10.0), reaches)
+    turns = fake.turns(plans, tests, budget=100.0, cap=5.0)
+    assert fake.log == [
+        "measured a1",
+        "ran a:1",
+        "measured b1",
+        "ran b:1",
+        "measured a2",
+        "ran a:2",
+    ]
+    assert turns.had_turn == ["a", "b"]
+    assert (turns.unknown, turns.not_started, turns.budget_spent) == ({}, [], False)
+    cut = Clocked(dict.fromkeys(["a1", "a2", "b1"], 10.0), reaches)
+    turns = cut.turns(plans, tests, budget=40.0, cap=5.0)
+    assert cut.log == fake.log[:4]
+    assert turns.unknown == {"a": [mutant("a", 2)]}
+    assert turns.budget_spent
+
+
+def test_a_line_none_of_its_modules_files_reaches_is_not_covered_with_the_reason() -> None:
+    fake = Clocked({"a1": 10.0}, {"a1": {("a", 1)}})
+    turns = fake.turns([plan("a", 1, 2), plan("z", 3)], {"a": ["a1"], "z": []}, budget=100.0)
+    assert [r.mutant.line for r in turns.results] == [1]
+    assert turns.uncovered == [
+        (mutant("a", 2), "none of the 1 test files run for a reaches it"),
+        (mutant("z", 3), "no test file imports z, nor lists it in a group of bench/mutation.toml"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -432,7 +591,7 @@ def test_the_step_fails_below_90_percent_and_lists_each_survivor_with_its_tests(
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert f"changed since {toy['c1'][:7]} (.ci/mutation-base)" in out
-    assert "ran 5 of 5 mutants\n" in out
+    assert "ran 5 of 5 mutants in 1 of 1 modules\n" in out
     assert (
         "survivors (4):\n"
         "  pdppo/toy.py:5  ReplaceComparisonOperator_Gt_GtE\n"
@@ -452,20 +611,21 @@ def test_the_step_fails_below_90_percent_and_lists_each_survivor_with_its_tests(
 def test_the_step_passes_at_100_percent(toy: dict[str, str]) -> None:
     done = step(toy["repo"], "--rev", toy["c2"], "--base", toy["c1"])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "ran 1 of 1 mutants\n" in done.stdout
+    assert "ran 1 of 1 mutants in 1 of 1 modules\n" in done.stdout
     assert "ok: kill rate 100.0% (1 of 1) >= 90%" in done.stdout
 
 
 def test_a_budget_spent_before_any_mutant_fails_and_says_so(toy: dict[str, str]) -> None:
     done = step(toy["repo"], "--budget", "0")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "baseline left out tests/test_toy.py: budget" in done.stdout
+    assert "baseline: tests/test_toy.py" not in done.stdout + done.stderr
     assert (
-        "ran 0 of 5 mutants (budget 0s; in the order of sha256(file:line:col:operator): "
-        "0 not started, 0 stopped at the budget, "
-        "5 of modules whose tests the baseline's share left out)"
+        "ran 0 of 5 mutants in 0 of 1 modules (budget 0s; modules in the order of sha256(path), "
+        "their mutants in that of sha256(file:line:col:operator): 5 not started, "
+        "0 stopped at the budget, 0 not reached by the test files measured)\n"
+        "  pdppo/toy.py: no turn (the budget ended before it), 5 mutants\n"
     ) in done.stdout
-    assert "FAIL: none of the 5 mutants was scored" in done.stdout
+    assert "FAIL: none of the 5 mutants was scored (the budget was spent)" in done.stdout
 
 
 def test_a_missing_base_file_mutates_the_last_commit_and_says_why(
@@ -477,3 +637,132 @@ def test_a_missing_base_file_mutates_the_last_commit_and_says_why(
     # c2..c3: clamp's line and unused's (not total's, changed in c2)
     assert "4 mutants on them" in done.stdout
     assert f"changed since {toy['c2'][:7]} (HEAD^, the fallback)" in done.stdout
+
+
+SLOW = """\
+from __future__ import annotations
+
+
+def bump(x: int) -> int:
+    return x + 1
+"""
+SLOW_TESTS = {
+    "tests/test_bump.py": "from pdppo.slow import bump\n\n\ndef test_bump() -> None:\n"
+    "    assert bump(1) == 2\n",
+    # reaches the same line, after a minute: a test file that outlasts any share of the budget
+    "tests/test_bump_slowly.py": "import time\n\nfrom pdppo.slow import bump\n\n\n"
+    "def test_bump_slowly() -> None:\n    time.sleep(60)\n    assert bump(2) == 3\n",
+}
+
+
+def test_a_test_file_that_outlasts_its_share_is_stopped_and_the_mutants_run(
+    tmp_path: Path,
+) -> None:
+    """The baseline must not eat the budget: with every file run first, the minute-long file
+    started at once and ran past the 40 s budget, and nothing was scored ("FAIL: none of the 3
+    mutants was scored"). Its module's turn stops it at half the budget, 20 s, and the three
+    mutants of `x + 1` run against the file that was measured, and are killed."""
+    repo = tmp_path / "repo"
+    c1 = commit(repo, {"pdppo/__init__.py": "", "pdppo/slow.py": "", "mutation.toml": CONFIG})
+    commit(repo, {"pdppo/slow.py": SLOW, **SLOW_TESTS})
+    done = step(str(repo), "--base", c1, "--budget", "40")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "baseline left out tests/test_bump_slowly.py: stopped at its time limit\n" in out
+    assert "ran 3 of 3 mutants in 1 of 1 modules\n" in out
+    assert (
+        "  pdppo/slow.py: its mutants ran against the 1 of its 2 test files measured "
+        "(1 stopped at its time limit)\n"
+    ) in out
+    assert "ok: kill rate 100.0% (3 of 3) >= 90%" in out
+
+
+FIRST = """\
+from __future__ import annotations
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def above(x: int) -> bool:
+    return x > 2
+"""
+SECOND = """\
+from __future__ import annotations
+
+
+def succ(x: int) -> int:
+    return x + 1
+"""
+TURN_TESTS = {
+    "tests/test_first_above.py": "from pdppo.first import above\n\n\ndef test_above() -> None:\n"
+    "    assert above(3)\n    assert not above(2)\n",
+    "tests/test_first_add.py": "from pdppo.first import add\n\n\ndef test_add() -> None:\n"
+    "    assert add(2, 3) == 5\n",
+    "tests/test_second.py": "from pdppo.second import succ\n\n\ndef test_succ() -> None:\n"
+    "    assert succ(1) == 2\n",
+}
+
+
+def test_modules_take_turns_and_a_capped_module_finishes_in_a_second_turn(tmp_path: Path) -> None:
+    """first.py (sha256 80a373c2) before second.py (d5d9f717). With a cap of 0 s each turn
+    measures one file: first.py's nearest, test_first_above.py, serves `above`'s three
+    mutants; `add`'s one waits, not scored, while second.py has its turn; then first.py's second
+    turn measures test_first_add.py and runs it. 7 of 7 in 2 of 2 modules."""
+    repo = tmp_path / "repo"
+    files = {"pdppo/__init__.py": "", "pdppo/first.py": "", "pdppo/second.py": ""}
+    c1 = commit(repo, {**files, "mutation.toml": CONFIG})
+    commit(repo, {"pdppo/first.py": FIRST, "pdppo/second.py": SECOND, **TURN_TESTS})
+    done = step(str(repo), "--base", c1, "--module-baseline", "0", "--budget", "600")
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, out + err
+    turns = [
+        "\nturn of pdppo/first.py: 4 mutants, 0 of its 2 test files measured; "
+        "none but its first file starts after 0s\n",
+        "\nturn of pdppo/second.py: 3 mutants, 0 of its 1 test files measured; "
+        "none but its first file starts after 0s\n",
+        "\nsecond turn of pdppo/first.py: 1 mutants, 1 of its 2 test files measured; ",
+    ]
+    assert all(turn in out for turn in turns), out
+    assert [out.index(turn) for turn in turns] == sorted(out.index(turn) for turn in turns)
+    measured = [line for line in err.splitlines() if line.endswith(" ...")]
+    assert measured == [
+        "  baseline: tests/test_first_above.py ...",
+        "  baseline: tests/test_second.py ...",
+        "  baseline: tests/test_first_add.py ...",
+    ]
+    assert "[7/7] pdppo/first.py:5 ReplaceBinaryOperator_Add_Sub killed by " in err
+    assert "ran 7 of 7 mutants in 2 of 2 modules\n" in out
+    assert "ok: kill rate 100.0% (7 of 7) >= 90%" in out
+
+
+def test_mutants_only_a_failing_file_could_reach_are_named_and_not_a_failure(
+    tmp_path: Path,
+) -> None:
+    """The module's one test file fails unmutated (the test step fails the run for it): no
+    coverage says which test reaches its two mutants, so they are named, not scored, and the
+    budget was not spent on nothing: no failure here."""
+    repo = tmp_path / "repo"
+    c1 = commit(repo, {"pdppo/__init__.py": "", "pdppo/bad.py": "", "mutation.toml": CONFIG})
+    commit(
+        repo,
+        {
+            "pdppo/bad.py": "def one() -> int:\n    return 1\n",
+            "tests/test_bad.py": "from pdppo.bad import one\n\n\ndef test_one() -> None:\n"
+            "    assert one() == 2\n",
+        },
+    )
+    done = step(str(repo), "--base", c1, "--budget", "600")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "baseline left out tests/test_bad.py: fails unmutated (pytest exit 1)\n" in out
+    assert (
+        "ran 0 of 2 mutants in 0 of 1 modules (budget 600s; modules in the order of "
+        "sha256(path), their mutants in that of sha256(file:line:col:operator): 0 not started, "
+        "0 stopped at the budget, 2 not reached by the test files measured)\n"
+        "  pdppo/bad.py: its mutants ran against the 0 of its 1 test files measured "
+        "(1 fails unmutated (pytest exit 1))\n"
+        "      2 not reached by those, not scored: line 2\n"
+    ) in out
+    assert "ok: none of the 2 mutants was scored: no test file measured reaches them" in out

@@ -508,7 +508,7 @@ def take_turns(
     cap: float,
     share: float,
     clock: Callable[[], float] = time.monotonic,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> Turns:
     """The modules in the order of `plans` (`module_key`), each in its turn: the baseline of
     its test files nearest first (`measure(file, stop_at)`: "" when its coverage is in, else
@@ -839,7 +839,6 @@ def report(
         mine = tests.get(module, [])
         measured = [t for t in mine if turns.tried.get(t) == ""]
         if module not in turns.had_turn:
-            print(f"  {module}: no turn (the budget ended before it), {run.planned} mutants")
             continue
         if len(run.results) < run.planned and run.results:
             print(f"  {module}: {len(run.results)} of its {run.planned} mutants ran")
@@ -855,6 +854,9 @@ def report(
                 f"      {len(turns.unknown[module])} not reached by those, not scored: "
                 f"line{'s' * (len(where) > 1)} {', '.join(map(str, where))}"
             )
+    waited = [f"{r.module} ({r.planned})" for r in with_mutants if r.module not in turns.had_turn]
+    if waited:
+        print(f"  no turn (the budget ended before it), {len(waited)}: {', '.join(waited)}")
     for mutant in turns.stopped:
         m = describe(root, mutant)
         print(f"  stopped at the budget: {m.module}:{m.line} {m.short_operator}: {m.mutated}")

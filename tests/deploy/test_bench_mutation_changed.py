@@ -623,7 +623,7 @@ def test_a_budget_spent_before_any_mutant_fails_and_says_so(toy: dict[str, str])
         "ran 0 of 5 mutants in 0 of 1 modules (budget 0s; modules in the order of sha256(path), "
         "their mutants in that of sha256(file:line:col:operator): 5 not started, "
         "0 stopped at the budget, 0 not reached by the test files measured)\n"
-        "  pdppo/toy.py: no turn (the budget ended before it), 5 mutants\n"
+        "  no turn (the budget ended before it), 1: pdppo/toy.py (5)\n"
     ) in done.stdout
     assert "FAIL: none of the 5 mutants was scored (the budget was spent)" in done.stdout
 

@@ -24,7 +24,18 @@ GraderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-
 
 
 class _Grader(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    # A field's alias is its name in a spec (`schema`, which would shadow BaseModel.schema as a
+    # field name): dumps write the alias, so that every dump reads back (the API's stored spec,
+    # the worker's config, a steered run, issue 49); the field name is still read, so that specs
+    # and checkpoints dumped before that (`json_schema`) still load.
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        serialize_by_alias=True,
+        validate_by_alias=True,
+        validate_by_name=True,
+    )
 
 
 class StringCheckGrader(_Grader):
@@ -90,6 +101,15 @@ class JsonSchemaGrader(_Grader):
         description="A fixed JSON schema; unset: the record's `field` holds it.",
     )
     field: FieldName = Field(default="schema", description="Record field holding the schema.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name(cls, data: Any) -> Any:
+        """`json_schema`, the field's name, is read for specs dumped before it was written as
+        `schema`; both at once would leave one of them silently unused."""
+        if isinstance(data, dict) and "schema" in data and "json_schema" in data:
+            raise ValueError("give the schema as `schema` only (json_schema is its old name)")
+        return data
 
 
 class LengthPenaltyGrader(_Grader):

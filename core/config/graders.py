@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from core.config.openai_graders import OpenAIGrader
 from core.config.types import FINITE, CleanStr
@@ -24,10 +24,12 @@ GraderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-
 
 
 class _Grader(BaseModel):
-    # A field's alias is its name in a spec (`schema`, which would shadow BaseModel.schema as a
-    # field name): dumps write the alias, so that every dump reads back (the API's stored spec,
-    # the worker's config, a steered run, issue 49); the field name is still read, so that specs
-    # and checkpoints dumped before that (`json_schema`) still load.
+    # A field's alias is its name in a spec (`schema`, which as a field name would shadow
+    # BaseModel.schema): dumps write the alias, so that every dump reads back (the API's stored
+    # spec, the worker's config, a steered run: issue 49), and the field name is still read, so
+    # that specs and checkpoints dumped before (`json_schema`) still load. Free-form fields (a
+    # JSON schema, a plugin's options) are JsonValue, not Any: a YAML date, NaN or an integer
+    # key would pass as Any and come back from the stored JSON as another value.
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
@@ -95,7 +97,7 @@ class JsonSchemaGrader(_Grader):
     """1 when the completion parses as JSON and validates against the schema, else 0."""
 
     type: Literal["json_schema"]
-    json_schema: dict[str, Any] | None = Field(
+    json_schema: dict[str, JsonValue] | None = Field(
         default=None,
         alias="schema",
         description="A fixed JSON schema; unset: the record's `field` holds it.",
@@ -128,7 +130,7 @@ class PluginGrader(_Grader):
     name: Annotated[CleanStr, Field(min_length=1, max_length=200)] = Field(
         description="Entry point name in the `pdppo.graders` group."
     )
-    options: dict[str, Any] = Field(
+    options: dict[str, JsonValue] = Field(
         default_factory=dict, description="Keyword arguments passed to the function."
     )
 

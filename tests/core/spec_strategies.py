@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
 from hypothesis import strategies as st
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from core.config.graders import MultiGrader
@@ -136,7 +136,7 @@ def for_type(tp: Any, meta: list[Any] | None = None) -> Strategy:
         return _float(b)
     if tp is str:
         return _str(b)
-    if tp is Any:
+    if tp is Any or tp is JsonValue:
         return JSON_VALUES
     if origin is dict:
         key, value = get_args(tp)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from core.config import TrainConfig
 from core.config.graders import GraderConfig, JsonSchemaGrader
@@ -276,3 +276,23 @@ def test_a_spec_stored_with_the_old_field_name_still_loads() -> None:
     }
     with pytest.raises(ValueError, match=r"give the schema as `schema` only \(json_schema is"):
         GRADERS.validate_python({"type": "json_schema", "schema": {}, "json_schema": {}})
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("{since: 2024-01-01}", "since"),  # a YAML date: dumped as a string
+        ("{scale: .nan}", "scale"),  # dumped as null
+        ("{limits: {1: 2}}", "limits"),  # an integer key: dumped as "1"
+    ],
+)
+@pytest.mark.parametrize("field", ["options", "schema"])
+def test_free_form_values_json_would_change_are_refused(text: str, where: str, field: str) -> None:
+    """A plugin's options and a JSON schema are free-form, but JSON: what the stored JSON would
+    give back as another value is refused at validation, naming where it is."""
+    kind = {"options": {"type": "plugin", "name": "p"}, "schema": {"type": "json_schema"}}[field]
+    raw = kind | {field: spec_yaml_load(text)}
+    with pytest.raises(ValidationError) as refused:
+        GRADERS.validate_python(raw)
+    locs = [".".join(str(p) for p in e["loc"]) for e in refused.value.errors()]
+    assert all(loc.startswith(f"{kind['type']}.{field}.{where}") for loc in locs), locs

@@ -29,6 +29,7 @@ from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
 from core.graders.base import Grader, check_unit, text_field
 from core.graders.batch import GradingCounts
+from tests.core.plugins import install_plugins
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
 
@@ -117,20 +118,12 @@ PLUGINS = [
 
 @pytest.fixture(scope="session")
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("plugins")
-    (root / "pdppo_test_graders.py").write_text(PLUGIN_MODULE)
-    info = root / "pdppo_test_graders-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: pdppo-test-graders\nVersion: 0.1\n"
-    )
     functions = {name: name for name in PLUGINS} | {
         "sleep": "sleep_forever",
         "constant": "NOT_A_FUNCTION",
     }
-    entries = "".join(f"{name} = pdppo_test_graders:{fn}\n" for name, fn in functions.items())
-    (info / "entry_points.txt").write_text("[pdppo.graders]\n" + entries)
-    return root
+    root = tmp_path_factory.mktemp("plugins")
+    return install_plugins(root, "pdppo_test_graders", PLUGIN_MODULE, functions)
 
 
 @pytest.fixture

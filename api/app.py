@@ -68,6 +68,7 @@ from api.routes import (
 from api.schemas import ErrorBody, ValidationErrorBody
 from api.storage.uploads import FORM_OVERHEAD_BYTES
 from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
+from core.config.names import unknown_field
 from pdppo import __version__
 from pdppo.settings import Settings, get_settings
 from pdppo.store import AsyncJobStore
@@ -94,6 +95,21 @@ def _message(msg: str) -> str:
     return msg
 
 
+def _body_model(request: Request) -> Any:
+    """The type the route reads its body as (a JobSpec), or None."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    return None if body is None else body.field_info.annotation
+
+
+def _hinted(request: Request, error: dict[str, Any]) -> dict[str, Any]:
+    """An unknown key of the body told with the close field (`core.config.names`)."""
+    loc = list(error.get("loc", ()))
+    model = _body_model(request)
+    if error.get("type") != "extra_forbidden" or loc[:1] != ["body"] or model is None:
+        return error
+    return {**error, "msg": unknown_field(model, loc[1:])}
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [
@@ -102,7 +118,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             "msg": _message(e.get("msg", "")),
             "type": e.get("type", ""),
         }
-        for e in exc.errors()
+        for e in (_hinted(request, e) for e in exc.errors())
     ]
     detail = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in errors)
     return JSONResponse({"detail": detail, "errors": jsonable_encoder(errors)}, status_code=422)

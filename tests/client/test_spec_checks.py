@@ -1,9 +1,13 @@
-"""Every spec field the worker later compiles or parses (a regex, a JSON schema, a template, a
-formula, a python grader's code) is checked when the spec is validated: `POST /v1/jobs` answers
-422 naming the field, and `pdppo submit --dry-run`, `pdppo train --dry-run` and `pdppo train`
-exit 2 with the same words. The promise is that an accepted spec never fails on the worker as
-invalid (issue 49: a bad `regex` pattern was accepted, then failed the job with
-`training_error: ... is not a regex`).
+"""A spec's mistakes are told where the spec is validated, the same on every path: `POST
+/v1/jobs` answers 422 naming the field, and `pdppo submit --dry-run`, `pdppo train --dry-run`
+and `pdppo train` exit 2 with the same words.
+
+- Every field the worker later compiles or parses (a regex, a JSON schema, a template, a
+  formula, a python grader's code) is checked then: an accepted spec never fails on the worker
+  as invalid (issue 49: a bad `regex` pattern was accepted, then failed the job with
+  `training_error: ... is not a regex`).
+- An unknown key, at any depth, is told with the close field of its section ("did you mean"),
+  or with the fields the section takes (issue 49: pydantic's "Extra inputs are not permitted").
 
 Real stack (redis-server, `pdppo serve`, a worker) for the API and `submit`; `pdppo train` runs
 in this process, as a user runs it.
@@ -18,6 +22,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from core.training.steering import merge_patch
 from pdppo.cli import main
 from tests.client.conftest import parked_spec, write_spec
 from tests.integration.stack import KEYS, Service
@@ -50,7 +55,7 @@ def _openai_multi(formula: str) -> dict[str, Any]:
 
 G = "train.task.grader"
 # (case, the grader, where the error is, what it says)
-CASES: list[tuple[str, dict[str, Any], str, str]] = [
+COMPILED: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "regex pattern",
         {"type": "regex", "pattern": "("},
@@ -159,26 +164,86 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "calculate_output names 'b', which is no grader of this multi (a)",
     ),
 ]
+
+
+def _grader(grader: dict[str, Any]) -> dict[str, Any]:
+    return {"train": {"task": {"grader": grader}}}
+
+
+# (case, a merge patch of the spec, where the error is, what it says)
+UNKNOWN: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "a setting",
+        {"train": {"stepz": 3}},
+        "train.stepz",
+        "unknown field stepz; did you mean steps?",
+    ),
+    (
+        "a section's setting",
+        {"train": {"optim": {"lrr": 1e-4}}},
+        "train.optim.lrr",
+        "unknown field lrr; did you mean lr?",
+    ),
+    (
+        "resources",
+        {"resources": {"gpu": 1}},
+        "resources.gpu",
+        "unknown field gpu; did you mean gpus?",
+    ),
+    (
+        "the tiny model's shape",
+        {"train": {"model": {"tiny": {"dmodel": 32}}}},
+        "train.model.tiny.dmodel",
+        "unknown field dmodel; did you mean d_model?",
+    ),
+    (
+        "an optional section, nothing close",
+        {"train": {"model": {"name": "hf:/models/x", "lora": {"rank": 8}}}},
+        "train.model.lora.rank",
+        "unknown field rank (this section takes: r, alpha, dropout, target_modules)",
+    ),
+    (
+        "a grader's knob",
+        _grader({"type": "json_schema", "scheme": {"type": "object"}}),
+        f"{G}.json_schema.scheme",
+        "unknown field scheme; did you mean schema?",
+    ),
+    (
+        "a multi's sub-grader",
+        _grader({"type": "multi", "graders": {"a": {"type": "regex", "patern": "x"}}}),
+        f"{G}.multi.graders.a.regex.patern",
+        "unknown field patern; did you mean pattern?",
+    ),
+    (
+        "an openai message part",
+        _grader(_openai(_judge([{"type": "input_text", "text": "hi", "txt": "x"}]))),
+        f"{G}.openai.grader.score_model.input.0.content.parts.0.txt",
+        "unknown field txt; did you mean text?",
+    ),
+]
+CASES = [(case, _grader(grader), where, says) for case, grader, where, says in COMPILED] + UNKNOWN
 IDS = [case[0] for case in CASES]
 
 
-def _spec(service: Service, grader: dict[str, Any]) -> dict[str, Any]:
-    """A GPU job (no GPU worker in the tests: it would wait, never run) of a jsonl task under
-    the service's data root, with `grader`."""
+def _spec(service: Service, patch: dict[str, Any], device: str = "gpu") -> dict[str, Any]:
+    """A job of a jsonl task under the service's data root, changed by `patch`; on the GPU
+    queue, it would wait (no GPU worker in the tests), never run."""
     data = service.data_dir / "checks.jsonl"
     data.write_text('{"prompt": "12=", "answer": "21"}\n')
     spec = parked_spec("spec-checks")
-    spec["train"]["task"] = {"name": "jsonl", "path": str(data), "grader": grader}
-    return spec
+    spec["resources"] = {"device": device}
+    spec["train"]["task"] = {"name": "jsonl", "path": str(data)}
+    patched: dict[str, Any] = merge_patch(spec, patch)
+    return patched
 
 
-@pytest.mark.parametrize(("grader", "where", "says"), [c[1:] for c in CASES], ids=IDS)
+@pytest.mark.parametrize(("patch", "where", "says"), [c[1:] for c in CASES], ids=IDS)
 def test_the_api_refuses_it_at_submit_naming_the_field(
-    service: Service, grader: dict[str, Any], where: str, says: str
+    service: Service, patch: dict[str, Any], where: str, says: str
 ) -> None:
     headers = {"Authorization": f"Bearer {KEYS[TENANT]}"}
     with httpx.Client(base_url=service.base_url, headers=headers, timeout=30) as http:
-        answer = http.post("/v1/jobs", json=_spec(service, grader))
+        answer = http.post("/v1/jobs", json=_spec(service, patch))
         if answer.status_code == 201:  # accepted: the bug; leave no job behind
             http.post(f"/v1/jobs/{answer.json()['id']}/cancel")
     assert answer.status_code == 422, answer.text
@@ -193,16 +258,16 @@ def _cli(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
     return result.exit_code, result.stderr
 
 
-@pytest.mark.parametrize(("grader", "where", "says"), [c[1:] for c in CASES], ids=IDS)
+@pytest.mark.parametrize(("patch", "where", "says"), [c[1:] for c in CASES], ids=IDS)
 def test_submit_dry_run_says_so_and_exits_2(
     service: Service,
     cli_env: dict[str, str],
     tmp_path: Path,
-    grader: dict[str, Any],
+    patch: dict[str, Any],
     where: str,
     says: str,
 ) -> None:
-    path = write_spec(tmp_path / "spec.yaml", _spec(service, grader))
+    path = write_spec(tmp_path / "spec.yaml", _spec(service, patch))
     code, err = _cli(["submit", "--dry-run", str(path)], cli_env)
     assert code == 2, err
     assert f"{where}: {says}" in err, err
@@ -210,21 +275,33 @@ def test_submit_dry_run_says_so_and_exits_2(
 
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "train"])
-@pytest.mark.parametrize(("grader", "where", "says"), [c[1:] for c in CASES], ids=IDS)
+@pytest.mark.parametrize(("patch", "where", "says"), [c[1:] for c in CASES], ids=IDS)
 def test_train_says_so_and_exits_2(
     service: Service,
     tmp_path: Path,
-    grader: dict[str, Any],
+    patch: dict[str, Any],
     where: str,
     says: str,
     dry_run: bool,
 ) -> None:
-    spec = _spec(service, grader)
-    spec["resources"] = {"device": "cpu"}
-    path = write_spec(tmp_path / "spec.yaml", spec)
+    path = write_spec(tmp_path / "spec.yaml", _spec(service, patch, device="cpu"))
     args = ["train", str(path), "--quiet", "--out", str(tmp_path / "out")]
     code, err = _cli([*args, "--dry-run"] if dry_run else args)
     assert code == 2, err
     assert "invalid job spec" in err, err
     assert f"{where}: {says}" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_experiments_base_is_told_the_same(service: Service) -> None:
+    """An experiment's children are job specs: an unknown key of its base is told the same."""
+    headers = {"Authorization": f"Bearer {KEYS[TENANT]}"}
+    base = _spec(service, {"train": {"optim": {"lrr": 1e-4}}})
+    body = {"base": base, "grid": {"algorithm.mask": ["predictive", "dppo"]}, "seeds": 1}
+    with httpx.Client(base_url=service.base_url, headers=headers, timeout=30) as http:
+        answer = http.post("/v1/experiments", json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"] == (
+        "arm 'mask=predictive', seed 0: not a valid job spec: "
+        "train.optim.lrr: unknown field lrr; did you mean lr?"
+    )

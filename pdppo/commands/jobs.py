@@ -226,6 +226,23 @@ def _exit_for(status: str) -> None:
         raise SystemExit(1)
 
 
+LOGS_OK = ("succeeded", "cancelled")
+"""How a job may end for `pdppo logs` to exit 0 once it has replayed the stream: a cancel is
+how someone meant the job to end; a failure is what a script waiting on the job must see (1)."""
+
+
+def _exit_for_logs(status: str | None) -> None:
+    if status not in LOGS_OK:
+        raise SystemExit(1)
+
+
+def _done_status(event: Event) -> str | None:
+    """The status a `done` event ends the job with."""
+    payload = _payload(event)
+    status = payload.get("status") if isinstance(payload, Mapping) else None
+    return status if isinstance(status, str) else None
+
+
 @click.command()
 @click.argument("spec_path", metavar="SPEC.yaml", type=click.Path(exists=True, path_type=Path))
 @click.option("--follow", "-f", is_flag=True, help="Stream progress and metrics until the end.")
@@ -436,16 +453,20 @@ def resume(job_id: str, url: str, api_key: str | None) -> None:
 @_url_option
 @_key_option
 def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
-    """Stream a job's events from the start (or --since) until it ends."""
+    """Stream a job's events from the start (or --since) until it ends; exit 1 if it failed."""
     with _client(url, api_key) as client:
         if not raw:
             final = _follow_or_detach(client, job_id, last_event_id=since)
             click.echo(f"{job_id} {final}")
-            _exit_for(final)
+            _exit_for_logs(final)
             return
+        ended = None
         for event in client.follow(job_id, last_event_id=since):
             click.echo(f"{event.id or '-'} {event.event} {event.data}")
             sys.stdout.flush()
+            if event.event == "done":
+                ended = _done_status(event)
+    _exit_for_logs(ended)
 
 
 COMMANDS: list[click.Command] = [

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import ValidationError
 
 from pdppo.commands.errors import DEBUG_HINT, UserError, debugging, explain
 from pdppo.extras import WORKER_MODULES, need_extra
@@ -125,6 +124,8 @@ def _failure(exc: Exception) -> click.ClickException:
     """What a failed run says: a validation error every field of it (a bad PDPPO_* setting),
     a rank's failure the last line of its traceback (what went wrong), anything else its whole
     message (an ImportError: a feature's extra is missing, core.extras.MissingExtra)."""
+    from pydantic import ValidationError  # here: `pdppo --help` loads no pydantic
+
     if isinstance(exc, ValidationError):
         return explain(exc)
     text = str(exc).strip() or type(exc).__name__

@@ -89,11 +89,14 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
         dynamic_ncols=True,
     )
     phases = PhaseDisplay(bar, label, tty=sys.stderr.isatty())
+    warned: list[str] = []  # the stream's warnings, as printed
     try:
         for event in client.follow(job_id, last_event_id=last_event_id):
             status = _show_event(event, bar, status, phases)
+            if event.event == "log" and _payload_field(event, "level") == "warning":
+                warned.append(str(_payload_field(event, "message")))
             if event.event == "done":
-                for line in _final_warnings(client, job_id):
+                for line in _final_warnings(client, job_id, warned):
                     bar.write(line)
                 break
     finally:
@@ -101,17 +104,26 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
     return status
 
 
-def _final_warnings(client: Client, job_id: str) -> list[str]:
-    """The warnings the job ended with (the record has them once it ends; the stream does
-    not): shown after the stream, but a record that cannot be read now costs only them."""
+def _payload_field(event: Event, name: str) -> Any:
+    payload = _payload(event)
+    return payload.get(name) if isinstance(payload, Mapping) else None
+
+
+def _final_warnings(client: Client, job_id: str, warned: list[str]) -> list[str]:
+    """The warnings the job ended with that the stream has not shown (a worker sends each as a
+    `log` event too, `run finished with a warning (code): message`; the record has them once
+    the job ends): after the stream, each once. A record that cannot be read now costs only
+    those the stream did not show."""
     import httpx
 
     from pdppo.client import ApiError
 
     try:
-        return job_warnings(client.get(job_id))
+        lines = job_warnings(client.get(job_id))
     except (ApiError, httpx.TransportError):
         return []
+    # "warning (code): message" was shown if a warning of the stream holds "(code): message"
+    return [line for line in lines if not any(line[len("warning ") :] in w for w in warned)]
 
 
 def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = None) -> str:

@@ -195,3 +195,23 @@ def test_logs_show_a_change_made_while_the_job_runs(
     assert code == 0, (out, err)
     lines = [line for line in (out + err).splitlines() if line.startswith("config 1 after step")]
     assert len(lines) == 1 and lines[0].endswith(": optim.lr=0.0001"), out + err
+
+
+def test_follow_prints_each_warning_the_job_ended_with_once(
+    service: Service, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """The warnings a run ends with arrive twice: as `log` events of level warning on the
+    stream, and in the job's record, which the follow reads at the end (issue 49: each was
+    printed twice). A warning of the record that the stream did not show is still printed."""
+    data = service.data_dir / "never.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}=", "answer": "~~~~"}) + "\n" for i in range(4))
+    )
+    spec = smoke_spec(steps=2, checkpoint_every=0)
+    spec["train"]["task"] = {"name": "jsonl", "path": str(data)}
+    path = write_spec(tmp_path / "never.yaml", spec | {"name": "never-rewarded"})
+    code, out, err = _run(["submit", str(path), "--follow"], cli_env)
+    assert code == 0, (out, err)
+    shown = out + err
+    for code_name in ("rewards_all_zero", "no_reward_variance"):
+        assert shown.count(f"({code_name})") == 1, shown

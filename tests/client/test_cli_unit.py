@@ -182,6 +182,35 @@ def ev(name: str, data: str) -> Event:
     return Event(name, data, None)
 
 
+class _Record:
+    """`Client.get` alone, answering one job (`_final_warnings` reads nothing else)."""
+
+    def __init__(self, found: Job) -> None:
+        self.found = found
+
+    def get(self, job_id: str) -> Job:
+        return self.found
+
+
+def test_the_warnings_after_the_stream_are_those_it_did_not_show() -> None:
+    ended = job(
+        status="succeeded",
+        warnings=[
+            {"code": "rewards_all_zero", "message": "every reward was 0"},
+            {"code": "no_reward_variance", "message": "every advantage was 0"},
+        ],
+    )
+    warned = ["run finished with a warning (rewards_all_zero): every reward was 0"]
+    record: Any = _Record(ended)
+    assert jobs._final_warnings(record, "job-1", warned) == [
+        "warning (no_reward_variance): every advantage was 0"
+    ]
+    assert jobs._final_warnings(record, "job-1", []) == [
+        "warning (rewards_all_zero): every reward was 0",
+        "warning (no_reward_variance): every advantage was 0",
+    ]
+
+
 def test_a_followed_jobs_events() -> None:
     status, written, bar = shown(
         [

@@ -34,15 +34,18 @@ SIGPIPE_STATUS = 128 + signal.SIGPIPE
 
 
 def _stdout_broken() -> bool:
-    """Whether stdout is a pipe whose reader has gone (the kernel flags its end with POLLERR): a
-    BrokenPipeError from a socket is another failure, reported as such."""
+    """Whether stdout is a pipe whose reader has gone (Linux flags its end with POLLERR, some
+    kernels with POLLHUP): a BrokenPipeError from a socket is another failure, reported as
+    such. Without poll() there is no telling: stdout is the likely pipe."""
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, ValueError, OSError):  # replaced, closed, or not a file
         return False
+    if not hasattr(select, "poll"):
+        return True
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
-    return any(events & select.POLLERR for _, events in poller.poll(0))
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _reader_gone() -> NoReturn:

@@ -438,3 +438,26 @@ def test_train_says_why_the_run_could_not_start_in_one_line(tmp_path: Any) -> No
     assert result.output.splitlines()[-1] == (
         "Error: device='cuda' was requested but CUDA is not available"
     )
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_reported() -> None:
+    """Only a gone reader of stdout ends a command quietly (tests/client/test_closed_stdout.py):
+    a BrokenPipeError of a socket, stdout being fine, is an error like any other."""
+    from click.testing import CliRunner
+
+    from pdppo.cli import main
+
+    @click.command(name="pipe-test")
+    def pipe_test() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    main.add_command(pipe_test)
+    try:
+        result = CliRunner().invoke(main, ["pipe-test"])
+    finally:
+        main.commands.pop("pipe-test")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: unexpected BrokenPipeError: [Errno 32] Broken pipe "
+        f"(a bug in pdppo? {DEBUG_HINT})\n"
+    )

@@ -15,7 +15,6 @@ import json
 from typing import Any, get_args
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -26,7 +25,7 @@ from core.config.openai_graders import OpenAIGraderConfig
 from core.config.task import TaskConfig
 from core.training.steering import steered
 from pdppo.client import spec_to_dict
-from pdppo.client.specs import spec_yaml_load
+from pdppo.client.specs import spec_yaml_dump, spec_yaml_load
 from pdppo.spec import JobSpec, parse_spec
 from tests.core.spec_strategies import for_model, for_type, task, valid
 
@@ -44,7 +43,7 @@ QUICK = settings(
 
 def _yaml(data: Any) -> Any:
     """`data` as a spec file holds it, read back as the CLI reads one."""
-    return spec_yaml_load(yaml.safe_dump(data, sort_keys=False))
+    return spec_yaml_load(spec_yaml_dump(data))
 
 
 def assert_round_trips(adapter: TypeAdapter[Any], model: BaseModel) -> None:
@@ -296,3 +295,15 @@ def test_free_form_values_json_would_change_are_refused(text: str, where: str, f
         GRADERS.validate_python(raw)
     locs = [".".join(str(p) for p in e["loc"]) for e in refused.value.errors()]
     assert all(loc.startswith(f"{kind['type']}.{field}.{where}") for loc in locs), locs
+
+
+@pytest.mark.parametrize("text", ["1e5", "0E0", "2.5e3", ".5e1", "1_000e2", "+1E+2"])
+def test_a_string_a_spec_file_would_read_as_a_number_is_written_quoted(text: str) -> None:
+    """Spec files read YAML 1.2 numbers (`1e-5` is a float); PyYAML's dumper writes these
+    strings bare, and a spec file written with it holds a number where a string was (found by
+    the property above: a string_check `reference` of "0E0" came back as 0.0)."""
+    import yaml
+
+    data = {"reference": text}
+    assert spec_yaml_load(yaml.safe_dump(data)) != data  # the trap
+    assert spec_yaml_load(spec_yaml_dump(data)) == data

@@ -164,8 +164,7 @@ def test_malformed_requests_get_4xx_not_500(alice: httpx.Client) -> None:
     )
     assert not_json.status_code == 400  # unreadable, not a field's mistake (issue 49)
     assert not_json.json()["detail"] == (
-        "the body is not JSON: Expecting property name enclosed in double quotes "
-        "(line 1, column 2)"
+        "the body is not JSON: Expecting property name enclosed in double quotes (line 1, column 2)"
     )
     not_object = alice.post("/v1/jobs", json=[1, 2])
     assert not_object.status_code == 422

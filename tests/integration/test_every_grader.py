@@ -107,8 +107,7 @@ GRADERS: list[tuple[str, dict[str, Any], float]] = [
 
 
 def _spec(service: Service, model: str, grader: dict[str, Any] | None, **task: Any) -> dict:
-    data = service.data_dir / "sevens.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    data = service.data_dir / "sevens.jsonl"  # written once, before any job reads it
     train = {
         "model": {"name": model},
         "task": {"name": "jsonl", "path": str(data), **task},
@@ -152,6 +151,9 @@ def graded(
         PDPPO_MAX_ACTIVE_JOBS_PER_TENANT=str(len(GRADERS)),
     )
     try:
+        (service.data_dir / "sevens.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in RECORDS)
+        )
         service.start_api()
         service.start_worker("cpu")
         with service.client(TENANT) as http:

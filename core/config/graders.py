@@ -29,6 +29,12 @@ MAX_SHOWN_CHARS = 80
 """Of a refused pattern, in its message (a pattern may hold 2000 characters)."""
 
 
+def shown(pattern: str) -> str:
+    """A pattern as a message shows it: its repr, cut after MAX_SHOWN_CHARS characters."""
+    cut = pattern if len(pattern) <= MAX_SHOWN_CHARS else pattern[:MAX_SHOWN_CHARS] + "…"
+    return repr(cut)
+
+
 def compile_regex(pattern: str) -> re.Pattern[str]:
     """`pattern` compiled; a ValueError that shows it and says why not. Compiling is linear in
     the pattern (matching is what can backtrack without bound), so it is done at validation:
@@ -36,8 +42,7 @@ def compile_regex(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as e:
-        shown = pattern if len(pattern) <= MAX_SHOWN_CHARS else pattern[:MAX_SHOWN_CHARS] + "…"
-        raise ValueError(f"{shown!r} is not a regex ({e})") from None
+        raise ValueError(f"{shown(pattern)} is not a regex ({e})") from None
 
 
 def schema_problem(schema: Any) -> str | None:
@@ -134,8 +139,7 @@ class NumericGrader(_Grader):
             groups = compile_regex(extract).groups
             if groups != 1:
                 raise ValueError(
-                    f"{extract[:MAX_SHOWN_CHARS]!r} must have exactly one group (the answer), "
-                    f"not {groups}"
+                    f"{shown(extract)} must have exactly one group (the answer), not {groups}"
                 )
         return extract
 

@@ -38,6 +38,7 @@ from pdppo.client.sampling import SamplingMixin
 from pdppo.client.specs import SpecLike as SpecLike
 from pdppo.client.specs import resolve_spec_paths as resolve_spec_paths
 from pdppo.client.specs import spec_to_dict as spec_to_dict
+from pdppo.client.specs import spec_yaml_dump as spec_yaml_dump
 from pdppo.client.specs import spec_yaml_load as spec_yaml_load
 from pdppo.client.storage import StorageMixin
 from pdppo.client.webhooks import WebhooksMixin

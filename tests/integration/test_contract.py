@@ -126,6 +126,8 @@ def test_every_operation_documents_its_errors_with_their_models(openapi: dict[st
                 want = REF + "OpenAIErrorBody"
             if path == "/readyz" and status == "503":
                 want = REF + "Health"
+            if (method, path) == ("PATCH", "/v1/jobs/{job_id}") and status == "412":
+                want = REF + "VersionMismatchBody"  # an ErrorBody with the job's config_version
             if (method, path) in NAMING_503 and status == "503":
                 want = REF + "StoreUnavailableBody"
                 headers = operation["responses"]["503"]["headers"]

@@ -67,11 +67,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_check_rows import GROUPS, Figure, Plan, Row, exit_code  # noqa: E402
+from bench.gpu_check_rows import GROUPS, Figure, Plan, Row, exit_code, train_spec  # noqa: E402
 from core.models.local_hf import LlamaShape  # noqa: E402
 
 ROWS_SCRIPT = REPO / "bench" / "gpu_check_rows.py"
@@ -115,21 +116,44 @@ TINY = Setup(
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
+def _tokenizer(setup: Setup) -> Any:
+    """A character tokenizer of `setup.vocab` entries: filler tokens `<wN>` beyond the
+    characters, which no prompt encodes to but the model samples."""
+    from core.models.local_hf import PRINTABLE, char_tokenizer
+
+    return char_tokenizer(SPECIALS, PRINTABLE, fillers=setup.vocab - len(SPECIALS) - len(PRINTABLE))
+
+
 def build_model(folder: Path, setup: Setup) -> tuple[int, int]:
-    """A random Llama and a character tokenizer of `setup.vocab` entries (filler tokens `<wN>`
-    beyond the characters, which no prompt encodes to but the model samples), saved in the
-    model's dtype; returns its parameters and those of its input embedding."""
+    """A random Llama and its tokenizer, saved in the model's dtype; returns its parameters and
+    those of its input embedding."""
     import torch
     from transformers.utils import logging
 
-    from core.models.local_hf import PRINTABLE, char_tokenizer, save_llama
+    from core.models.local_hf import save_llama
 
     logging.disable_progress_bar()  # the table is the output
 
-    tok = char_tokenizer(SPECIALS, PRINTABLE, fillers=setup.vocab - len(SPECIALS) - len(PRINTABLE))
-    model = save_llama(folder, tok, setup.shape, seed=0, dtype=getattr(torch, setup.dtype))
+    model = save_llama(
+        folder, _tokenizer(setup), setup.shape, seed=0, dtype=getattr(torch, setup.dtype)
+    )
     params = sum(p.numel() for p in model.parameters())
     return params, sum(p.numel() for p in model.get_input_embeddings().parameters())
+
+
+def estimated_spec(work: Path, setup: Setup, cuda: bool) -> dict[str, Any]:
+    """The `train` row's spec (its `train` section) with the model's config.json and tokenizer
+    alone, no weights: all that `core.budget.estimate` reads, so that the budget of the GPU
+    model is had in seconds on any machine (tests/core/test_budget.py and the API's,
+    tests/integration/test_budget_api.py)."""
+    from core.models.local_hf import model_config
+
+    model = work / "model"
+    tok = _tokenizer(setup)
+    model_config(tok, setup.shape).save_pretrained(str(model))
+    tok.save_pretrained(str(model))
+    write_prompts(work / "prompts.jsonl", model, setup)
+    return train_spec(_plan(work, setup, cuda, steps=2, params=0, embedding=0, peak_tflops=0))
 
 
 def write_prompts(path: Path, folder: Path, setup: Setup) -> None:
@@ -200,10 +224,25 @@ def prepare(work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float
     model = work / "model"
     params, embedding = build_model(model, setup)
     write_prompts(work / "prompts.jsonl", model, setup)
-    plan = Plan(
+    plan = _plan(work, setup, cuda, steps, params, embedding, peak_tflops)
+    path = work / "plan.json"
+    path.write_text(json.dumps(asdict(plan)))
+    return path
+
+
+def _plan(
+    work: Path,
+    setup: Setup,
+    cuda: bool,
+    steps: int,
+    params: int,
+    embedding: int,
+    peak_tflops: float,
+) -> Plan:
+    return Plan(
         device="cuda" if cuda else "cpu",
         dtype=setup.dtype,
-        model=str(model),
+        model=str(work / "model"),
         data=str(work / "prompts.jsonl"),
         work=str(work),
         prompts=setup.prompts,
@@ -216,9 +255,6 @@ def prepare(work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float
         embedding_params=embedding,
         peak_flops=peak_tflops * 1e12 or None,
     )
-    path = work / "plan.json"
-    path.write_text(json.dumps(asdict(plan)))
-    return path
 
 
 def main() -> int:

@@ -109,30 +109,33 @@ class GroupOfOne(World):
 def config(plan: Plan, *, sharding: str = "replicate", engine: str = "hf") -> TrainConfig:
     from core.config import TrainConfig
 
-    return TrainConfig.model_validate(
-        {
-            "model": {"name": f"hf:{plan.model}", "dtype": plan.dtype},
-            "task": {
-                "name": "jsonl",
-                "path": plan.data,
-                "grader": {"type": "regex", "pattern": plan.pattern, "mode": "search"},
-            },
-            "rollout": {
-                "prompts_per_step": plan.prompts,
-                "group_size": plan.group,
-                "max_new_tokens": plan.new_tokens,
-                "dtype": plan.dtype,
-                "engine": engine,
-            },
-            "algorithm": {"mask": "predictive", "estimator": "topk", "fused_loss": True},
-            "optim": {"lr": 1e-6},
-            "steps": plan.steps,
-            "checkpoint_every": 0,
-            "seed": 0,
-            "device": plan.device,
-            "sharding": sharding,
-        }
-    )
+    return TrainConfig.model_validate(train_spec(plan, sharding=sharding, engine=engine))
+
+
+def train_spec(plan: Plan, *, sharding: str = "replicate", engine: str = "hf") -> dict[str, Any]:
+    """A job spec's `train` section for the run (the API's tests submit it as is)."""
+    return {
+        "model": {"name": f"hf:{plan.model}", "dtype": plan.dtype},
+        "task": {
+            "name": "jsonl",
+            "path": plan.data,
+            "grader": {"type": "regex", "pattern": plan.pattern, "mode": "search"},
+        },
+        "rollout": {
+            "prompts_per_step": plan.prompts,
+            "group_size": plan.group,
+            "max_new_tokens": plan.new_tokens,
+            "dtype": plan.dtype,
+            "engine": engine,
+        },
+        "algorithm": {"mask": "predictive", "estimator": "topk", "fused_loss": True},
+        "optim": {"lr": 1e-6},
+        "steps": plan.steps,
+        "checkpoint_every": 0,
+        "seed": 0,
+        "device": plan.device,
+        "sharding": sharding,
+    }
 
 
 def step_figures(plan: Plan, metrics: dict[str, float]) -> dict[str, Figure]:

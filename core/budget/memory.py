@@ -14,7 +14,7 @@ holds, this is the module to update. The estimate is an upper bound:
   buffers, the per-token behavior record, the `exact` estimator's full log-probs), the update
   (activations and fp32 logits of one micro-batch, a minibatch split in
   `optim.grad_accumulation` pieces, their gradients and the loss's extra [N, V] tensors, or
-  the fused loss's chunks of them (`algorithm.fused_loss`, counted for builtin:tiny), with
+  the fused loss's chunks of them where the trainer fuses it (`core.config.fused`), with
   the rollout batch still held; with the KL penalty, the reference's no-grad forward pass over
   a micro-batch and its log-probs of the whole batch), the format warm-up, and the checkpoint (a
   serialized copy of the weights). On CUDA only the largest counts (the caching allocator
@@ -37,6 +37,7 @@ from core.budget.shapes import ModelShape
 from core.budget.tokens import _builtin_answer_chars
 from core.budget.units import GIB, MIB
 from core.config import TrainConfig
+from core.config.fused import fused_loss_runs, projects_plainly
 
 Queue = Literal["cpu", "gpu"]
 Device = Literal["cpu", "cuda"]
@@ -258,7 +259,7 @@ def _memory(
             wf,
         )
         warm_logits = 4 * wb * wnew * vocab * 4
-        if cfg.algorithm.fused_loss and shape.tiny:
+        if _fused_warmup(cfg, shape):
             warm_logits = _fused_bytes(wb * wnew, vocab, shape.hidden or 0)
         add("warmup_logits", "warmup", warm_logits, wf)
 
@@ -269,16 +270,17 @@ def _memory(
 
 
 def _fused_loss(cfg: TrainConfig, shape: ModelShape) -> bool:
-    """Whether the trainer's loss is fused (`core.training.update.fused_loss_applies`) on a model
-    known to allow it: builtin:tiny; an `hf:` model is counted unfused, an upper bound (its shape
-    does not say whether its output layer is a plain projection)."""
-    a = cfg.algorithm
-    return (
-        a.fused_loss
-        and a.estimator in ("binary", "topk")
-        and cfg.rollout.top_p >= 1.0
-        and shape.tiny
-    )
+    """Whether the trainer's RL loss is fused, by the trainer's own rule
+    (`core.config.fused.fused_loss_runs`): an `hf:` model whose config.json names no
+    architecture counts unfused, an upper bound."""
+    return fused_loss_runs(cfg, builtin=shape.tiny, model_type=shape.model_type)
+
+
+def _fused_warmup(cfg: TrainConfig, shape: ModelShape) -> bool:
+    """Whether the format warm-up's cross-entropy is fused (`core.training.warmup`): with
+    `algorithm.fused_loss` whatever the estimator, never sharded, on a plain projection."""
+    plain = projects_plainly(builtin=shape.tiny, model_type=shape.model_type, lora=cfg.model.lora)
+    return cfg.algorithm.fused_loss and cfg.sharding != "fsdp" and plain
 
 
 def _fused_bytes(tokens: int, vocab: int, hidden: int) -> int:

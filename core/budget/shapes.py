@@ -49,6 +49,7 @@ class ModelShape:
     intermediate: int | None = None
     max_seq_len: int | None = None
     tiny: bool = False
+    model_type: str | None = None  # config.json's (an `hf:` model's architecture)
 
 
 def tiny_param_count(d_model: int, n_layers: int, max_seq_len: int, vocab: int = TINY_VOCAB) -> int:
@@ -304,7 +305,14 @@ def _folder_shape(
         kv_dim=kv_heads * head_dim if kv_heads and head_dim else hidden,
         intermediate=_get(c, "intermediate_size", "n_inner") or (4 * hidden if hidden else None),
         max_seq_len=_get(c, "max_position_embeddings", "n_positions"),
+        # the top level's, as transformers' loader reads it (not a nested text_config's)
+        model_type=_model_type(config),
     )
+
+
+def _model_type(config: Any) -> str | None:
+    value = config.get("model_type") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _job_shape(cfg: TrainConfig, model_dir: Path | None) -> ModelShape:

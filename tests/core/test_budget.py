@@ -243,6 +243,27 @@ def test_exact_estimator_keeps_full_logprobs() -> None:
     assert item(estimate(cfg()), "exact_logprobs") == 0
 
 
+def test_the_gpu_checks_0_8b_llama_fits_the_default_gpu_limit(tmp_path: Path) -> None:
+    """bench/gpu_check.py's Llama (hidden 1536, 16 layers, vocabulary 128,256, bf16) trains with
+    the fused loss, which never holds the [tokens, vocabulary] logits. Counted unfused, they
+    were 47 GiB of a 106 GiB estimate, and the default GPU limit (70 GiB) refused a job that an
+    80 GB GPU runs."""
+    from bench.gpu_check import GPU, estimated_spec
+
+    spec = TrainConfig.model_validate(estimated_spec(tmp_path, GPU, cuda=True))
+    budget = estimate(spec, queue="gpu")
+    assert budget.params == 796_706_304 and budget.fused_loss
+    # 16 prompts x 8, 128 new tokens each: 16,384 response tokens of the minibatch; the fused
+    # loss holds 3 chunks of 2^22 fp32 logits, the hidden states' fp32 copy and gradient
+    # (16,384 x 1536) and one 4096-row chunk of the projection and of its gradient
+    n, h = 16 * 8 * 128, 1536
+    assert item(budget, "logits") == 3 * 16 * MIB + 2 * n * h * 4 + 2 * 4096 * h * 4
+    limit = Settings(_env_file=None).budget_limits("gpu")  # type: ignore[call-arg]
+    assert limit.max_memory_bytes == 70 * GIB
+    assert check(budget, limit) == []
+    assert budget.peak_memory_bytes is not None and budget.peak_memory_bytes < 70 * GIB
+
+
 def test_gpu_peak_is_the_largest_phase_plus_persistent() -> None:
     budget = estimate(cfg(device="auto"), queue="gpu")
     assert budget.device == "cuda"

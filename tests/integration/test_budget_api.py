@@ -132,6 +132,31 @@ def test_poison_specs_are_refused_on_the_cpu_queue_with_estimate_and_limit(
         alice.post(f"/v1/jobs/{gpu.json()['id']}/cancel")
 
 
+def test_the_gpu_checks_0_8b_llama_is_taken_on_the_gpu_queue(
+    alice: httpx.Client, service: Service
+) -> None:
+    """bench/gpu_check.py's 0.8B Llama with the fused loss, under the default GPU limit (70
+    GiB): the API took its estimate for 106 GiB (the [tokens, vocabulary] logits that the fused
+    loss never holds counted) and refused it, 422, though an 80 GB GPU runs it. Its
+    config.json and tokenizer alone, under the data root: the API reads no weights."""
+    from bench.gpu_check import GPU, estimated_spec
+
+    train = estimated_spec(service.data_dir / "gpu-check-0.8b", GPU, cuda=True)
+    spec = {"name": "gpu-check", "resources": {"device": "gpu"}, "train": train}
+    body = alice.post("/v1/jobs:validate", json=spec).json()
+    assert body["ok"] is True, body["problems"]
+    est = body["estimate"]
+    assert (est["device"], est["params"], est["fused_loss"]) == ("cuda", 796_706_304, True)
+    assert (
+        est["peak_memory_bytes"]
+        == estimate(JobSpec.model_validate(spec).train, queue="gpu").peak_memory_bytes
+    )
+    assert est["peak_memory_bytes"] < body["limits"]["max_memory_bytes"] == 70 * GIB
+    created = alice.post("/v1/jobs", json=spec)  # no GPU worker here: it waits, then is cancelled
+    assert created.status_code == 201, created.text
+    alice.post(f"/v1/jobs/{created.json()['id']}/cancel")
+
+
 def test_validate_answers_the_estimate_of_a_spec_that_fits(alice: httpx.Client) -> None:
     before = alice.get("/v1/jobs", params={"limit": 100}).json()["items"]
     response = alice.post("/v1/jobs:validate", json=smoke_spec())

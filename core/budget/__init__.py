@@ -197,7 +197,7 @@ def estimate(
         notes.append(f"no memory estimate: {shape.source} (config.json lacks the model's shape)")
     else:
         items = _memory(cfg, shape, prompt, device, devices)
-        peak, peak_phases = _peak(items, device)
+        peak, peak_phases = _peak(items)
     if cfg.task.warmup_steps and cfg.task.name != "jsonl":
         notes.append(
             f"the warm-up adds about {format_count(_warmup_tokens(cfg, prompt))} tokens "

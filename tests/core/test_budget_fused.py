@@ -1,5 +1,5 @@
 """The memory estimate counts the loss the trainer runs: for every model kind (builtin:tiny,
-Hugging Face Llama, tied or not, Qwen2, Qwen3, GPT-2, LoRA), with the
+Hugging Face Llama, tied or not, Qwen2, Qwen3, GPT-2, LoRA, FSDP on two processes), with the
 fused loss asked for and not, `core.budget`'s `fused_loss` is what one real training step did.
 What the step did is counted, not assumed: the fused statistics pass
 (`core.objective.fused.projected_stats`) runs only on the fused path.
@@ -20,7 +20,9 @@ import torch
 
 import core.models.hf
 import core.objective.fused as fused_module
+from bench.budget_calibration import measure
 from core.budget import estimate, model_shape
+from core.budget.shapes import SHARED_PREFIX_MODEL_TYPES
 from core.config import ModelConfig, TrainConfig
 from core.config import fused as fused_rule
 from core.models import load_model
@@ -57,6 +59,11 @@ KINDS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("lora-off", "llama", {"model": {"lora": LORA}, **OFF}, False),
     ("lora-qv", "qwen2", {"model": {"lora": LORA_QV}}, True),
     ("lora-head", "llama", {"model": {"lora": LORA_HEAD}}, False),  # peft wraps the output layer
+]
+FSDP_KINDS: list[tuple[str, str, dict[str, Any], bool]] = [
+    ("fsdp-llama", "llama", {}, True),
+    ("fsdp-llama-off", "llama", OFF, False),
+    ("fsdp-builtin", "tiny", {}, True),
 ]
 
 
@@ -124,19 +131,37 @@ def test_the_estimate_counts_the_loss_one_training_step_runs(
     assert budget.peak_memory_bytes is not None
 
 
+@pytest.mark.parametrize(
+    ("model", "sections", "fused"), [k[1:] for k in FSDP_KINDS], ids=[k[0] for k in FSDP_KINDS]
+)
+def test_the_estimate_counts_the_loss_of_two_sharded_ranks(
+    model: str, sections: dict[str, Any], fused: bool, models: dict[str, Path]
+) -> None:
+    """FSDP on two gloo processes (bench/budget_calibration.py's runner): every rank takes the
+    path the estimate counts."""
+    data = config(model, {**sections, "sharding": "fsdp"}, models)
+    data["rollout"]["prompts_per_step"] = 4  # two groups a rank
+    ran = measure(data, ranks=2, timeout=300)
+    assert len(ran.fused_passes) == 2
+    assert all((n > 0) is fused for n in ran.fused_passes), ran.fused_passes
+    budget = estimate(TrainConfig.model_validate(data), devices=2)
+    assert budget.fused_loss is fused
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 @pytest.mark.parametrize("lora", [None, LORA, {**LORA, "target_modules": ["lm_head"]}])
 def test_the_shape_says_what_the_loaded_model_does(
     name: str, lora: dict[str, Any] | None, models: dict[str, Path]
 ) -> None:
-    """What the estimate reads from config.json (the architecture) and the rule it applies (a
-    plain output projection) are what the loaded model says."""
+    """What the estimate reads from config.json (the architecture, prefix sharing) and the
+    rule it applies (a plain output projection) are what the loaded model says."""
     cfg = TrainConfig.model_validate(
         {"model": {"name": f"hf:{models[name]}", "lora": lora}, "device": "cpu"}
     )
     shape = model_shape(cfg)
     lm = load_model(cfg.model, torch.device("cpu"))
     assert shape.model_type == FAMILIES[name][0]
+    assert shape.shares_prefix is lm.shares_prefix
     plain = fused_rule.projects_plainly(
         builtin=False, model_type=shape.model_type, lora=cfg.model.lora
     )
@@ -146,6 +171,7 @@ def test_the_shape_says_what_the_loaded_model_does(
 def test_the_restated_constants_are_the_trainers() -> None:
     """`core.config` and `core.budget` import no torch, so they restate these."""
     assert fused_rule.FUSED_ESTIMATORS == fused_module.FUSED_ESTIMATORS
+    assert SHARED_PREFIX_MODEL_TYPES == core.models.hf.SHARED_PREFIX_MODEL_TYPES
     assert fused_rule.PROJECTED_MODEL_TYPES is core.models.hf.PROJECTED_MODEL_TYPES
 
 

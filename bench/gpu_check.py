@@ -3,7 +3,8 @@ session that is lent a GPU (one NVIDIA H200 here, with minutes to spend): it mus
 time and say at once what broke.
 
     python bench/gpu_check.py            # on CUDA: a ~0.8B Llama in bf16 (under 8 minutes)
-    python bench/gpu_check.py --tiny     # on CPU: a 0.5M Llama in fp32 (about a minute)
+    python bench/gpu_check.py --tiny     # on CPU: a 0.5M Llama in fp32 (a few minutes)
+    python bench/gpu_check.py --estimate # anywhere: the train row's budget, no weights built
 
 The model is a Llama built on this machine with random weights (no hub download): hidden
 1536, 16 layers, 12 heads of 128 (4 for keys and values), MLP 4096, Llama 3's vocabulary of
@@ -22,9 +23,16 @@ for `--steps` steps in a process of its own (`bench/gpu_check_rows.py`) and repo
   workplace measured 790 for a plain 8192^3 bf16 matrix product); `update_mfu` is the update's
   6N share over its own time;
 - `memory`: `torch.cuda.max_memory_allocated` of that run (on CPU: peak RSS above the
-  imports) against `core.budget.estimate`, the worker's budget for the job. The estimate adds
-  1 GiB for the CUDA context, outside the allocator, and counts an `hf:` model's loss unfused
-  (its [tokens, vocabulary] logits), so a ratio well above 1 is the estimate's margin;
+  imports) against `core.budget.estimate`, the worker's budget for the job, which must be an
+  upper bound within 2x (bench/budget_calibration.py holds it to that on CPU). The estimate
+  adds 1 GiB for the CUDA context, outside the allocator (`reserved_gib` is the allocator's
+  own reserve); `estimate_fused` is the loss it counted;
+- `mem-qwen2`, `mem-lora`, `mem-builtin`, `mem-unfused`: the same figures for one step of the
+  other model kinds (`MEMORY` in gpu_check_rows.py: a Qwen2 of the Llama's shape, the Llama with
+  LoRA, builtin:tiny of its dims, the unfused loss on a quarter of the prompts), each in a
+  process of its own; a row fails where the loss that ran is not the one the estimate counted.
+  The fsdp row reports the same for FSDP. `--only train,mem-qwen2,mem-lora,mem-builtin,
+  mem-unfused,fsdp` runs the memory rows alone;
 - `dp` and `fsdp`: the same run in a process group of one joined as `pdppo train --nproc N`
   joins it (nccl), taking every data-parallel branch (`GroupOfOne` in gpu_check_rows.py:
   `--nproc 1` itself starts no group), replicated, then sharded with FSDP2;
@@ -65,9 +73,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -124,28 +132,35 @@ def _tokenizer(setup: Setup) -> Any:
     return char_tokenizer(SPECIALS, PRINTABLE, fillers=setup.vocab - len(SPECIALS) - len(PRINTABLE))
 
 
-def build_model(folder: Path, setup: Setup) -> tuple[int, int]:
-    """A random Llama and its tokenizer, saved in the model's dtype; returns its parameters and
-    those of its input embedding."""
+def build_model(folder: Path, setup: Setup, model_type: str = "llama") -> tuple[int, int]:
+    """A random Llama (or another of `core.models.local_hf.MODEL_TYPES` of its shape) and its
+    tokenizer, saved in the model's dtype; returns its parameters and those of its input
+    embedding."""
     import torch
     from transformers.utils import logging
 
-    from core.models.local_hf import save_llama
+    from core.models.local_hf import save_model
 
     logging.disable_progress_bar()  # the table is the output
 
-    model = save_llama(
-        folder, _tokenizer(setup), setup.shape, seed=0, dtype=getattr(torch, setup.dtype)
+    model = save_model(
+        folder,
+        _tokenizer(setup),
+        setup.shape,
+        model_type=model_type,
+        dtype=getattr(torch, setup.dtype),
     )
     params = sum(p.numel() for p in model.parameters())
-    return params, sum(p.numel() for p in model.get_input_embeddings().parameters())
+    embedding = sum(p.numel() for p in model.get_input_embeddings().parameters())
+    del model
+    return params, embedding
 
 
 def estimated_spec(work: Path, setup: Setup, cuda: bool) -> dict[str, Any]:
     """The `train` row's spec (its `train` section) with the model's config.json and tokenizer
     alone, no weights: all that `core.budget.estimate` reads, so that the budget of the GPU
-    model is had in seconds on any machine (tests/core/test_budget.py and the API's,
-    tests/integration/test_budget_api.py)."""
+    model is had in seconds on any machine (`--estimate`; tests/core/test_budget.py and the
+    API's, tests/integration/test_budget_api.py)."""
     from core.models.local_hf import model_config
 
     model = work / "model"
@@ -203,10 +218,10 @@ def _format(value: Figure) -> str:
 
 
 def render(rows: list[Row]) -> list[str]:
-    lines = [f"{'row':<7} {'status':<8} figures"]
+    lines = [f"{'row':<11} {'status':<8} figures"]
     for r in rows:
         text = " ".join(f"{k}={_format(v)}" for k, v in r.figures.items()) or r.detail
-        lines.append(f"{r.name:<7} {r.status:<8} {text}")
+        lines.append(f"{r.name:<11} {r.status:<8} {text}")
     return lines
 
 
@@ -219,12 +234,18 @@ def _failed_logs(rows: list[Row], work: Path) -> list[str]:
     return out
 
 
-def prepare(work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float) -> Path:
-    """The model, its prompts and the plan every row reads; the plan's path."""
+def prepare(
+    work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float, groups: list[str]
+) -> Path:
+    """The model, its prompts and the plan every row reads (and the Qwen2 of the model's shape
+    where the mem-qwen2 row runs); the plan's path."""
     model = work / "model"
     params, embedding = build_model(model, setup)
     write_prompts(work / "prompts.jsonl", model, setup)
     plan = _plan(work, setup, cuda, steps, params, embedding, peak_tflops)
+    if "mem-qwen2" in groups:
+        build_model(work / "qwen2", setup, model_type="qwen2")
+        plan = replace(plan, qwen_model=str(work / "qwen2"))
     path = work / "plan.json"
     path.write_text(json.dumps(asdict(plan)))
     return path
@@ -257,6 +278,27 @@ def _plan(
     )
 
 
+def print_estimate(setup: Setup, cuda: bool) -> int:
+    """The train row's budget, as `pdppo train --dry-run` prints it, and the default limit of
+    its queue: the estimate is arithmetic on config.json, so any machine can show it."""
+    from core.budget import check, describe, estimate, render_limits
+    from core.config import TrainConfig
+    from pdppo.settings import Settings
+
+    queue: Literal["cpu", "gpu"] = "gpu" if cuda else "cpu"
+    with tempfile.TemporaryDirectory(prefix="pdppo-gpu-check-") as work:
+        spec = TrainConfig.model_validate(estimated_spec(Path(work), setup, cuda))
+        budget = estimate(spec, queue=queue)
+    limits = Settings(_env_file=None).budget_limits(queue)  # type: ignore[call-arg]
+    for line in describe(budget):
+        print(line)
+    print(render_limits(asdict(limits)))
+    problems = check(budget, limits)
+    for problem in problems:
+        print(f"over budget: {problem}")
+    return 1 if problems else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU, a tiny Llama, fp32")
@@ -270,7 +312,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per row process")
     parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated row groups")
     parser.add_argument("--keep", action="store_true", help="keep the model and the runs")
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the budget of the train row's job (no weights built, no GPU needed)",
+    )
     args = parser.parse_args()
+    if args.estimate:
+        return print_estimate(TINY if args.tiny else GPU, cuda=not args.tiny)
     started = time.perf_counter()
     import torch
 
@@ -298,7 +347,7 @@ def main() -> int:
         )
         rows: list[Row] = []
         try:
-            plan_path = prepare(work, setup, cuda, args.steps, peak)
+            plan_path = prepare(work, setup, cuda, args.steps, peak, groups)
         except Exception as exc:  # no model, no row: each says why
             why = f"building the model: {type(exc).__name__}: {exc}"
             rows = [Row(n, "FAILED", detail=why) for g in groups for n in GROUPS[g]]

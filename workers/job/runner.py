@@ -41,6 +41,7 @@ from pdppo.queues import queue_device
 from pdppo.settings import Settings, get_settings
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord, JobStore, StoreConfig, StoreRetry, StoreUnavailable, store_client
+from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import publish_log_once
 from workers.celery_app import enqueue, task_priority
 from workers.job.exits import describe_exit, oom_kills
@@ -273,7 +274,7 @@ def _supervise(
     )
     ooms = oom_kills()
     deadline = time.monotonic() + timeout_seconds(job, settings)
-    cancel = _CancelWatch(store, job.id)
+    cancel = _CancelWatch(store, job.id, lease.token)
     proc.start()
     theirs.close()
     log.info("job %s: training in process %d", job.id, proc.pid)
@@ -328,11 +329,17 @@ class _CancelWatch:
     """Reads the job's cancel and pause flags every CANCEL_POLL_SECONDS in a thread of its own,
     so that a stalled Redis holds up this read only, never the loop that watches the lease, the
     timeout and the job process. A failed read is just tried again at the next poll. A pause
-    seen goes on polling: a cancel that follows still wins."""
+    seen goes on polling: a cancel that follows still wins.
 
-    def __init__(self, store: JobStore, job_id: str) -> None:
+    A pause is carried out only once the store has marked it so (`JobStore.begin_pause`, in one
+    script with the check that it is still asked for): a resume that withdraws it after that
+    says the job stops anyway and is queued again, one before it that the job runs on, and
+    each is then true."""
+
+    def __init__(self, store: JobStore, job_id: str, lease_token: str) -> None:
         self.store = store
         self.job_id = job_id
+        self.lease_token = lease_token
         self.requested = threading.Event()
         self.pause = threading.Event()
         self._stop = threading.Event()
@@ -349,11 +356,11 @@ class _CancelWatch:
         while not self._stop.wait(CANCEL_POLL_SECONDS):
             try:
                 cancel, pause = self.store.stop_flags(self.job_id)
-                if pause:
-                    self.pause.set()
                 if cancel:
                     self.requested.set()
                     return
+                if pause and not self.pause.is_set() and self._begin_pause():
+                    self.pause.set()
             except redis.RedisError as exc:
                 if not failing:
                     log.warning(
@@ -362,6 +369,12 @@ class _CancelWatch:
                 failing = True
                 continue
             failing = False
+
+    def _begin_pause(self) -> bool:
+        try:
+            return self.store.begin_pause(self.job_id, lease_token=self.lease_token)
+        except FencedOut:
+            return False  # the lease is gone: the watch loop's lease check ends the run
 
 
 def _read(conn: Any, watch: _Watch) -> None:

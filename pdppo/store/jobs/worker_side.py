@@ -91,6 +91,7 @@ local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[2], 'worker', ARGV[3])
 redis.call('HSET', KEYS[1], 'phase', ARGV[5])
+redis.call('HDEL', KEYS[1], 'pause_stopping')
 if not redis.call('HGET', KEYS[1], 'started_at') then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[2])
 end
@@ -175,6 +176,18 @@ return 1
 """
 _PUBLISH_TRACKERS = _fenced(_PUBLISH_TRACKERS, lease=2, token=2)
 
+# KEYS: job, lease; ARGV: lease token. The worker carries out a pending pause (not while a cancel
+# is pending: the cancel wins): from now on the job is stopping for it, and a resume that
+# withdraws the pause says so (`pdppo.store.jobs.steering`) rather than that the job runs on.
+_BEGIN_PAUSE = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if redis.call('HGET', KEYS[1], 'pause_requested') ~= '1' then return 0 end
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return 0 end
+redis.call('HSET', KEYS[1], 'pause_stopping', '1')
+return 1
+"""
+_BEGIN_PAUSE = _fenced(_BEGIN_PAUSE, lease=2, token=1)
+
 # KEYS: events, lease; ARGV: type, data, entries looked through, lease token. A job process's log
 # line, exactly once through a stall (`pdppo.store.retry.add_event_once`), and only while fenced.
 _ADD_LOG_ONCE = _fenced(_ADD_ONCE, lease=2, token=4)
@@ -186,6 +199,7 @@ _FINISH = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or st == 'succeeded' or st == 'failed' or st == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3])
+redis.call('HDEL', KEYS[1], 'pause_stopping')
 for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
@@ -212,6 +226,7 @@ if holder then redis.call('DEL', KEYS[3]) end
 local st = redis.call('HGET', KEYS[1], 'status')
 redis.call('SREM', KEYS[4], ARGV[1])
 if st ~= 'running' then return 'not-running' end
+redis.call('HDEL', KEYS[1], 'pause_stopping')
 if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2])
   redis.call('SREM', KEYS[5], ARGV[1])
@@ -267,6 +282,7 @@ class JobStore:
         self._publish_result = client.register_script(_PUBLISH_RESULT)
         self._publish_phase = client.register_script(_PUBLISH_PHASE)
         self._add_log_once = client.register_script(_ADD_LOG_ONCE)
+        self._begin_pause = client.register_script(_BEGIN_PAUSE)
         self._publish_trackers = client.register_script(_PUBLISH_TRACKERS)
         self._finish = client.register_script(_FINISH)
         self._requeue = client.register_script(_REQUEUE)
@@ -286,6 +302,13 @@ class JobStore:
             self.redis.hmget(job_key(job_id), ["cancel_requested", "pause_requested"]),
         )
         return cancel == "1", pause == "1"
+
+    def begin_pause(self, job_id: str, *, lease_token: str) -> bool:
+        """The job's pending pause is being carried out (True), or there is none to carry out
+        (False: withdrawn meanwhile, a cancel pending, the job not running). `FencedOut` when
+        `lease_token` no longer holds the job's lease."""
+        keys = [job_key(job_id), lease_key(job_id)]
+        return _checked(job_id, "the pause", self._begin_pause(keys=keys, args=[lease_token]))
 
     def publish_step(
         self,

@@ -35,6 +35,11 @@ WORKERS = f"{PREFIX}:workers"  # worker name -> when it last reached Redis, `pdp
 PURGE_SET = f"{PREFIX}:purge"  # deleted jobs whose folder may be on disk still (store.deletion)
 WEBHOOK_FEED = f"{PREFIX}:webhooks:feed"  # every job's status changes, for webhooks (store.feed)
 WEBHOOK_DUE = f"{PREFIX}:webhooks:due"  # delivery id -> when to attempt it (store.webhooks)
+# Redis's own time at the last lease renewal or reaper pass, and a key that lives for a while
+# after a gap in them: Redis did not answer, so expired leases may have live holders
+# (`pdppo.store.jobs.worker_side`, the requeue script)
+STORE_CLOCK = f"{PREFIX}:clock"
+STALL_SEEN = f"{PREFIX}:clock:stall"
 
 
 def job_key(job_id: str) -> str:

@@ -181,23 +181,34 @@ def _hand_back(
 
     Also after a lease that expired while Redis was unreachable: the script requeues only a job
     that is still running and whose lease nobody holds, exactly what a reaper would do, but with
-    the reason that is true. A requeue whose reply was lost is seen by the job being queued; the
-    task is then sent again (a duplicate task finds the job taken or finished and skips it).
+    the reason that is true; the reapers hold off for a while after such a stall
+    (`pdppo.store.jobs.clock`) so that this comes first. A requeue whose reply was lost is seen
+    by the job being queued; the task is then sent again (a duplicate task finds the job taken
+    or finished and skips it). Tried until Redis answers, however long it is away (a reaper
+    would count the job's worker as lost otherwise), unless the worker is shutting down.
     Returns the script's answer, None when Redis never answered."""
 
     def landed() -> str | None:
         now = store.get(job.id)
         return "requeued" if now is not None and now.status == "queued" else None
 
-    try:
-        result = retry.call(
-            f"hand job {job.id} back",
-            lambda: store.requeue_if_orphaned(job, why, lease_token=lease.token),
-            recover=landed,
-        )
-    except StoreUnavailable:
-        log.error("job %s: could not hand it back; a reaper will once Redis answers", job.id)
-        return None
+    while True:
+        try:
+            result = retry.call(
+                f"hand job {job.id} back",
+                lambda: store.requeue_if_orphaned(
+                    job, why, lease_token=lease.token, lease_seconds=lease.seconds
+                ),
+                recover=landed,
+            )
+            break
+        except StoreUnavailable:
+            if SHUTTING_DOWN.is_set():
+                log.error(
+                    "job %s: could not hand it back; a reaper will once Redis answers", job.id
+                )
+                return None
+            log.error("job %s: could not hand it back yet; trying on until Redis answers", job.id)
     said = why if result == "requeued" else HANDED_BACK.get(result, why)
     log.info("job %s: handed back (%s): %s", job.id, result, said)
     if result == "requeued":

@@ -27,12 +27,15 @@ from typing import Any, cast
 
 import redis
 
+from pdppo.store.jobs.clock import STORE_TICK, gap_and_hold_ms
 from pdppo.store.jobs.events import EventStore, _log_data, _status_data
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.jobs.records import JobRecord, _record_or_none
 from pdppo.store.keys import (
     OUTBOX,
     RUNNING_SET,
+    STALL_SEEN,
+    STORE_CLOCK,
     WEBHOOK_FEED,
     eval_key,
     events_key,
@@ -214,14 +217,22 @@ _FINISH = COUNT_END + FEED_EVENT + _FINISH
 # KEYS: job, events, lease, running, tenant active, outbox, stats, webhook feed; ARGV: id, now,
 # queued data, log data, cancelled data, done data, lease token of the caller ('' for none), most
 # worker losses, failed data, failed done data, failure message, outbox check time, paused data,
-# paused log data. A running job whose lease expired lost its worker (or the holder hands it back):
+# paused log data, stall gap ms ('' for no clock stamp), stall hold ms; KEYS 9, 10: the store's
+# clock and stall keys (`pdppo.store.jobs.clock`). A reaper (no token) finding a running job while a
+# stall is held answers 'held' and changes nothing: its holder may be alive, and hands it back with
+# the true reason. A running job whose lease expired lost its worker (or the holder hands it back):
 # back to queued and into the outbox (the caller re-sends the task; a dispatcher does if the caller
 # dies first), straight to cancelled if a cancel was pending, paused if a pause was
 # (`pdppo.store.jobs.steering`), or failed once it has lost more workers than allowed (a job that
 # kills its worker, e.g. out of memory, must not take down every worker in turn forever).
 _REQUEUE = """
+local stalled = false
+if ARGV[15] ~= '' then stalled = store_tick(KEYS[9], KEYS[10], ARGV[15], ARGV[16]) end
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[7] then return 'leased' end
+if stalled and ARGV[7] == '' and redis.call('HGET', KEYS[1], 'status') == 'running' then
+  return 'held'
+end
 if holder then redis.call('DEL', KEYS[3]) end
 local st = redis.call('HGET', KEYS[1], 'status')
 redis.call('SREM', KEYS[4], ARGV[1])
@@ -263,7 +274,7 @@ redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
 job_event(KEYS[2], KEYS[8], KEYS[1], 'status', ARGV[3])
 return 'requeued'
 """
-_REQUEUE = COUNT_END + FEED_EVENT + _REQUEUE
+_REQUEUE = COUNT_END + FEED_EVENT + STORE_TICK + _REQUEUE
 
 
 class JobStore:
@@ -439,14 +450,18 @@ class JobStore:
         lease_token: str = "",
         max_worker_losses: int = 0,
         dispatch_grace: float = DEFAULT_GRACE_SECONDS,
+        lease_seconds: float | None = None,
     ) -> str:
         """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
         'paused' (a pause was: it waits for `resume`),
         'failed' (more than `max_worker_losses` workers died on it; 0: no limit), 'leased' (its
-        worker is alive) or 'not-running'. The lease holder passes its token to hand the job
-        back without a window where a reaper could take it first (that is no worker loss). A
-        requeued job enters the outbox: if its task is not seen in the broker `dispatch_grace`
-        seconds from now (the caller died before sending it), a dispatcher sends it."""
+        worker is alive), 'held' (Redis was just away, `pdppo.store.jobs.clock`: a reaper
+        leaves the job to its holder a while) or 'not-running'. The lease holder passes its
+        token to hand the job back without a window where a reaper could take it first (that is
+        no worker loss). A requeued job enters the outbox: if its task is not seen in the broker
+        `dispatch_grace` seconds from now (the caller died before sending it), a dispatcher sends
+        it. `lease_seconds` (the service's): stamp the store's clock, and hold as above; None:
+        neither."""
         keys = [
             job_key(job.id),
             events_key(job.id),
@@ -456,7 +471,10 @@ class JobStore:
             OUTBOX,
             STATS,
             WEBHOOK_FEED,
+            STORE_CLOCK,
+            STALL_SEEN,
         ]
+        gap, hold = gap_and_hold_ms(lease_seconds) if lease_seconds is not None else ("", "")
         args: list[str | int | float] = [
             job.id,
             now_iso(),
@@ -477,6 +495,8 @@ class JobStore:
                 f"/v1/jobs/{job.id}/resume (pdppo resume {job.id}) to continue from its "
                 "last checkpoint"
             ),
+            gap,
+            hold,
         ]
         return str(self._requeue(keys=keys, args=args))
 

@@ -300,6 +300,7 @@ def _train(
                     torch_threads=threads,
                     log_level=options.log_level,
                     grader_options=options.graders,
+                    storage=options.storage,
                 )
                 _check_devices(size, cuda)
                 publisher.log(f"training on {size} devices ({'nccl' if cuda else 'gloo'})")

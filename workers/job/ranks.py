@@ -36,11 +36,12 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from core.disk.storage import Reserve, set_reserve
 from core.graders.options import GraderOptions
 from core.parallel.distributed import World, join_group, leave_group
 from core.process.parent_death import die_with_parent
@@ -71,6 +72,9 @@ class RankJob:
     torch_threads: int | None
     log_level: str
     grader_options: GraderOptions | None = None  # the operator's (PDPPO_OPENAI_PYTHON_GRADERS...)
+    # kept free on the disk (PDPPO_MIN_FREE_BYTES): each rank checks its own before a sharded
+    # checkpoint (`core.training.checkpoint`)
+    storage: Reserve = field(default_factory=Reserve)
 
 
 # A rank's failure: (error code, message, traceback), as the job's `failed` result carries them.
@@ -243,6 +247,7 @@ def _train_rank(job: RankJob, rank: int) -> None:
 
     if job.torch_threads:
         torch.set_num_threads(job.torch_threads)
+    set_reserve(job.storage)
     join_group(rank, job.size, job.port, job.cuda)
     train(
         TrainConfig.model_validate_json(job.config_json),

@@ -96,6 +96,10 @@ class EventPublisher:
             f"publish step {step} of job {job.id}",
             lambda: self.store.publish_step(job.id, step, total, metrics, lease_token=self.token),
         )
+        self.count_grading()
+
+    def count_grading(self) -> None:
+        """Queue a move of the grading counts into the service's counters."""
         self._put("count grading", self._flush_counts)
 
     def _flush_counts(self) -> None:

@@ -307,6 +307,7 @@ def _train(
                 fail = functools.partial(_rank_failed, conn, publisher, fence)
                 with data_parallel(ranks, fail) as world:
                     result = run(world=world)
+                publisher.count_grading()  # the other ranks' last step, heard as they left
         finally:
             config.stop()
     except LeaseLost:

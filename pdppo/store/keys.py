@@ -42,6 +42,12 @@ STORE_CLOCK = f"{PREFIX}:clock"
 STALL_SEEN = f"{PREFIX}:clock:stall"
 
 
+def host_jobs_key(host: str) -> str:
+    """The jobs running on the cores of one host (`workers.job.cores`): job id -> when its entry
+    lapses unless renewed."""
+    return f"{PREFIX}:host:{host}:jobs"
+
+
 def job_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}"
 

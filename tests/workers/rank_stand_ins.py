@@ -22,7 +22,7 @@ ERROR = (
 GRADED = {"completions": 8, "errors": 3, "timeouts": 1}  # one step's share, as a rank counts it
 
 
-def play(job: Any, rank: int, parent: int, conn: Connection) -> None:
+def play(job: Any, rank: int, parent: int, conn: Connection, threads: Any = None) -> None:
     act = json.loads(job.config_json)[str(rank)]
     Path(job.out_dir, f"rank{rank}.up").touch()
     if act == "grade":  # two steps graded, each told as `RankCallback.on_step` tells it; then done

@@ -5,10 +5,11 @@ process (`workers.job.process`) is rank 0: it alone holds the lease's fence, pub
 and hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
 fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a callback
 that writes nothing: they train their share of every step. After each step a rank sends what it
-graded to the job process over its pipe (`workers.job.rank_hooks`). A stop (cancel, pause, timeout,
-shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary, or the next
-warm-up step (`World.agree`), so all of them stop together and rank 0 writes the checkpoint
-(sharded: every rank its shard), of the warm-up's progress too (`core.training.warmup`).
+graded to the job process over its pipe, and it follows the job's share of the host's cores
+(`workers.job.rank_hooks`). A stop (cancel, pause, timeout, shutdown) reaches rank 0's callback and
+the ranks agree on it at the next step boundary, or the next warm-up step (`World.agree`), so all of
+them stop together and rank 0 writes the checkpoint (sharded: every rank its shard), of the
+warm-up's progress too (`core.training.warmup`).
 
 No rank may outlive the job, and no rank's death may leave the others waiting: a collective
 whose peer is gone waits for the process group's timeout (30 minutes under gloo). So:
@@ -88,9 +89,12 @@ GRADING = "grading"
 class Ranks:
     """Ranks 1..size-1 of a job and the thread that watches them."""
 
-    def __init__(self, job: RankJob, on_failure: Callable[[Failure], None]) -> None:
+    def __init__(
+        self, job: RankJob, on_failure: Callable[[Failure], None], threads: Any = None
+    ) -> None:
         self.job = job
         self.on_failure = on_failure
+        self.threads = threads  # the job's share of the cores (`workers.job.cores.CoreShare`)
         self.procs: list[BaseProcess] = []
         self.pipes: dict[Connection, int] = {}  # our end of each rank's error pipe -> rank
         self._lock = threading.Lock()
@@ -106,7 +110,7 @@ class Ranks:
             ours, theirs = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=rank_main,
-                args=(self.job, rank, parent, theirs),
+                args=(self.job, rank, parent, theirs, self.threads),
                 name=f"pdppo-job-{self.job.job_id}-rank{rank}",
             )
             proc.start()
@@ -203,14 +207,17 @@ class Ranks:
 
 
 @contextlib.contextmanager
-def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterator[Any]:
+def data_parallel(
+    job: RankJob, on_failure: Callable[[Failure], None], threads: Any = None
+) -> Iterator[Any]:
     """Rank 0's `core.parallel.distributed.World` while ranks 1..size-1 train beside it in processes
     of their own. `on_failure` is called from the watching thread when another rank fails; it must
     end the job process (its main thread may be waiting in a collective that never completes).
-    A run that finishes has the other ranks' grading counts in `GRADING_COUNTS` when this exits."""
+    `threads`: the job's share of the cores (`CoreShare.threads`), which every rank follows. A
+    run that finishes has the other ranks' grading counts in `GRADING_COUNTS` when this exits."""
     import torch.distributed as dist
 
-    ranks = Ranks(job, on_failure)
+    ranks = Ranks(job, on_failure, threads)
     ranks.start()
     finished = False
     try:
@@ -228,8 +235,9 @@ def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterat
         leave_group()
 
 
-def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
-    """Entry point of rank `rank` (>= 1): train the job's share, report an error, write nothing."""
+def rank_main(job: RankJob, rank: int, parent: int, conn: Connection, threads: Any = None) -> None:
+    """Entry point of rank `rank` (>= 1): train the job's share, report an error, write nothing.
+    `threads`: the job's share of the cores, shared with the job process."""
     if not die_with_parent(parent):
         os._exit(1)  # the job process is gone already
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -240,7 +248,7 @@ def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
         "%(message)s",
     )
     try:
-        _train_rank(job, rank, conn)
+        _train_rank(job, rank, conn, threads)
     except BaseException as exc:
         from pathlib import Path
 
@@ -253,7 +261,7 @@ def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
         os._exit(1)
 
 
-def _train_rank(job: RankJob, rank: int, conn: Connection) -> None:
+def _train_rank(job: RankJob, rank: int, conn: Connection, threads: Any) -> None:
     from pathlib import Path
 
     import torch
@@ -270,7 +278,7 @@ def _train_rank(job: RankJob, rank: int, conn: Connection) -> None:
     train(
         TrainConfig.model_validate_json(job.config_json),
         Path(job.out_dir),
-        callback=RankCallback(lambda counts: conn.send((GRADING, counts))),
+        callback=RankCallback(lambda counts: conn.send((GRADING, counts)), threads),
         resume=job.resume,
         data_roots=list(job.data_roots),
         file_paths={k: Path(v) for k, v in job.file_paths.items()},

@@ -44,6 +44,7 @@ from pdppo.store import JobRecord, JobStore, StoreConfig, StoreRetry, StoreUnava
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import publish_log_once
 from workers.celery_app import enqueue, task_priority
+from workers.job.cores import leave as leave_host
 from workers.job.exits import describe_exit, oom_kills
 from workers.job.lease import Lease, LeaseLost
 from workers.job.process import JobOptions, job_context, job_main
@@ -334,6 +335,7 @@ def _supervise(
     finally:
         cancel.stop()
         ours.close()
+        leave_host(store.redis, job.id)  # its cores are the other jobs' at once
 
 
 class _CancelWatch:

@@ -20,15 +20,8 @@ from typing import Any
 import pytest
 
 from pdppo.settings import Settings
-from tests.api.test_upload_route import (  # noqa: F401
-    KEYS,
-    Request,
-    redis_url,
-    send,
-    settings,
-    upload,
-)
-from tests.integration.stack import records, smoke_spec
+from tests.support.inprocess import Request, send, upload
+from tests.support.specs import records, smoke_spec
 
 GRADER = {
     "type": "string_check",
@@ -136,7 +129,7 @@ ROWS = [(route, check) for route in ROUTES for check in ("storage", "active", "b
 def test_a_retried_create_is_its_replay_whatever_would_refuse_a_new_one(
     route_name: str,
     check: str,
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     route = ROUTES[route_name]
     base = settings.model_copy(update={"api_publish_tasks": False})

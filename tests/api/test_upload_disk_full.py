@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pdppo.files import FileStorage
-from tests.api.test_uploads import form, leftovers, refused
-from tests.small_disk import fill, small_disk
+from tests.api.forms import form, leftovers, refused
+from tests.support.small_disk import fill, small_disk
 
 MIB = 1 << 20
 

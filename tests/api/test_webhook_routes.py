@@ -18,8 +18,8 @@ from api.app import create_app
 from api.routes import webhooks as webhook_routes
 from pdppo.settings import Settings
 from pdppo.store.keys import WEBHOOK_DUE
-from tests.api.test_upload_route import KEYS, Request, send
-from tests.integration.stack import RedisServer
+from tests.support.inprocess import KEYS, Request, send
+from tests.support.stack import RedisServer
 
 PUBLIC = "https://93.184.216.34/hook"  # an address literal: no DNS needed
 

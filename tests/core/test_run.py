@@ -20,7 +20,7 @@ from core.parallel.distributed import World
 from core.rollout import RolloutBatch, StopRequested, generate
 from core.training.devices import resolve_device
 from core.training.run import _as_random_state, _batch_stats, _Rollout, _Run
-from tests.core.trainer_runs import Recorder, small_config
+from tests.support.trainer_runs import Recorder, small_config
 
 
 def _run(tmp_path: Path, **overrides: Any) -> _Run:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.stack import REPO
+from tests.support.stack import REPO
 
 
 def run_ranks(tmp_path: Path, full: int) -> dict[int, dict[str, object]]:

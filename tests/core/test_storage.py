@@ -26,8 +26,8 @@ from core.disk.storage import (
 )
 from core.training.checkpoint import list_checkpoints
 from core.training.trainer import train
-from tests.core.trainer_runs import small_config
-from tests.small_disk import fill, names, small_disk
+from tests.support.small_disk import fill, names, small_disk
+from tests.support.trainer_runs import small_config
 
 MIB = 1 << 20
 

@@ -23,15 +23,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.conftest import read_events, wait_for, wait_status
-from tests.integration.stack import (
-    REDIS_DATABASES,
-    RedisServer,
-    Service,
-    job_pids,
-    smoke_spec,
-)
-from tests.small_disk import fill, names, small_disk
+from tests.support.small_disk import fill, names, small_disk
+from tests.support.specs import smoke_spec
+from tests.support.stack import REDIS_DATABASES, RedisServer, Service, job_pids
+from tests.support.waits import read_events, wait_for, wait_status
 
 MIB = 1 << 20
 RESERVE = 64 * 1024  # PDPPO_MIN_FREE_BYTES of the service

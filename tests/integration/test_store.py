@@ -26,8 +26,7 @@ from pdppo.store.jobs.events import AsyncEventStore
 from pdppo.store.jobs.steering import Steering
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import eval_key
-from tests.integration.conftest import STORE_DB, Run
-from tests.integration.stack import RedisServer
+from tests.support.stack import STORE_DB, RedisServer, Run
 from workers.job.lease import Lease, LeaseLost
 
 

@@ -7,7 +7,7 @@ what training pays, since the trackers are driven by threads of their own. `ms/s
 time between consecutive steps (median), with those threads competing for the same cores: what
 a run on a small machine sees, and noisy on a shared one. `close s`: how long the end of the
 run waited for its last reports. MLflow reports to a local server (SQLite backend), started
-here from `PDPPO_TEST_MLFLOW_SERVER` (see tests/tracking/conftest.py) unless `--mlflow-uri`
+here from `PDPPO_TEST_MLFLOW_SERVER` (see tests/support/mlflow.py) unless `--mlflow-uri`
 names one; W&B runs offline.
 
     python bench/tracking_overhead.py                       # 30 steps, every setting, 2 repeats

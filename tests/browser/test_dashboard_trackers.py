@@ -1,6 +1,6 @@
 """The experiment-tracker runs a job reports to, on its dashboard page: a link to the MLflow
 run's page, TensorBoard's folder as text (it has no page of its own). Needs the `trackers`
-extra and an MLflow server (tests/tracking/conftest.py); skipped without them."""
+extra and an MLflow server (tests/support/mlflow.py); skipped without them."""
 
 from __future__ import annotations
 

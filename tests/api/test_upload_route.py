@@ -5,37 +5,10 @@ the same file name. Faster than a started server, so the mutation runs of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-import redis
-
 from api.openai.errors import error_body
 from api.storage.uploads import FORM_OVERHEAD_BYTES
 from pdppo.settings import Settings
-from tests.support.inprocess import KEYS, LINE, MAX_FILE, call, native, upload
-from tests.support.stack import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server.url(3)
-    server.stop()
-
-
-@pytest.fixture
-def settings(redis_url: str, tmp_path: Path) -> Settings:
-    redis.Redis.from_url(redis_url).flushdb()
-    return Settings(  # type: ignore[call-arg]
-        redis_url=redis_url,
-        api_keys=",".join(f"{t}:{k}" for t, k in KEYS.items()),
-        artifact_dir=tmp_path,
-        max_file_bytes=MAX_FILE,
-        min_free_bytes=0,
-        _env_file=None,
-    )
+from tests.support.inprocess import LINE, MAX_FILE, call, native, upload
 
 
 def test_the_body_limit_is_the_file_limit_plus_the_form_overhead(settings: Settings) -> None:

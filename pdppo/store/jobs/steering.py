@@ -100,7 +100,9 @@ return {said, redis.call('HGETALL', KEYS[1])}
 _PAUSE = FAIR + FEED_EVENT + _PAUSE
 
 # KEYS: job, events, outbox, tenant active, webhook feed; ARGV: now, queued data, outbox check
-# time, log data, most active jobs of the tenant, log data of a failed job resumed.
+# time, log data of a pause withdrawn, most active jobs of the tenant, log data of a failed job
+# resumed, log data of a pause withdrawn once its worker had begun stopping the job for it
+# (`pause_stopping`, `JobStore.begin_pause`): that job stops anyway, and is queued again.
 _RESUME = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
@@ -127,7 +129,9 @@ if st == 'paused' then
 end
 if st == 'running' and redis.call('HGET', KEYS[1], 'pause_requested') == '1' then
   redis.call('HDEL', KEYS[1], 'pause_requested')
-  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
+  local said = ARGV[4]
+  if redis.call('HGET', KEYS[1], 'pause_stopping') == '1' then said = ARGV[7] end
+  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', said)
   return 'withdrawn'
 end
 return 'already-' .. st
@@ -236,6 +240,10 @@ class AsyncSteering:
                 max_active,
                 _log_data(
                     "resumed after failing for its disk; it continues from its latest checkpoint"
+                ),
+                _log_data(
+                    "pause withdrawn after the job had begun stopping for it: it stops at its "
+                    "checkpoint as planned, then is queued again to run on from there"
                 ),
             ],
         )

@@ -29,7 +29,9 @@ from core.extras import MissingExtra
 
 __all__ = [
     "BehaviorView",
+    "MaskDecision",
     "PolicyLossOutput",
+    "TrustRegion",
     "divergence",
     "fused_policy_loss",
     "policy_loss",
@@ -43,7 +45,9 @@ __all__ = [
 # and each `pdppo status` included, which never use it.
 _WHERE = {
     "BehaviorView": "core.objective.behavior",
+    "MaskDecision": "core.objective.masks",
     "PolicyLossOutput": "core.objective.loss",
+    "TrustRegion": "core.objective.masks",
     "divergence": "core.objective.divergence",
     "fused_policy_loss": "core.objective.fused",
     "policy_loss": "core.objective.loss",
@@ -73,4 +77,4 @@ if TYPE_CHECKING:
     from core.objective.divergence import divergence, predicted_change
     from core.objective.fused import fused_policy_loss
     from core.objective.loss import PolicyLossOutput, policy_loss
-    from core.objective.masks import trust_region, trust_region_mask
+    from core.objective.masks import MaskDecision, TrustRegion, trust_region, trust_region_mask

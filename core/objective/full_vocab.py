@@ -116,7 +116,7 @@ def tv_terms(s: Scratch, a: Tensor, adv: Tensor | None) -> tuple[Tensor, Tensor 
 
 
 def kl_terms(
-    s: Scratch, z: Tensor, logm: Tensor, a: Tensor, adv: Tensor | None, kind: str
+    s: Scratch, z: Tensor, logm: Tensor, a: Tensor, adv: Tensor | None, *, kind: str
 ) -> tuple[Tensor, Tensor | None]:
     """KL(mu || pi) (`kl`) or KL(pi || mu) (`kl_reverse`) and its change, given p in `s.p` and
     m = exp(logm) in `s.m` (both overwritten): log-probs clamped at the floor as the

@@ -43,10 +43,10 @@ import torch
 from torch import Tensor
 
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import Estimator, Kind, SoftmaxStats
+from core.objective.divergence import SoftmaxStats
 from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
 from core.objective.loss_terms import PolicyLossOutput, check_loss_inputs, loss_from_logprobs
-from core.objective.masks import Mask, trust_region
+from core.objective.masks import DEFAULT_TRUST_REGION, TrustRegion, trust_region
 
 CHUNK_ELEMENTS = 1 << 22
 """Most logits (rows x columns) held at once: 16 MiB in fp32, a few such buffers in all."""
@@ -298,70 +298,57 @@ def _token_logprob(
 
 
 def fused_policy_loss(
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
+    logits: ProjectedLogits,
     tokens: Tensor,
     behavior: BehaviorView,
     advantages: Tensor,
+    region: TrustRegion = DEFAULT_TRUST_REGION,
+    *,
     response_mask: Tensor | None = None,
-    mask: Mask = "predictive",
-    kind: Kind = "tv",
-    estimator: Estimator = "topk",
-    delta_low: float = 0.15,
-    delta_high: float = 0.15,
-    is_cap: float = 1e4,
     ref_logprobs: Tensor | None = None,
-    kl_beta: float = 0.0,
     normalizer: float | Tensor | None = None,
-    temperature: float = 1.0,
 ) -> PolicyLossOutput:
-    """`core.objective.loss.policy_loss` of the logits `(hidden @ weight.T + bias) / temperature`,
-    with hidden states (N, H) and the output projection (V, H) (bias (V,) or None) in place of the
-    logits, none of which need be fp32: the same loss, statistics and gradients (in `hidden`,
-    `weight` and `bias`, where they require one), without ever holding the (N, V) logits.
+    """`core.objective.loss.policy_loss` of the projected logits
+    `(hidden @ weight.T + bias) / temperature`, hidden states (N, H) and the output projection
+    (V, H) (bias (V,) or None), none of which need be fp32: the same loss, statistics and
+    gradients (in the hidden states, the weight and the bias, where they require one), without
+    ever holding the (N, V) logits.
 
     Estimators `binary` and `topk` only: `exact` and `topk_tail` raise ValueError (use
     `policy_loss` with the logits)."""
+    estimator = region.estimator
     if estimator not in FUSED_ESTIMATORS:
         raise ValueError(
             f"the fused loss covers the estimators {FUSED_ESTIMATORS}, not {estimator!r}, which "
             "needs the whole distribution: use the unfused path (policy_loss with the logits)"
         )
-    proj = ProjectedLogits(hidden, weight, bias, temperature)
-    if hidden.shape[0] != tokens.shape[0]:
-        raise ValueError(f"hidden has {hidden.shape[0]} rows, tokens {tokens.shape[0]}")
-    rmask = check_loss_inputs(tokens, response_mask, is_cap, kl_beta, ref_logprobs, normalizer)
+    proj = logits
+    if proj.hidden.shape[0] != tokens.shape[0]:
+        raise ValueError(f"hidden has {proj.hidden.shape[0]} rows, tokens {tokens.shape[0]}")
+    rmask = check_loss_inputs(
+        tokens,
+        region,
+        response_mask=response_mask,
+        ref_logprobs=ref_logprobs,
+        normalizer=normalizer,
+    )
     advantages = advantages.float()
     view_ids = behavior.topk_ids if estimator == "topk" else None
     stats, columns = projected_stats(proj, tokens, view_ids, entropy=True, top_k=behavior.k)
     assert stats.kth_logit is not None
     outside = columns.values[:, -1] < stats.kth_logit  # (N,) a outside pi's top-K
-    region = trust_region(
-        columns,
-        behavior,
-        tokens,
-        advantages,
-        mask,
-        kind,
-        estimator,
-        delta_low,
-        delta_high,
-        always_estimate=True,
-        stats=stats,
+    decision = trust_region(
+        columns, behavior, tokens, advantages, region, always_estimate=True, stats=stats
     )
     logp_a = _token_logprob(proj, tokens, stats, columns)  # (N,) with grad
     return loss_from_logprobs(
         logp_a,
-        region,
+        decision,
         stats,
         advantages,
         rmask,
-        delta_low,
-        delta_high,
-        is_cap,
-        ref_logprobs,
-        kl_beta,
-        normalizer,
-        outside,
+        region=region,
+        ref_logprobs=ref_logprobs,
+        normalizer=normalizer,
+        outside=outside,
     )

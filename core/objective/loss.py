@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import Estimator, Kind, estimator_stats
+from core.objective.divergence import estimator_stats
 from core.objective.fused import fused_policy_loss
 from core.objective.lazy_logits import ProjectedLogits
 
@@ -38,7 +38,7 @@ from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss_terms import DIRECTION_TOLERANCE as DIRECTION_TOLERANCE
 from core.objective.loss_terms import PolicyLossOutput as PolicyLossOutput
 from core.objective.loss_terms import check_loss_inputs, loss_from_logprobs
-from core.objective.masks import Mask, trust_region
+from core.objective.masks import DEFAULT_TRUST_REGION, TrustRegion, trust_region
 
 
 def policy_loss(
@@ -46,26 +46,22 @@ def policy_loss(
     tokens: Tensor,
     behavior: BehaviorView,
     advantages: Tensor,
+    region: TrustRegion = DEFAULT_TRUST_REGION,
+    *,
     response_mask: Tensor | None = None,
-    mask: Mask = "predictive",
-    kind: Kind = "tv",
-    estimator: Estimator = "topk",
-    delta_low: float = 0.15,
-    delta_high: float = 0.15,
-    is_cap: float = 1e4,
     ref_logprobs: Tensor | None = None,
-    kl_beta: float = 0.0,
     normalizer: float | Tensor | None = None,
 ) -> PolicyLossOutput:
-    """Loss and statistics for N response tokens (logits (N, V) with grad, any float dtype).
+    """Loss and statistics for N response tokens (logits (N, V) with grad, any float dtype)
+    under the trust region `region` (its mask, divergence, thresholds, IS cap and KL weight).
 
     `logits` may also be a `ProjectedLogits`, the hidden states and the output projection that
     make them: the fused path (`core.objective.fused.fused_policy_loss`) then gives the same loss,
     gradients and statistics without ever holding the (N, V) logits (estimators `binary` and
     `topk` only).
 
-    `ref_logprobs` (N,): log pi_ref(a) of the reference policy; with `kl_beta` > 0 the k3
-    penalty is added (β = 0 adds nothing: the loss is bit for bit the unpenalized one).
+    `ref_logprobs` (N,): log pi_ref(a) of the reference policy; with `region.kl_beta` > 0 the
+    k3 penalty is added (β = 0 adds nothing: the loss is bit for bit the unpenalized one).
     `normalizer`: divide the token sums by this count instead of the response tokens here, or,
     a (N,) tensor, each token's term by its own entry.
 
@@ -83,40 +79,27 @@ def policy_loss(
     """
     if isinstance(logits, ProjectedLogits):
         return fused_policy_loss(
-            logits.hidden,
-            logits.weight,
-            logits.bias,
+            logits,
             tokens,
             behavior,
             advantages,
-            response_mask,
-            mask,
-            kind,
-            estimator,
-            delta_low,
-            delta_high,
-            is_cap,
-            ref_logprobs,
-            kl_beta,
-            normalizer,
-            temperature=logits.temperature,
+            region,
+            response_mask=response_mask,
+            ref_logprobs=ref_logprobs,
+            normalizer=normalizer,
         )
-    rmask = check_loss_inputs(tokens, response_mask, is_cap, kl_beta, ref_logprobs, normalizer)
+    rmask = check_loss_inputs(
+        tokens,
+        region,
+        response_mask=response_mask,
+        ref_logprobs=ref_logprobs,
+        normalizer=normalizer,
+    )
     advantages = advantages.float()
     detached = logits.detach()
-    stats = estimator_stats(detached, behavior, tokens, estimator, entropy=True)
-    region = trust_region(
-        detached,
-        behavior,
-        tokens,
-        advantages,
-        mask,
-        kind,
-        estimator,
-        delta_low,
-        delta_high,
-        always_estimate=True,
-        stats=stats,
+    stats = estimator_stats(detached, behavior, tokens, region.estimator, entropy=True)
+    decision = trust_region(
+        detached, behavior, tokens, advantages, region, always_estimate=True, stats=stats
     )
     logp_a = -F.cross_entropy(logits.float(), tokens, reduction="none")  # (N,) with grad
     z = detached.float()
@@ -124,15 +107,12 @@ def policy_loss(
     outside = z.gather(-1, tokens[:, None])[:, 0] < kth  # (N,) a outside pi's top-K
     return loss_from_logprobs(
         logp_a,
-        region,
+        decision,
         stats,
         advantages,
         rmask,
-        delta_low,
-        delta_high,
-        is_cap,
-        ref_logprobs,
-        kl_beta,
-        normalizer,
-        outside,
+        region=region,
+        ref_logprobs=ref_logprobs,
+        normalizer=normalizer,
+        outside=outside,
     )

@@ -20,7 +20,12 @@ import torch
 from torch import Tensor
 
 from core.objective.divergence import SoftmaxStats
-from core.objective.masks import TrustRegion, far_from_behavior, ratio_moves_away
+from core.objective.masks import (
+    MaskDecision,
+    TrustRegion,
+    far_from_behavior,
+    ratio_moves_away,
+)
 
 DIRECTION_TOLERANCE = 1e-4
 """D below which `direction_disagreement` does not compare the two direction rules.
@@ -64,19 +69,15 @@ def _mean(values: Tensor, where: Tensor) -> float:
 
 def check_loss_inputs(
     tokens: Tensor,
+    region: TrustRegion,
+    *,
     response_mask: Tensor | None,
-    is_cap: float,
-    kl_beta: float,
     ref_logprobs: Tensor | None,
     normalizer: float | Tensor | None,
 ) -> Tensor:
     """The checks both loss paths make before any pass over the vocabulary; the (N,) bool
     response mask."""
-    if is_cap <= 0:
-        raise ValueError(f"is_cap must be > 0, got {is_cap}")
-    if kl_beta < 0:
-        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
-    if kl_beta > 0 and ref_logprobs is None:
+    if region.kl_beta > 0 and ref_logprobs is None:
         raise ValueError("kl_beta > 0 needs ref_logprobs, the reference policy's log-probs")
     n = tokens.shape[0]
     rmask = (
@@ -95,43 +96,42 @@ def check_loss_inputs(
 
 def loss_from_logprobs(
     logp_a: Tensor,
-    region: TrustRegion,
+    decision: MaskDecision,
     stats: SoftmaxStats,
     advantages: Tensor,
     rmask: Tensor,
-    delta_low: float,
-    delta_high: float,
-    is_cap: float,
+    *,
+    region: TrustRegion,
     ref_logprobs: Tensor | None,
-    kl_beta: float,
     normalizer: float | Tensor | None,
     outside: Tensor | None = None,
 ) -> PolicyLossOutput:
     """The loss from log pi(a) (N,), the only term with a gradient, and the statistics from
     the mask's pass: shared by the unfused and the fused path, which differ only in how they
-    get `logp_a`, `region` and `stats`. `outside` (N,): whether each sampled token lies outside
+    get `logp_a`, `decision` and `stats`. `outside` (N,): whether each sampled token lies outside
     pi's top-K (K of the behavior view), for `outside_topk`."""
-    is_weight = region.log_ratio.exp().clamp(max=is_cap)
-    weight = advantages * is_weight * region.keep * rmask
+    is_weight = decision.log_ratio.exp().clamp(max=region.is_cap)
+    weight = advantages * is_weight * decision.keep * rmask
     loss = _aggregate(weight * logp_a, rmask, normalizer).neg()
     k3: Tensor | None = None
     if ref_logprobs is not None:
         d = ref_logprobs.float() - logp_a  # (N,) with grad through log pi(a)
         k3 = torch.where(rmask, torch.expm1(d) - d, 0.0)  # expm1: no cancellation near d = 0
-        if kl_beta > 0:
-            loss = loss + kl_beta * _aggregate(k3, rmask, normalizer)
+        if region.kl_beta > 0:
+            loss = loss + region.kl_beta * _aggregate(k3, rmask, normalizer)
 
-    assert region.divergence is not None and region.change is not None and stats.entropy is not None
-    masked = ~region.keep & rmask
+    assert decision.divergence is not None and decision.change is not None
+    assert stats.entropy is not None
+    masked = ~decision.keep & rmask
     pos, neg = (advantages > 0) & rmask, (advantages < 0) & rmask
     signed = pos | neg
     # the two direction rules and the two masks, from the same D, g and ratio as the mask itself
-    ratio_away = ratio_moves_away(region.log_ratio, advantages)
-    change_away = region.change > 0
+    ratio_away = ratio_moves_away(decision.log_ratio, advantages)
+    change_away = decision.change > 0
     disagree = ratio_away != change_away
-    far = far_from_behavior(region.divergence, advantages, delta_low, delta_high) & rmask
-    judged = region.divergence > DIRECTION_TOLERANCE
-    d_resp = region.divergence[rmask]
+    far = far_from_behavior(decision.divergence, advantages, region) & rmask
+    judged = decision.divergence > DIRECTION_TOLERANCE
+    d_resp = decision.divergence[rmask]
     out = {
         "masked_fraction": _mean(masked, rmask),
         "masked_fraction_pos": _mean(masked, pos),
@@ -142,7 +142,7 @@ def loss_from_logprobs(
         "direction_disagreement_far": _mean(disagree & far, signed),
         "masked_only_predictive": _mean(far & change_away & ~ratio_away, rmask),
         "masked_only_dppo": _mean(far & ratio_away & ~change_away, rmask),
-        "ratio_mean": _mean(region.log_ratio.exp(), rmask),
+        "ratio_mean": _mean(decision.log_ratio.exp(), rmask),
         "entropy": _mean(stats.entropy, rmask),
     }
     if outside is not None:
@@ -157,5 +157,5 @@ def loss_from_logprobs(
         "direction_disagreement_far": n_signed,
     }
     return PolicyLossOutput(
-        loss=loss, keep=region.keep, log_ratio=region.log_ratio, stats=out, counts=counts
+        loss=loss, keep=decision.keep, log_ratio=decision.log_ratio, stats=out, counts=counts
     )

@@ -38,6 +38,7 @@ from core.models.base import CausalLM
 from core.objective.fused import FUSED_ESTIMATORS
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss import PolicyLossOutput, policy_loss
+from core.objective.masks import TrustRegion
 from core.objective.truncation import truncate_to_nucleus
 from core.parallel.distributed import World
 from core.parallel.sharding import full_norm, is_sharded
@@ -76,6 +77,7 @@ def update_policy(
     metrics are then the whole batch's."""
     world = world or World()
     a = cfg.algorithm
+    region = TrustRegion.from_config(a)
     accum = cfg.optim.grad_accumulation
     b = batch.input_ids.shape[0]
     per_mb = b // a.minibatches
@@ -111,12 +113,12 @@ def update_policy(
             rows = order[i * per_mb : (i + 1) * per_mb].sort().values
             n_mb = int(batch.response_mask[rows].sum())  # the minibatch's response tokens
             norm = loss_normalizer(
-                a.loss_agg, batch.response_mask, rows, a.minibatches, accum, world
+                a.loss_agg, batch.response_mask, rows, a.minibatches, accum, world=world
             )
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
             for piece in rows.chunk(accum):
-                out = _piece_loss(lm, batch, piece, adv_seq, ref, norm, cfg)
+                out = _piece_loss(lm, batch, piece, cfg, region, adv=adv_seq, ref=ref, norm=norm)
                 (out.loss * scale if sharded else out.loss).backward()
                 mb_loss += float(out.loss.detach())
                 w = float(len(out.log_ratio))
@@ -201,19 +203,21 @@ def _piece_loss(
     lm: CausalLM,
     batch: RolloutBatch,
     rows: Tensor,
-    adv_seq: Tensor,
-    ref: Tensor | None,
-    normalizer: float | Tensor | None,
     cfg: TrainConfig,
+    region: TrustRegion,
+    *,
+    adv: Tensor,
+    ref: Tensor | None,
+    norm: float | Tensor | None,
 ) -> PolicyLossOutput:
-    """The loss of the sequences `rows` (sorted) of `batch`, with its gradient graph;
-    a (B,) `normalizer` is per sequence of the batch (`loss_normalizer`)."""
-    a = cfg.algorithm
+    """The loss of the sequences `rows` (sorted) of `batch`, with its gradient graph; `adv`
+    (B,) and `ref` (B, T) are the whole batch's, and so is a (B,) `norm`, per sequence
+    (`loss_normalizer`)."""
     mb = batch.select(rows)
     keep = mb.response_mask  # (b, T)
-    adv_tok = adv_seq[rows][:, None].expand_as(keep)[keep]  # (N,)
-    if isinstance(normalizer, Tensor):
-        normalizer = normalizer[rows][:, None].expand_as(keep)[keep]  # (N,) per token
+    adv_tok = adv[rows][:, None].expand_as(keep)[keep]  # (N,)
+    if isinstance(norm, Tensor):
+        norm = norm[rows][:, None].expand_as(keep)[keep]  # (N,) per token
     logits: Tensor | ProjectedLogits | None = None
     if fused_loss_applies(cfg):  # hidden states (N, H) and the projection, with grad
         logits = response_projection(lm, mb, cfg.rollout.temperature)
@@ -227,13 +231,7 @@ def _piece_loss(
         tokens=mb.tokens,
         behavior=mb.behavior,
         advantages=adv_tok,
-        mask=a.mask,
-        kind=a.kind,
-        estimator=a.estimator,
-        delta_low=a.delta_low,
-        delta_high=a.delta_high,
-        is_cap=a.is_cap,
+        region=region,
         ref_logprobs=None if ref is None else ref[rows][keep],
-        kl_beta=a.kl_beta,
-        normalizer=normalizer,
+        normalizer=norm,
     )

@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from core import TrustRegion, predicted_change, trust_region_mask
-from core.objective.divergence import KINDS, divergence
+from core.objective.estimators import KINDS, divergence
 from core.objective.synthetic import positions, topk_view
 
 ESTIMATORS = [("binary", 20), ("topk", 5), ("topk", 20), ("topk", 50), ("topk_tail", 20)]

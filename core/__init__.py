@@ -48,10 +48,10 @@ _WHERE = {
     "MaskDecision": "core.objective.masks",
     "PolicyLossOutput": "core.objective.loss",
     "TrustRegion": "core.objective.masks",
-    "divergence": "core.objective.divergence",
-    "fused_policy_loss": "core.objective.fused",
+    "divergence": "core.objective.estimators",
+    "fused_policy_loss": "core.objective.loss",
     "policy_loss": "core.objective.loss",
-    "predicted_change": "core.objective.divergence",
+    "predicted_change": "core.objective.estimators",
     "trust_region": "core.objective.masks",
     "trust_region_mask": "core.objective.masks",
 }
@@ -74,7 +74,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from core.objective.behavior import BehaviorView
-    from core.objective.divergence import divergence, predicted_change
-    from core.objective.fused import fused_policy_loss
-    from core.objective.loss import PolicyLossOutput, policy_loss
+    from core.objective.estimators import divergence, predicted_change
+    from core.objective.loss import PolicyLossOutput, fused_policy_loss, policy_loss
     from core.objective.masks import MaskDecision, TrustRegion, trust_region, trust_region_mask

@@ -170,7 +170,16 @@ def softmax_stats(
             assert sums.tail is not None and sums.tail_sq is not None
             tail_mass[rows] = sums.tail / s1
             tail_sq[rows] = sums.tail_sq / s2
-    return SoftmaxStats(zmax_out, log_norm, sum_sq, ent, rest_mass, rest_sq, tail_mass, tail_sq)
+    return SoftmaxStats(
+        zmax=zmax_out,
+        log_norm=log_norm,
+        sum_sq=sum_sq,
+        entropy=ent,
+        rest_mass=rest_mass,
+        rest_sq=rest_sq,
+        tail_mass=tail_mass,
+        tail_sq=tail_sq,
+    )
 
 
 def estimator_stats(

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import (
+from core.objective.estimators import (
     ESTIMATORS,
     KINDS,
     Estimator,

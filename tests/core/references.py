@@ -1,7 +1,7 @@
 """Independent float64 references for the trust-region core: direct formulas and autograd.
 
 Written from DESIGN.md's definitions without reusing any code under test, so a mistake in
-`core.objective.divergence` cannot hide in a shared helper.
+`core.objective.estimators` cannot hide in a shared helper.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import BUCKET_FLOOR
+from core.objective.estimators import BUCKET_FLOOR
 
 Float64Fn = Callable[[Tensor], Tensor]  # (N, V) logits -> (N,) divergence
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from core import BehaviorView, divergence, predicted_change
-from core.objective.divergence import (
+from core.objective.estimators import (
     ESTIMATORS,
     KINDS,
     LOG_FLOOR,
@@ -233,10 +232,7 @@ def test_softmax_stats_over_many_chunks_equal_float64_sums(
     sum asked for, against float64 reductions. The logits require grad, as the loss's do: the
     pass must not record a graph, must not warn (an `out=` of the wrong size resizes with a
     warning instead of failing), and must make no tensor larger than one chunk."""
-    # the module, not `core.objective.divergence` the function that `core` exports under its name
-    monkeypatch.setattr(
-        importlib.import_module("core.objective.divergence"), "CHUNK_ELEMENTS", chunk_elements
-    )
+    monkeypatch.setattr("core.objective.estimators.CHUNK_ELEMENTS", chunk_elements)
     n, v = 11, 50
     p = positions(n, v, k=6, gap=0.5, seed=7)
     logits = p.logits.clone()

@@ -21,7 +21,7 @@ from torch import Tensor
 import core.objective.fused as fused_module
 from core import PolicyLossOutput, TrustRegion, fused_policy_loss, policy_loss
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import KINDS, softmax_stats
+from core.objective.estimators import KINDS, softmax_stats
 from core.objective.fused import projected_stats, projected_token_logprobs
 from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
 from core.objective.masks import MASKS

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core import TrustRegion, policy_loss, trust_region_mask
-from core.objective.loss_terms import DIRECTION_TOLERANCE
+from core.objective.loss import DIRECTION_TOLERANCE
 from core.objective.masks import MASKS, trust_region
 from core.objective.synthetic import Positions, positions, topk_view
 from core.training.update import loss_normalizer

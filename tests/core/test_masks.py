@@ -9,7 +9,7 @@ import torch
 
 from core import TrustRegion, trust_region_mask
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import ESTIMATORS, KINDS
+from core.objective.estimators import ESTIMATORS, KINDS
 from core.objective.masks import MASKS, far_from_behavior, ratio_moves_away, trust_region
 from core.objective.synthetic import Positions, positions
 from tests.core.references import (

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from core import TrustRegion, trust_region
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import Kind, SoftmaxStats, divergence_and_change, softmax_stats
+from core.objective.estimators import Kind, SoftmaxStats, divergence_and_change, softmax_stats
 from core.objective.row_sums import chunk_sums
 from tests.core.references import autograd_change, exact_divergence_fn, lumped_divergence_fn
 

@@ -283,7 +283,17 @@ def run(args: argparse.Namespace, rev: list[str]) -> None:
             finally:
                 for w in workers.values():
                     w.close()
-            _table(args, vocab, revs, label, trees, ratios, times, floors, buffer)
+            _table(
+                args,
+                vocab,
+                revs,
+                label=label,
+                trees=trees,
+                ratios=ratios,
+                times=times,
+                floors=floors,
+                buffer=buffer,
+            )
 
 
 def _table(

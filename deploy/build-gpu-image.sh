@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU worker image (deploy/Dockerfile.gpu) and checks it as far as a machine without
-# a GPU can: it imports torch (a CUDA build), vLLM and pdppo, and a container started from it
-# with no GPU says so and starts no worker instead of crashing. No GPU is needed to build it.
+# a GPU can: it imports torch (a CUDA build), vLLM, the trackers and pdppo, and a container
+# started from it with no GPU says so and starts no worker instead of crashing. No GPU is needed
+# to build it.
 #
 #   deploy/build-gpu-image.sh [TAG] [more docker build arguments...]
 #   BASE_IMAGE=pdppo-ci-base:bookworm deploy/build-gpu-image.sh pdppo-gpu:ci   # CI's base
@@ -24,6 +25,7 @@ echo "${tag}: built in $((SECONDS - started))s, ${size}B"
 
 "${docker_cli}" run --rm "${tag}" python -c "
 import importlib.util, torch, core, workers
+import mlflow, tensorboard, wandb  # the trackers extra, as in the CPU image
 vllm = importlib.util.find_spec('vllm')
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'vllm', 'present' if vllm else 'absent')
 assert torch.version.cuda, 'torch is not a CUDA build'"

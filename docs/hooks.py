@@ -6,17 +6,25 @@ second time by hand and neither can drift from the code. Both are added as gener
 MkDocs collects the docs, before the nav is built: strict mode then checks their links and
 anchors like any page's. Nothing here needs Redis or a network: building the schema only walks
 the routes.
+
+The module tables of developers/architecture.md are generated from the tree the same way: a
+`<!-- modules: core -->` line becomes the table of `core`'s packages (`render_modules`), so a
+module moved, added or removed is on the page at the next build with nothing to edit by hand.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 HTTP_API_PAGE = "reference/http-api.md"
+MODULES_MARKER = re.compile(r"^<!-- modules: ([a-z_]+) -->$", re.MULTILINE)
 SETTINGS_PAGE = "operators/settings.md"
 _METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -190,6 +198,48 @@ def _schema() -> dict[str, Any]:
         return create_app(settings).openapi()
     finally:
         os.environ.update(saved)
+
+
+def _summary(init: Path) -> str:
+    """The first paragraph of a package's docstring: by the project's style, what it is for."""
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+    return _cell(doc.split("\n\n", 1)[0]) if doc else "(no docstring)"
+
+
+def render_modules(root: Path, top: str) -> str:
+    """The table of the package `top` under `root` and of every package inside it: its folder,
+    what its docstring says it is for, its modules and its sub-packages, one row per package."""
+    lines = ["| package | what it is for | modules |", "|---|---|---|"]
+    for init in sorted((root / top).rglob("__init__.py")):
+        folder = init.parent
+        if any(part.startswith((".", "_")) for part in folder.relative_to(root).parts):
+            continue  # __pycache__, hidden folders: not packages of the tree
+        names = [f"`{p.stem}`" for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"]
+        names += [
+            f"`{d.name}/`"
+            for d in sorted(folder.iterdir())
+            if (d / "__init__.py").is_file() and not d.name.startswith((".", "_"))
+        ]
+        where = folder.relative_to(root).as_posix()
+        lines.append(f"| `{where}/` | {_summary(init)} | {', '.join(names) or '-'} |")
+    return "\n".join(lines)
+
+
+def _source_root() -> Path:
+    """Where the code is: the folder that holds the importable `core` package (this checkout's,
+    or the one a copy of docs/ is built against, as tests/docs does)."""
+    spec = importlib.util.find_spec("core")
+    if spec is None or spec.origin is None:
+        return ROOT
+    return Path(spec.origin).resolve().parents[1]
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Replace each `<!-- modules: TOP -->` line with `render_modules`' table of TOP."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    root = _source_root()
+    return MODULES_MARKER.sub(lambda m: render_modules(root, m.group(1)), markdown)
 
 
 def on_files(files: Any, config: Any) -> Any:

@@ -114,9 +114,10 @@ EXPERIMENT_PRIORITY = 9
 
 
 def task_priority(experiment: str | None) -> int:
-    """An experiment's children wait behind every job submitted on its own, so that a grid of
-    dozens of runs never holds a tenant's (or anyone's) next job back until it has all run; among
-    themselves they keep the order they were queued in (seed-major, so results stay paired)."""
+    """An experiment's children's tasks go behind plain jobs' in the broker. Which job a task
+    starts is the fair order's to say (`pdppo.store.jobs.fair`: tenants, then a tenant's plain
+    jobs and each experiment, take turns); the broker's order decides only for a job the order
+    lacks (queued by a version before it, until a worker's start adds it)."""
     return EXPERIMENT_PRIORITY if experiment else JOB_PRIORITY
 
 

@@ -38,6 +38,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from pdppo.settings import Settings, get_settings
 from pdppo.store.retry import StoreConfig, store_client
 from pdppo.store.webhooks.deliveries import Attempt, WebhookDeliveries
+from pdppo.store.webhooks.sealing import WebhookSecretError, reseal_all
 from pdppo.webhooks import (
     Resolver,
     Target,
@@ -158,6 +159,9 @@ def attempt_delivery(
     try:
         networks = parse_networks(settings.webhook_allowed_networks)
         target = checked_target(attempt.endpoint.url, networks, resolver)
+        secret = settings.webhook_secrets().open(
+            attempt.endpoint.stored_secret, f"webhook {attempt.endpoint.id}"
+        )
         timestamp = int(time.time())
         body = attempt.payload.encode()
         headers = {
@@ -165,7 +169,7 @@ def attempt_delivery(
             "user-agent": "pdppo-webhooks",
             "webhook-id": attempt.id,
             "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(attempt.endpoint.secret, attempt.id, timestamp, body),
+            "webhook-signature": sign(secret, attempt.id, timestamp, body),
         }
         transport = PinnedTransport(target, verify)
         with httpx.Client(
@@ -177,6 +181,9 @@ def attempt_delivery(
             error = f"HTTP {status_code}: {response.text[:ERROR_TEXT_KEPT]}"
     except URLRefused as exc:
         error = f"refused: {exc}"
+    except WebhookSecretError as exc:  # nothing sent: the operator's keys lack the one it needs
+        log.error("webhook delivery %s: %s", attempt.id, exc)
+        error = str(exc)
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_KEPT] or type(exc).__name__
     duration_ms = (time.monotonic() - started) * 1000
@@ -218,6 +225,7 @@ class Scheduler(threading.Thread):
         self.consumer = consumer
         self.heartbeat = heartbeat  # beaten after each pass that reached Redis
         self.stopping = threading.Event()
+        self.resealed = False  # stored secrets sealed with the first key, once per start
 
     def block_ms(self) -> int:
         """How long a pass waits for new events: half a second, or less when the client gives
@@ -229,6 +237,8 @@ class Scheduler(threading.Thread):
         log.info("webhook scheduler: started (%s)", self.consumer)
         while not self.stopping.is_set():
             try:
+                if not self.resealed:
+                    self.reseal()
                 self.pass_once(block_ms=self.block_ms())
                 self.beat()
             except redis.RedisError as exc:
@@ -238,6 +248,28 @@ class Scheduler(threading.Thread):
                 log.exception("webhook scheduler: unexpected error; again in %g s", self.bug_pause)
                 self.stopping.wait(self.bug_pause)
         log.info("webhook scheduler: stopped")
+
+    def reseal(self) -> None:
+        """Seal every stored secret with the first key of PDPPO_WEBHOOK_SECRET_KEYS: the step
+        that completes a key rotation, and the migration of secrets stored in the clear
+        (`pdppo.store.webhooks.sealing`). Says what it did, so an operator knows when the old
+        key may go."""
+        sealed, unreadable = reseal_all(self.store.redis, self.settings.webhook_secrets())
+        self.resealed = True
+        log.info(
+            "webhook secrets: %d sealed with the first key of PDPPO_WEBHOOK_SECRET_KEYS; every "
+            "stored secret is now sealed with it%s",
+            sealed,
+            "" if not unreadable else " but those that no key decrypts",
+        )
+        if unreadable:
+            log.error(
+                "webhook secrets: %d cannot be decrypted with any key of "
+                "PDPPO_WEBHOOK_SECRET_KEYS (encrypted with a key no longer listed), so their "
+                "deliveries fail: %s",
+                len(unreadable),
+                ", ".join(unreadable[:20]),
+            )
 
     def beat(self) -> None:
         """Say this pass reached Redis. A heartbeat folder that cannot be written fails the

@@ -6,9 +6,9 @@ all-or-nothing checking (every child is validated and admitted before the first 
 bad arm refuses the experiment and leaves no job behind), crash-safe creation (children are
 created under keys derived from the experiment, `pdppo.store.experiments`), and its place in the
 queue: children are created seed-major (every arm of seed 0, then seed 1, ...) so that the runs
-done so far stay paired, and their tasks wait behind other jobs'
-(`workers.celery_app.task_priority`), so a grid of dozens of runs never holds a tenant's next job
-back until it has all run.
+done so far stay paired, and the experiment takes turns with the tenant's plain jobs and other
+experiments (`pdppo.store.jobs.fair`), so a grid of dozens of runs never holds a tenant's next job
+back until it has all run, nor does a stream of jobs hold the experiment back.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from api.jobs.publisher import TaskPublisher
 from api.jobs.submission import submit
 from api.routes.storage import refuse_over_quota
 from api.schemas import Progress
+from core.config.names import explained
 from core.experiments import ExperimentSpec, arms, child_spec, seed_list
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
@@ -70,7 +71,8 @@ def children(spec: ExperimentSpec) -> list[Child]:
                 job = JobSpec.model_validate(raw)
             except ValidationError as exc:
                 problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+                    f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                    for e in explained(exc.errors(), JobSpec)
                 )
                 raise HTTPException(
                     422, detail=f"{_where(arm.name, seed)}: not a valid job spec: {problems}"
@@ -110,8 +112,6 @@ async def create(
     """The experiment with all its children queued, and whether an Idempotency-Key's earlier
     one was returned (its missing children, if its creation died half way, made now)."""
     kids = children(spec)
-    await refuse_over_quota(store.redis, settings, tenant)  # 507
-    await _admit_all(kids, settings, tenant, store)
     spec_json = spec.model_dump_json()
     known = await store.experiments.find(tenant, idempotency_key) if idempotency_key else None
     existing = await store.experiments.get(tenant, known) if known else None
@@ -121,6 +121,11 @@ async def create(
         )
     made = existing.runs if existing is not None else {}
     missing = [k for k in kids if (k.arm_index, k.seed) not in made]
+    if existing is not None and not missing:
+        # a replay, answered before the checks that refuse new jobs (`api.jobs.submission`)
+        return existing, True
+    await refuse_over_quota(store.redis, settings, tenant)  # 507
+    await _admit_all(missing, settings, tenant, store)  # the children to make: new jobs
     active = int(await store.redis.scard(tenant_active_key(tenant)))
     if missing and active + len(missing) > settings.max_active_jobs_per_tenant:
         raise HTTPException(

@@ -96,6 +96,13 @@ class VsBaseline(DiffInterval):
     per_seed: dict[str, float] = Field(description="seed -> this arm's final minus the baseline's")
     sign_test: SignTest
     masked_fraction_diff: DiffInterval | None = None
+    note: str | None = Field(
+        default=None,
+        description=(
+            "why the comparison says nothing, when the arm tied the baseline on every paired "
+            "seed (e.g. no mask fired in either arm: on-policy rollouts); null otherwise"
+        ),
+    )
 
 
 class ArmReport(BaseModel):

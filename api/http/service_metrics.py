@@ -137,17 +137,19 @@ async def read_state(
     ids_read = sorted(ids)[:MAX_JOBS_READ]
     pipe = client.pipeline(transaction=False)
     for job_id in ids_read:
-        pipe.hmget(job_key(job_id), ["status", "queue", "updated_at", "worker"])
+        pipe.hmget(job_key(job_id), ["status", "queue", "queued_at", "updated_at", "worker"])
     rows = cast(list[list[str | None]], await pipe.execute()) if ids_read else []
-    for status, queue, updated_at, worker in rows:
+    for status, queue, queued_at, updated_at, worker in rows:
         if status not in ACTIVE_STATUSES:
             continue  # ended or gone since an index listed it
         q = queue_label(queue or "cpu")
         state.jobs[(q, status)] += 1
         if status == "queued":
-            # updated_at: when it was queued (created, requeued or resumed; a PATCH while
-            # queued moves it too, which only makes the age read younger)
-            state.oldest_queued[q] = max(state.oldest_queued.get(q, 0.0), _age(updated_at, now))
+            # queued_at: when it was queued (created, requeued or resumed), which a PATCH of
+            # a queued job does not move (its `updated_at` it does); a job queued before the
+            # field existed has only `updated_at`
+            age = _age(queued_at or updated_at, now)
+            state.oldest_queued[q] = max(state.oldest_queued.get(q, 0.0), age)
         elif status == "running" and worker:
             state.running_by_worker[worker] += 1
     return state

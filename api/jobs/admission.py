@@ -17,7 +17,6 @@ from api.schemas import SpecProblem
 from api.storage.paths import forbidden_paths
 from core.budget import Budget, Limits, check, estimate
 from core.config.graders import OpenAIGrader
-from core.graders.hosted import source_problems
 from core.graders.openai import refusals
 from pdppo.files import spec_file_ids
 from pdppo.job_models import FIELD as JOB_MODEL_FIELD
@@ -92,7 +91,6 @@ def admission(
             for where, why in refusals(
                 grader.grader, "train.task.grader.grader", settings.grader_options()
             )
-            + source_problems(grader.grader, "train.task.grader.grader")
         ]
     problems += [
         SpecProblem(field=p.field, kind=p.kind, message=str(p), estimate=p.estimate, limit=p.limit)

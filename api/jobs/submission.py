@@ -63,15 +63,30 @@ async def submit(
     with this spec. Raises 507 over the storage quota, `SpecRefused` (422) for what admission
     refuses, 429 past the tenant's active-job limit, 409 for a key reused with another spec.
 
-    `experiment`: the experiment the job is a child of (its task waits behind other jobs',
-    `workers.celery_app.task_priority`); `admitted`: the caller has run the quota and admission
+    A replay is never refused by those checks, which refuse a NEW job: since the first answer
+    the tenant may have passed its quota, a limit may have been lowered or a file the spec names
+    deleted, and a client retrying a create whose answer it lost must get the job it made, not a
+    refusal that reads as "no job" (issue 49). So a refusal looks the key up first, and answers
+    its job if it made one. (Only a refusal: the create script looks the key up itself, in the
+    same step as it creates, and a lookup before it would be one more Redis call in the way of
+    every create, the call a store stall would meet first, before the create's write is sent
+    and named in the 503: `api.jobs.pending_writes`.)
+
+    `experiment`: the experiment the job is a child of (a flow of its own in the fair order,
+    `pdppo.store.jobs.fair`); `admitted`: the caller has run the quota and admission
     checks already (an experiment checks every child before it creates any)."""
-    if not admitted:
-        await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
-        _, _, problems = await admit(spec, settings, tenant, store)
-        if problems:
-            raise SpecRefused(problems)
     spec_json = spec.model_dump_json()
+    if not admitted:
+        try:
+            await refuse_over_quota(store.redis, settings, tenant)  # 507: api.routes.storage
+            _, _, problems = await admit(spec, settings, tenant, store)
+            if problems:
+                raise SpecRefused(problems)
+        except HTTPException:
+            known = await _made_by(store, tenant, idempotency_key)
+            if known is None:
+                raise
+            return Submitted(_same_spec(known, spec_json), replayed=True)
     queue = spec.queue
     job_id = new_job_id()
     pending_write(request, "job", job_id, f"the creation of job {job_id}")
@@ -105,13 +120,22 @@ async def submit(
     if record is None:  # only if someone deleted it in between
         raise HTTPException(404, detail=f"job {result.job_id!r} not found")
     if result.outcome == "existing":
-        if record.spec_digest != spec_digest(spec_json):
-            raise HTTPException(
-                409, detail="Idempotency-Key was already used with a different job spec"
-            )
-        return Submitted(record, replayed=True)
+        return Submitted(_same_spec(record, spec_json), replayed=True)
     if settings.api_publish_tasks:
         # off the request path: see api/jobs/publisher.py
         publisher.submit(record.id, queue, task_priority(experiment))
     JOBS_SUBMITTED.labels(queue).inc()
     return Submitted(record, replayed=False)
+
+
+async def _made_by(store: AsyncJobStore, tenant: str, key: str | None) -> JobRecord | None:
+    return None if key is None else await store.idempotent_job(tenant, key)
+
+
+def _same_spec(record: JobRecord, spec_json: str) -> JobRecord:
+    """The job an Idempotency-Key made, if it was made with this spec; else 409."""
+    if record.spec_digest != spec_digest(spec_json):
+        raise HTTPException(
+            409, detail="Idempotency-Key was already used with a different job spec"
+        )
+    return record

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 
 from api.deps import PublisherDep, SettingsDep, StoreDep, TenantDep, get_owned_job
 from api.jobs.submission import SpecRefused, submit
@@ -87,6 +87,7 @@ async def create_fine_tuning_job(
     store: StoreDep,
     settings: SettingsDep,
     publisher: PublisherDep,
+    response: Response,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -98,7 +99,19 @@ async def create_fine_tuning_job(
 ) -> FineTuningJob:
     """A reinforcement fine-tuning job, translated into a pdppo job spec
     (`api.openai.translate`) and submitted as `POST /v1/jobs` submits it; 200 with the job, as
-    OpenAI answers."""
+    OpenAI answers. A retry of a create (same Idempotency-Key, or the SDK's own retry) is
+    answered with its job before anything that would refuse a new one, the training file's
+    lookup included (`api.jobs.submission`)."""
+    asked = body.model_dump(mode="json", exclude_none=True)
+    ttl = settings.idempotency_ttl_seconds
+    if idempotency_key is None:
+        idempotency_key = await _sdk_retry_key(request, store, tenant, {"request": asked})
+        ttl = SDK_RETRY_WINDOW_SECONDS
+    if idempotency_key is not None:
+        known = await store.idempotent_job(tenant, idempotency_key)
+        if known is not None and known.openai is not None and known.openai["request"] == asked:
+            response.headers["Idempotent-Replayed"] = "true"
+            return to_openai_job(known)
     training = await store.files.get(tenant, body.training_file)
     if training is None:
         raise Refused(
@@ -107,11 +120,7 @@ async def create_fine_tuning_job(
             "training_file",
         )
     spec, resolved = to_spec(body, training.records)
-    made = {"request": body.model_dump(mode="json", exclude_none=True), "hyperparameters": resolved}
-    ttl = settings.idempotency_ttl_seconds
-    if idempotency_key is None:
-        idempotency_key = await _sdk_retry_key(request, store, tenant, made)
-        ttl = SDK_RETRY_WINDOW_SECONDS
+    made = {"request": asked, "hyperparameters": resolved}
     try:
         submitted = await submit(
             request,
@@ -126,6 +135,8 @@ async def create_fine_tuning_job(
         )
     except SpecRefused as refused:  # admission: paths, files, budget, graders
         raise Refused(str(refused.detail), problem_param(refused.problems[0].field)) from None
+    if submitted.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
     return to_openai_job(submitted.record)
 
 

@@ -125,8 +125,8 @@ async def create_experiment(
 ) -> Experiment:
     """201 with the experiment and its child jobs, one per (arm, seed), queued seed-major. Each
     child is checked as `POST /v1/jobs` checks a job, all before the first is created. The
-    children wait behind jobs submitted on their own, so an experiment never holds up the
-    tenant's other work."""
+    experiment takes turns with the tenant's plain jobs and other experiments (and tenants with
+    each other), so it never holds up the tenant's other work, nor waits behind it."""
     idempotent_retry(request, RETRY_OUTCOME)
     record, replayed = await ops.create(
         request,

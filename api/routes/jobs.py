@@ -14,6 +14,7 @@ from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.jobs.admission import admit
 from api.jobs.convert import to_job
 from api.jobs.pending_writes import documented_503, idempotent_retry, pending_write
+from api.jobs.preconditions import ETAG_HEADER, etag
 from api.jobs.revoke import revoke_tasks
 from api.jobs.submission import submit
 from api.routes.storage import QUOTA_RESPONSE
@@ -148,8 +149,15 @@ async def list_jobs(
     return JobList(items=[to_job(r) for r in records], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=Job)
-async def get_job(job: JobDep) -> Job:
+@router.get(
+    "/{job_id}",
+    response_model=Job,
+    responses={200: {"description": "the job", "headers": ETAG_HEADER}},
+)
+async def get_job(job: JobDep, response: Response) -> Job:
+    """The job; its `ETag` is its config_version, the `If-Match` of a change
+    (`PATCH /v1/jobs/{id}`)."""
+    response.headers["ETag"] = etag(job.config_version)
     return to_job(job)
 
 

@@ -5,7 +5,9 @@ between steps (`core.training.steering.STEERABLE`), validated like a submitted s
 then the same admission as `POST /v1/jobs`: a longer run must still fit its queue's token budget),
 stored as the job's cumulative `overrides` and applied by the job at its next step boundary, which
 says so with a `config` event. The store script compares the version the change was computed from,
-so two clients changing a job at once never undo each other.
+so two clients changing a job at once never undo each other; and, given `If-Match`, the version the
+client computed its change from (`api.jobs.preconditions`), so a retry of a change that landed is
+refused (412), not made twice.
 """
 
 from __future__ import annotations
@@ -13,15 +15,23 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, NoReturn
 
-from fastapi import APIRouter, Body, HTTPException, Request
+from fastapi import APIRouter, Body, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import JobDep, PublisherDep, SettingsDep, StoreDep, TenantDep
 from api.jobs.admission import admit
 from api.jobs.convert import to_job
 from api.jobs.pending_writes import documented_503, pending_write
-from api.schemas import ErrorBody, Job
+from api.jobs.preconditions import (
+    ETAG_HEADER,
+    PRECONDITION_RESPONSE,
+    etag,
+    if_match_versions,
+    mismatch_detail,
+)
+from api.schemas import ErrorBody, Job, VersionMismatchBody
 from core.training.steering import STEERABLE, SteeringError, check_change, leaves, merge_patch
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
@@ -61,8 +71,14 @@ _GONE: dict[int | str, dict[str, Any]] = {
     response_model=Job,
     responses={
         **_GONE,
-        **documented_503("job", "the change may still be made"),
+        **documented_503(
+            "job",
+            "the change may still be made (a retry with the same If-Match is then a 412, not "
+            "a second change)",
+        ),
+        200: {"description": "the job, changed", "headers": ETAG_HEADER},
         409: {"model": ErrorBody, "description": "the job has finished; nothing to change"},
+        **PRECONDITION_RESPONSE,
         413: {"model": ErrorBody, "description": "request body larger than PDPPO_MAX_BODY_BYTES"},
         422: {
             "model": ErrorBody,
@@ -80,12 +96,26 @@ async def patch_job(
     tenant: TenantDep,
     store: StoreDep,
     settings: SettingsDep,
+    response: Response,
     change: Annotated[JobPatch, Body(media_type="application/merge-patch+json")],
-) -> Job:
-    """200 with the job and its new `config_version`. The job applies the change at its next
-    step boundary (a queued or paused job when it starts) and announces it with a `config`
-    event; `lr` and the mask's thresholds are in every step's metrics. The change is kept in
-    the job's checkpoints, so a resumed job keeps it."""
+    if_match: Annotated[
+        str | None,
+        Header(
+            alias="If-Match",
+            max_length=1024,
+            description=(
+                'the job\'s ETag (its config_version, quoted: "3") the change was computed '
+                "from: the change is made only over that version, else 412. Send it on a "
+                "retry, so that a change whose answer was lost is not made twice"
+            ),
+        ),
+    ] = None,
+) -> Job | JSONResponse:
+    """200 with the job and its new `config_version` (and `ETag`). The job applies the change
+    at its next step boundary (a queued or paused job when it starts) and announces it with a
+    `config` event; `lr` and the mask's thresholds are in every step's metrics. The change is
+    kept in the job's checkpoints, so a resumed job keeps it."""
+    expected = if_match_versions(if_match)
     for _ in range(CONFLICT_RETRIES):
         overrides, total = await _checked(job, change.train, tenant, store, settings)
         paths = ", ".join(f"train.{p}={v!r}" for p, v in leaves(change.train).items())
@@ -95,11 +125,18 @@ async def patch_job(
         )
         pending_write(request, "job", job.id, f"the change of job {job.id}")
         outcome, value = await store.steering.patch(
-            job.id, job.config_version, overrides, total, message
+            job.id, job.config_version, overrides, total, message, expected_versions=expected
         )
         if outcome == "patched":
+            response.headers["ETag"] = etag(int(value))
             record = await store.get(job.id)
             return to_job(record or job)
+        if outcome == "precondition":
+            body = VersionMismatchBody(
+                detail=mismatch_detail(job.id, int(value), str(if_match)),
+                config_version=int(value),
+            )
+            return JSONResponse(body.model_dump(), 412, headers={"ETag": etag(int(value))})
         if outcome == "terminal":
             raise HTTPException(409, detail=f"job {job.id!r} already {value}; nothing to change")
         fresh = await store.get(job.id)

@@ -2,7 +2,8 @@
 Webhooks, sent by the webhook workers (`workers.webhooks`), never from a request.
 
 The secret is drawn here and shown once, in the answer to the POST that made the endpoint: a
-later GET never shows it (a leaked API key should not hand over the means to forge events). A
+later GET never shows it (a leaked API key should not hand over the means to forge events), and
+Redis keeps it encrypted (`pdppo.store.webhooks.sealing`). A
 URL is checked before it is stored (`pdppo.webhooks.check_url`: https, public addresses unless
 the operator allows a network), resolving its host in a thread, and again before every
 delivery. Endpoint ids are drawn, and every lookup builds its key under the caller's tenant: one
@@ -122,10 +123,15 @@ async def create_webhook(
             400, detail=f"the URL's host did not resolve within {RESOLVE_SECONDS:g} s"
         ) from None
     most = settings.max_webhooks_per_tenant
-    endpoint = await webhooks.create(tenant, body.url, list(body.events), body.description, most)
-    if endpoint is None:
+    # Redis keeps the secret sealed (`pdppo.store.webhooks.sealing`); development's key is a file
+    box = await anyio.to_thread.run_sync(settings.webhook_secrets)
+    made = await webhooks.create(
+        tenant, body.url, list(body.events), body.description, most, box=box
+    )
+    if made is None:
         raise HTTPException(429, detail=f"a tenant may register {most} webhooks; delete one first")
-    return WebhookCreated(**to_webhook(endpoint).model_dump(), secret=endpoint.secret)
+    endpoint, secret = made
+    return WebhookCreated(**to_webhook(endpoint).model_dump(), secret=secret)
 
 
 @router.get("", response_model=WebhookList)

@@ -38,6 +38,7 @@ from core.budget.memory import (
     Phase,
     Queue,
     _batch_field,
+    _fused_loss,
     _memory,
     _model_field,
     _peak,
@@ -103,6 +104,7 @@ class Budget:
     memory: tuple[MemoryItem, ...]  # empty when the model is unknown
     peak_memory_bytes: int | None
     peak_phases: tuple[Phase, ...]  # the phases whose memory adds up to the peak
+    fused_loss: bool  # the loss the trainer will run: fused (no [tokens, vocabulary] logits)
     model_field: str  # the field naming the model (for a parameter limit)
     tokens_field: str  # the field that makes tokens per step large
     total_tokens_field: str  # ... and the run's total
@@ -195,7 +197,7 @@ def estimate(
         notes.append(f"no memory estimate: {shape.source} (config.json lacks the model's shape)")
     else:
         items = _memory(cfg, shape, prompt, device, devices)
-        peak, peak_phases = _peak(items, device)
+        peak, peak_phases = _peak(items)
     if cfg.task.warmup_steps and cfg.task.name != "jsonl":
         notes.append(
             f"the warm-up adds about {format_count(_warmup_tokens(cfg, prompt))} tokens "
@@ -217,6 +219,7 @@ def estimate(
         memory=tuple(items),
         peak_memory_bytes=peak,
         peak_phases=peak_phases,
+        fused_loss=_fused_loss(cfg, shape),
         model_field=_model_field(cfg),
         tokens_field=batch_f,
         total_tokens_field=batch_f if batch_ratio > cfg.steps / _STEPS_DEFAULT else "train.steps",

@@ -219,6 +219,7 @@ def _versus(
     wins, losses = sum(x > 0 for x in d), sum(x < 0 for x in d)
     mask_d = list(_paired_diff(mask, base_mask, paired).values())
     return {
+        "note": _identical_note(d, [*mask.values(), *base_mask.values()]),
         "mean_diff": float(np.mean(d)) if d else None,
         "ci95": _ci(d, resamples, rng_seed),
         "per_seed": {str(s): v for s, v in diffs.items()},
@@ -237,6 +238,22 @@ def _versus(
         if mask_d
         else None,
     }
+
+
+def _identical_note(diffs: list[float], masked: list[float]) -> str | None:
+    """Why a comparison says nothing, when every paired seed tied: a sign test of 0-0-n has
+    p=None, and arms that could not differ (on-policy: pi == mu, no mask fires, so two masks
+    compute the same run) are the usual cause, which the masked fractions show."""
+    if not diffs or any(diffs):
+        return None
+    note = f"identical to the baseline on every paired seed ({len(diffs)} of {len(diffs)}): "
+    if masked and not any(masked):
+        return note + (
+            "no mask fired in either arm (masked fraction 0 on every seed), so the arms could "
+            "not differ; on-policy rollouts leave a trust region nothing to correct (set "
+            "rollout.staleness, algorithm.minibatches or rollout.dtype to compare masks)"
+        )
+    return note + "no win or loss for the sign test to count"
 
 
 CSV_COLUMNS = [

@@ -2,8 +2,8 @@
 
 For every generated token we estimate `D(mu, pi)` and the directional derivative
 `g = d/de D(mu, softmax(z + e * v))` at e = 0 along the token's own policy-gradient step
-`v = A * (onehot(a) - pi)` (DESIGN.md §1). The trust-region masks in `core.objective.masks` use
-both.
+`v = A * (onehot(a) - pi)` (docs/developers/design.md#the-predicted-direction). The trust-region
+masks in `core.objective.masks` use both.
 
 All estimators share one fact of softmax calculus: along `v`, the log-probability of any token `i`
 moves at the rate

@@ -1,12 +1,13 @@
 """The policy-gradient loss under a trust-region mask, and the per-step statistics behind it.
 
-    loss = - A * sg(min(pi(a) / mu(a), c)) * m * log pi(a)      (DESIGN.md §1, as in DPPO)
+    loss = - A * sg(min(pi(a) / mu(a), c)) * m * log pi(a)      (as in DPPO)
          + beta * k3(pi_ref(a), pi(a))                          (optional KL to a reference)
 
 summed over the response tokens and divided by a normalizer the caller picks
 (`algorithm.loss_agg`, `core.training.update`; by default this piece's own token count). The mask
 `m` and every logged statistic come from one no-grad pass over the detached logits; the only pass
-with a gradient is the fused cross-entropy that yields log pi(a).
+with a gradient is the fused cross-entropy that yields log pi(a). The design:
+docs/developers/design.md#the-policy-loss.
 
 The KL penalty is GRPO's (and TRL's): per sampled token the k3 estimator of KL(pi || pi_ref),
 `exp(d) - d - 1` with `d = log pi_ref(a) - log pi(a)`, non-negative, 0 where the two agree, and

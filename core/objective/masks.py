@@ -1,9 +1,9 @@
 """Trust-region masks: which tokens keep their policy-gradient contribution, and the one object
 that says how the loss treats off-policy tokens (`TrustRegion`).
 
-Every mask asks two questions of a token and drops it only when both answer yes (DESIGN.md §1):
-has pi moved too far from mu (proximity), and would this token's step move it further
-(direction)?
+Every mask asks two questions of a token and drops it only when both answer yes
+(docs/developers/design.md#trust-region-masks): has pi moved too far from mu (proximity), and would
+this token's step move it further (direction)?
 
 | mask         | proximity                              | direction                              |
 |--------------|----------------------------------------|----------------------------------------|

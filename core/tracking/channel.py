@@ -1,13 +1,14 @@
 """One tracker's reports, queued by the training thread and delivered by a thread of their own.
 
-Training never waits on a tracker (as it never waits on Redis, DESIGN §3): `put` appends to a
-bounded queue and returns. The channel's thread opens the tracker's run and delivers the reports
-in order; a report that fails (the tracker is down, slow, or refuses) is tried again after a
-wait that doubles up to a bound, and the reports behind it wait. While the tracker is away the
-queue fills, and once full the oldest report is dropped for each new one, and counted: the run's
-log says how many (`core.tracking.reporter`). Closing waits a bounded time for the queue to
-empty, then abandons what is left (counted as dropped too) and the thread with it: a thread
-stuck in a tracker's network call is a daemon, and ends with the process.
+Training never waits on a tracker (as it never waits on Redis,
+docs/developers/design.md#redis-outages): `put` appends to a bounded queue and returns. The
+channel's thread opens the tracker's run and delivers the reports in order; a report that fails (the
+tracker is down, slow, or refuses) is tried again after a wait that doubles up to a bound, and the
+reports behind it wait. While the tracker is away the queue fills, and once full the oldest report
+is dropped for each new one, and counted: the run's log says how many (`core.tracking.reporter`).
+Closing waits a bounded time for the queue to empty, then abandons what is left (counted as dropped
+too) and the thread with it: a thread stuck in a tracker's network call is a daemon, and ends with
+the process.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
+from core.config.fused import fused_loss_applies as fused_loss_applies  # the estimate's rule too
 from core.models.base import CausalLM
-from core.objective.fused import FUSED_ESTIMATORS
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss import PolicyLossOutput, policy_loss
 from core.objective.masks import TrustRegion
@@ -217,17 +217,6 @@ def loss_normalizer(
     if loss_agg == "minibatch_token_mean":
         return None if own else float(max(world.sum(float(n_mb)), 1.0))
     raise ValueError(f"algorithm.loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
-
-
-def fused_loss_applies(cfg: TrainConfig) -> bool:
-    """`algorithm.fused_loss` where the fused loss computes what the unfused one does: the
-    `binary` and `topk` estimators (`exact` and `topk_tail` need whole rows of mu or pi), and
-    no top-p truncation (the nucleus needs each row's sorted probabilities,
-    `core.objective.truncation`). The model must have a plain output projection too
-    (`CausalLM.output_projection`); where any of it fails the unfused loss runs, with the same
-    results up to fp32 rounding."""
-    a = cfg.algorithm
-    return a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
 
 
 def _piece_loss(

@@ -6,15 +6,17 @@ experiment (`Pdppo-Job-Id` / `Pdppo-File-Id` / `Pdppo-Experiment-Id`; see
 `api.jobs.pending_writes`). A dropped connection or a read
 timeout is ambiguous the same way. So the client retries only writes a second copy of which
 changes nothing: a submit carries an Idempotency-Key (the client makes one when the caller gave
-none), an upload is stored by its content, a merge patch applied twice gives the same spec, and
-a cancel, pause or resume that already landed is recognised by the job's state (`settle`).
+none), an upload is stored by its content, a change carries the version it was computed from
+(`If-Match`: a retry whose first attempt landed is refused with 412, and the job read again shows
+the change made), and a cancel, pause or resume that already landed is recognised by the job's
+state (`settle`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -121,12 +123,14 @@ class RetryingWrites:
         path: str,
         *,
         settled: Callable[[Job], bool] | None = None,
+        settled_status: int = 409,
         hint: str = "",
         prepare: Callable[[], dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """A write the caller knows is safe to send twice, retried through 503s and dropped
-        connections. `settled`: after an attempt that may have landed, a 409 is the write having
+        connections. `settled`: after an attempt that may have landed, a `settled_status`
+        answer (409: the job is past it; 412: its If-Match version is gone) is the write having
         landed when the job, read again, passes it. `hint` ends the error of a write that may
         have landed: what to do about it. `prepare`: more arguments made again for each try (a
         file rewound)."""
@@ -137,7 +141,7 @@ class RetryingWrites:
             what=f"{method} {path}",
         )
         response = sent.response
-        if response.status_code == 409 and sent.ambiguous and settled is not None:
+        if response.status_code == settled_status and sent.ambiguous and settled is not None:
             job = self.get(path.split("/")[3])
             if settled(job):
                 body = job.model_dump(mode="json")
@@ -156,3 +160,19 @@ class RetryingWrites:
                 ) from None
         _raise_for_status(response)
         return response
+
+
+def merged_in(target: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether the JSON merge patch `patch` (RFC 7396) changes nothing of `target`: a change is
+    in a job's cumulative `overrides` when applying it again would leave them as they are."""
+    for key, value in patch.items():
+        if value is None:
+            if key in target:
+                return False
+        elif isinstance(value, Mapping):
+            inner = target.get(key)
+            if not isinstance(inner, Mapping) or not merged_in(inner, value):
+                return False
+        elif key not in target or target[key] != value:
+            return False
+    return True

@@ -32,6 +32,15 @@ class ServerError(click.ClickException):
 
 
 DEBUG_HINT = "run again with --debug (or PDPPO_DEBUG=1) for the traceback"
+
+
+def debugging() -> bool:
+    """Whether `pdppo --debug` (or PDPPO_DEBUG=1) asked for tracebacks: a command that reports
+    a failure itself lets the exception through instead."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and bool(ctx.find_root().params.get("debug"))
+
+
 MAX_BODY_CHARS = 300  # of a non-JSON error page (a proxy's HTML) shown in a message
 
 

@@ -88,6 +88,9 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     ]
     seeds = ", ".join(str(s) for s in report["paired_seeds"])
     lines.append(f"paired seeds: {seeds or 'none'}; baseline {report['baseline']}")
+    for arm in report["arms"]:  # why a comparison says nothing (p=-), when the report knows
+        if arm["vs_baseline"] and arm["vs_baseline"].get("note"):
+            lines.append(f"{arm['name']}: {arm['vs_baseline']['note']}")
     return lines
 
 

@@ -89,11 +89,14 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
         dynamic_ncols=True,
     )
     phases = PhaseDisplay(bar, label, tty=sys.stderr.isatty())
+    warned: list[str] = []  # the stream's warnings, as printed
     try:
         for event in client.follow(job_id, last_event_id=last_event_id):
             status = _show_event(event, bar, status, phases)
+            if event.event == "log" and _payload_field(event, "level") == "warning":
+                warned.append(str(_payload_field(event, "message")))
             if event.event == "done":
-                for line in _final_warnings(client, job_id):
+                for line in _final_warnings(client, job_id, warned):
                     bar.write(line)
                 break
     finally:
@@ -101,17 +104,26 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
     return status
 
 
-def _final_warnings(client: Client, job_id: str) -> list[str]:
-    """The warnings the job ended with (the record has them once it ends; the stream does
-    not): shown after the stream, but a record that cannot be read now costs only them."""
+def _payload_field(event: Event, name: str) -> Any:
+    payload = _payload(event)
+    return payload.get(name) if isinstance(payload, Mapping) else None
+
+
+def _final_warnings(client: Client, job_id: str, warned: list[str]) -> list[str]:
+    """The warnings the job ended with that the stream has not shown (a worker sends each as a
+    `log` event too, `run finished with a warning (code): message`; the record has them once
+    the job ends): after the stream, each once. A record that cannot be read now costs only
+    those the stream did not show."""
     import httpx
 
     from pdppo.client import ApiError
 
     try:
-        return job_warnings(client.get(job_id))
+        lines = job_warnings(client.get(job_id))
     except (ApiError, httpx.TransportError):
         return []
+    # "warning (code): message" was shown if a warning of the stream holds "(code): message"
+    return [line for line in lines if not any(line[len("warning ") :] in w for w in warned)]
 
 
 def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = None) -> str:
@@ -224,6 +236,23 @@ def _payload(event: Event) -> Any:
 def _exit_for(status: str) -> None:
     if status != "succeeded":
         raise SystemExit(1)
+
+
+LOGS_OK = ("succeeded", "cancelled")
+"""How a job may end for `pdppo logs` to exit 0 once it has replayed the stream: a cancel is
+how someone meant the job to end; a failure is what a script waiting on the job must see (1)."""
+
+
+def _exit_for_logs(status: str | None) -> None:
+    if status not in LOGS_OK:
+        raise SystemExit(1)
+
+
+def _done_status(event: Event) -> str | None:
+    """The status a `done` event ends the job with."""
+    payload = _payload(event)
+    status = payload.get("status") if isinstance(payload, Mapping) else None
+    return status if isinstance(status, str) else None
 
 
 @click.command()
@@ -436,16 +465,20 @@ def resume(job_id: str, url: str, api_key: str | None) -> None:
 @_url_option
 @_key_option
 def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
-    """Stream a job's events from the start (or --since) until it ends."""
+    """Stream a job's events from the start (or --since) until it ends; exit 1 if it failed."""
     with _client(url, api_key) as client:
         if not raw:
             final = _follow_or_detach(client, job_id, last_event_id=since)
             click.echo(f"{job_id} {final}")
-            _exit_for(final)
+            _exit_for_logs(final)
             return
+        ended = None
         for event in client.follow(job_id, last_event_id=since):
             click.echo(f"{event.id or '-'} {event.event} {event.data}")
             sys.stdout.flush()
+            if event.event == "done":
+                ended = _done_status(event)
+    _exit_for_logs(ended)
 
 
 COMMANDS: list[click.Command] = [

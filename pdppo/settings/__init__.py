@@ -11,7 +11,7 @@ import re
 import tempfile
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -22,7 +22,10 @@ from pdppo.settings.http import HttpSettings
 from pdppo.settings.sampling import SamplingSettings
 from pdppo.settings.storage import StorageSettings
 from pdppo.settings.tracking import TrackingSettings
-from pdppo.settings.webhooks import WebhookSettings
+from pdppo.settings.webhooks import MAKE_KEY, WebhookSettings, parse_secret_keys
+
+if TYPE_CHECKING:
+    from pdppo.store.webhooks.sealing import SecretBox
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MIN_PRODUCTION_KEY_LENGTH = 16
@@ -72,10 +75,17 @@ class Settings(
     under load (`.http`), the artifact disk (`.storage`), OpenAI graders (`.graders`), sampling
     (`.sampling`), experiment tracking (`.tracking`) and webhooks (`.webhooks`)."""
 
-    model_config = SettingsConfigDict(env_prefix="PDPPO_", env_file=".env", extra="ignore")
+    # hide_input_in_errors: a refused setting's error names the variable and why, never the value
+    # given (API keys, tokens and webhook secret keys are settings; their errors are logged)
+    model_config = SettingsConfigDict(
+        env_prefix="PDPPO_", env_file=".env", extra="ignore", hide_input_in_errors=True
+    )
 
     environment: Literal["development", "test", "production"] = Field(
-        default="development", description="production refuses empty or short API keys"
+        default="development",
+        description=(
+            "production refuses empty or short API keys, and no PDPPO_WEBHOOK_SECRET_KEYS"
+        ),
     )
     redis_url: str = Field(
         default="redis://localhost:6379/0", description="job store, event streams and Celery broker"
@@ -88,7 +98,9 @@ class Settings(
         description="checkpoints and models, one folder per job id",
     )
     max_active_jobs_per_tenant: int = Field(
-        default=16, ge=1, description="queued plus running jobs per tenant before POST answers 429"
+        default=16,
+        ge=1,
+        description="queued, running and paused jobs per tenant before POST answers 429",
     )
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024, description="request bodies above get 413"
@@ -154,7 +166,8 @@ class Settings(
         ge=1,
         description=(
             "torch threads of each job process (each rank); default: the worker's cores (its "
-            "CPU affinity) divided by PDPPO_WORKER_JOBS_AT_ONCE, then by the job's ranks"
+            "CPU affinity) divided by the jobs running on them (PDPPO_WORKER_JOBS_AT_ONCE), "
+            "then by the job's ranks"
         ),
     )
     worker_torch_threads: int | None = Field(
@@ -162,12 +175,13 @@ class Settings(
         ge=1,
         description="the former name of PDPPO_JOB_THREADS, still read when that is unset",
     )
-    worker_jobs_at_once: int = Field(
-        default=1,
+    worker_jobs_at_once: int | None = Field(
+        default=None,
         ge=1,
         description=(
-            "jobs that run at once on this worker's cores: a worker runs one (`-P solo`); set "
-            "it to the number of workers that share the same cores (deploy/gpu-workers.sh does)"
+            "jobs that run at once on this worker's cores; unset: counted, the jobs running "
+            "now on this host's cores (every worker's, kept up to date), as each job's torch "
+            "threads are the cores over that count (deploy/gpu-workers.sh sets the count)"
         ),
     )
     rollout_engines: list[Literal["hf", "vllm"]] = Field(
@@ -286,7 +300,20 @@ class Settings(
                     f"API keys of tenants {short} are shorter than {MIN_PRODUCTION_KEY_LENGTH} "
                     "characters; refused in production"
                 )
+            if not self.webhook_secret_keys.get_secret_value().strip():
+                raise ValueError(
+                    "PDPPO_WEBHOOK_SECRET_KEYS must be set when PDPPO_ENVIRONMENT=production: "
+                    f"the key webhook signing secrets are encrypted with (make one with {MAKE_KEY})"
+                )
         return self
+
+    def webhook_secrets(self) -> SecretBox:
+        """What seals and opens webhook signing secrets (`pdppo.store.webhooks.sealing`): with
+        PDPPO_WEBHOOK_SECRET_KEYS, or (development) the key generated in the artifact folder."""
+        from pdppo.store.webhooks.sealing import generated_key, secret_box
+
+        keys = parse_secret_keys(self.webhook_secret_keys.get_secret_value())
+        return secret_box(tuple(keys) or (generated_key(self.artifact_dir),))
 
     @field_validator("data_roots")
     @classmethod

@@ -13,7 +13,8 @@ disk as last measured. Deleted jobs whose folder may still be on disk wait in th
 Webhooks (`pdppo.store.webhooks.endpoints`): per tenant, a hash per endpoint, a sorted set of them
 and a delivery log per endpoint; globally the feed of job events to route, the deliveries by id and
 the due set of deliveries by when to attempt each.
-Jobs made through OpenAI's API are also indexed per tenant by each `metadata` pair.
+Jobs made through OpenAI's API are also indexed per tenant by each `metadata` pair. Queued jobs
+are also in the fair order (`pdppo.store.jobs.fair`), per queue, tenant and flow.
 Experiments (`pdppo.store.experiments`), per tenant: a hash per experiment, a hash of its child
 job ids by (arm, seed), and a sorted set of them for listing; never shared between tenants.
 Every store module builds its keys here, so resources cannot collide.
@@ -35,6 +36,20 @@ WORKERS = f"{PREFIX}:workers"  # worker name -> when it last reached Redis, `pdp
 PURGE_SET = f"{PREFIX}:purge"  # deleted jobs whose folder may be on disk still (store.deletion)
 WEBHOOK_FEED = f"{PREFIX}:webhooks:feed"  # every job's status changes, for webhooks (store.feed)
 WEBHOOK_DUE = f"{PREFIX}:webhooks:due"  # delivery id -> when to attempt it (store.webhooks)
+FAIR_PREFIX = f"{PREFIX}:fair:"  # the queued jobs' fair order, per queue (store.jobs.fair)
+FAIR_TURN = f"{FAIR_PREFIX}turn"  # its counter of turns
+FAIR_ARRIVALS = f"{FAIR_PREFIX}arrivals"  # ... and of tenants and experiments come to it
+# Redis's own time at the last lease renewal or reaper pass, and a key that lives for a while
+# after a gap in them: Redis did not answer, so expired leases may have live holders
+# (`pdppo.store.jobs.worker_side`, the requeue script)
+STORE_CLOCK = f"{PREFIX}:clock"
+STALL_SEEN = f"{PREFIX}:clock:stall"
+
+
+def host_jobs_key(host: str) -> str:
+    """The jobs running on the cores of one host (`workers.job.cores`): job id -> when its entry
+    lapses unless renewed."""
+    return f"{PREFIX}:host:{host}:jobs"
 
 
 def job_key(job_id: str) -> str:
@@ -59,6 +74,22 @@ def samples_key(job_id: str) -> str:
 
 def lease_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
+
+
+def fair_tenants_key(queue: str) -> str:
+    """The tenants with jobs queued on `queue`, by their last turn (`pdppo.store.jobs.fair`, whose
+    scripts build the same names)."""
+    return f"{FAIR_PREFIX}{queue}:tenants"
+
+
+def fair_flows_key(queue: str, tenant: str) -> str:
+    """The tenant's flows (plain jobs, each experiment) with jobs queued on `queue`."""
+    return f"{FAIR_PREFIX}{queue}:tenant:{tenant}"
+
+
+def fair_jobs_key(queue: str, tenant: str, flow: str) -> str:
+    """The flow's jobs queued on `queue`, by id."""
+    return f"{fair_flows_key(queue, tenant)}:flow:{flow}"
 
 
 def tenant_jobs_key(tenant: str) -> str:

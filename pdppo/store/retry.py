@@ -2,10 +2,11 @@
 
 An fsync pause, a failover or a restart makes Redis unanswerable for seconds, and redis-py's
 defaults (5 s socket timeout, no retry) turn that into an exception in whatever called the store,
-which for a worker used to mean a failed job (DESIGN §3). A store error is not the job's fault:
-the workers retry every store call here, with exponential backoff, and give up only when Redis
-has been unreachable for a whole configured outage (`PDPPO_STORE_OUTAGE_SECONDS`), raising
-`StoreUnavailable` so that the caller hands the job back instead of failing it.
+which for a worker used to mean a failed job (docs/developers/design.md#redis-outages). A store
+error is not the job's fault: the workers retry every store call here, with exponential backoff, and
+give up only when Redis has been unreachable for a whole configured outage
+(`PDPPO_STORE_OUTAGE_SECONDS`), raising `StoreUnavailable` so that the caller hands the job back
+instead of failing it.
 
 Only transient errors are retried (`is_transient`): a lost or refused connection, a timeout, Redis
 still loading its append-only file after a restart, a replica that is read-only during a failover.

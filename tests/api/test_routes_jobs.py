@@ -7,6 +7,7 @@ the quick tests of the mutation group "routes" (bench/mutation.toml)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -225,10 +226,12 @@ def test_a_change_that_loses_every_race_is_409_after_five_tries(
     real = AsyncSteering.patch
     tries: list[int] = []
 
-    async def patch_after_another(self: AsyncSteering, job_id: str, base: int, *args: Any) -> Any:
+    async def patch_after_another(
+        self: AsyncSteering, job_id: str, base: int, *args: Any, **kwargs: Any
+    ) -> Any:
         tries.append(base)
         client.hincrby(job_key(job_id), "config_version", 1)  # the other client's change
-        return await real(self, job_id, base, *args)
+        return await real(self, job_id, base, *args, **kwargs)
 
     monkeypatch.setattr(AsyncSteering, "patch", patch_after_another)
     headers = {"Content-Type": "application/merge-patch+json"}
@@ -268,3 +271,87 @@ def test_a_change_to_a_setting_that_cannot_change_while_running_is_422_naming_it
         }
     ]
     assert client.hget(job_key("j-fixed"), "config_version") is None  # nothing changed
+
+
+def test_a_change_to_a_queued_job_keeps_its_age_in_the_queue(
+    settings: Settings,  # noqa: F811
+) -> None:
+    """`pdppo_queue_oldest_job_age_seconds` is how long the job has waited since it was queued:
+    a PATCH while it waits changes its settings, not its wait. Before, the age was read from
+    `updated_at`, which the PATCH moves: right after it the job read as queued for 0 s."""
+    headers = {"Content-Type": "application/merge-patch+json"}
+    change = {"json": {"train": {"optim": {"lr": 0.001}}}, "headers": headers}
+    quiet = settings.model_copy(update={"api_publish_tasks": False})
+    (made,) = send(quiet, ("alice", "POST", "/v1/jobs", {"json": smoke_spec()}))
+    assert made.status_code == 201, made.text
+    time.sleep(2.0)
+    patched, metrics = send(
+        quiet,
+        ("alice", "PATCH", f"/v1/jobs/{made.json()['id']}", change),
+        ("alice", "GET", "/metrics", {}),
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["config_version"] == 1
+    ages = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.text.splitlines()
+        if line.startswith('pdppo_queue_oldest_job_age_seconds{queue="cpu"}')
+    ]
+    assert len(ages) == 1
+    assert 2.0 <= ages[0] < 30.0, ages
+
+
+def test_a_change_with_if_match_is_made_only_over_the_version_it_names(
+    settings: Settings,  # noqa: F811
+) -> None:
+    """`If-Match` carries the `config_version` a change was computed from (the job's `ETag`):
+    a change over another version is 412 with the version the job is at, and changes nothing;
+    `*` and no If-Match change whatever version the job is at. A weak tag or anything that is
+    no version never matches (RFC 9110's strong comparison)."""
+    client = _client(settings)
+    seed_job(client, "j-v", "running", tenant="alice", spec=json.dumps(smoke_spec()))
+
+    def change(lr: float, if_match: str | None) -> tuple[str, str, dict[str, Any]]:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        if if_match is not None:
+            headers["If-Match"] = if_match
+        body = {"train": {"optim": {"lr": lr}}}
+        return ("alice", "PATCH", "/v1/jobs/j-v", {"json": body, "headers": headers})
+
+    read = ("alice", "GET", "/v1/jobs/j-v", {})
+    answers = send(
+        settings,
+        read,
+        change(0.1, '"0"'),
+        change(0.2, '"0"'),  # computed from version 0, which is gone
+        change(0.3, '"7", "1"'),
+        change(0.4, "*"),
+        change(0.5, 'W/"3"'),
+        change(0.6, "3"),  # not an entity tag
+        change(0.7, None),
+        read,
+    )
+    seen = [(a.status_code, a.headers.get("ETag")) for a in answers]
+    assert seen == [
+        (200, '"0"'),
+        (200, '"1"'),
+        (412, '"1"'),
+        (200, '"2"'),
+        (200, '"3"'),
+        (412, '"3"'),
+        (412, '"3"'),
+        (200, '"4"'),
+        (200, '"4"'),
+    ]
+    stale = (
+        "job 'j-v' is at config_version {v}, not {asked}: it was changed since; read it again "
+        "(its ETag) and compute the change over that"
+    )
+    assert answers[2].json() == {
+        "detail": stale.format(v=1, asked='"0"'),
+        "config_version": 1,
+    }
+    assert answers[5].json()["detail"] == stale.format(v=3, asked='W/"3"')
+    assert answers[6].json()["detail"] == stale.format(v=3, asked="3")
+    assert answers[-1].json()["overrides"] == {"train": {"optim": {"lr": 0.7}}}
+    assert client.hget(job_key("j-v"), "config_version") == "4"

@@ -170,3 +170,22 @@ def test_pause_and_resume_document_each_status_they_answer(
     }
     expected |= {status: {"application/json": ERROR} for status in refusals}
     assert _answers(schema, "post", path) == expected
+
+
+def test_changing_a_job_documents_its_precondition_and_etag(schema: dict[str, Any]) -> None:
+    """`PATCH /v1/jobs/{id}` takes `If-Match` (the config version the change was computed from)
+    and answers 412 with the version the job is at; it and `GET /v1/jobs/{id}` send that
+    version as `ETag` (`api.jobs.preconditions`)."""
+    operation = schema["paths"]["/v1/jobs/{job_id}"]["patch"]
+    answers = _answers(schema, "patch", "/v1/jobs/{job_id}")
+    assert answers["200"] == {"application/json": "#/components/schemas/Job"}
+    assert answers["412"] == {"application/json": "#/components/schemas/VersionMismatchBody"}
+    assert set(operation["responses"]["200"]["headers"]) == {"ETag"}
+    assert set(operation["responses"]["412"]["headers"]) == {"ETag"}
+    headers = {p["name"]: p for p in operation["parameters"] if p["in"] == "header"}
+    assert set(headers) == {"If-Match"}
+    assert headers["If-Match"]["required"] is False
+    model = schema["components"]["schemas"]["VersionMismatchBody"]
+    assert model["required"] == ["detail", "config_version"]
+    get = schema["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]["200"]
+    assert set(get["headers"]) == {"ETag"}

@@ -165,3 +165,106 @@ def test_the_first_retry_is_said(caplog: pytest.LogCaptureFixture) -> None:
     assert [r.getMessage() for r in caplog.records] == [
         "POST /v1/jobs: HTTP 503: the job store did not answer in time; retrying for up to 30s"
     ]
+
+
+CHANGE = {"train": {"optim": {"lr": 0.001}}}
+
+
+def _job(version: int, overrides: dict[str, object] | None = None) -> httpx.Response:
+    return httpx.Response(
+        200, json={**JOB, "config_version": version, "overrides": overrides or {}}
+    )
+
+
+def _stale(version: int) -> httpx.Response:
+    return httpx.Response(412, json={"detail": "changed since", "config_version": version})
+
+
+def _sent(requests: list[httpx.Request]) -> list[tuple[str, str | None]]:
+    return [(r.method, r.headers.get("If-Match")) for r in requests]
+
+
+def test_a_change_that_landed_behind_a_503_is_made_once() -> None:
+    """The retry of a change whose first try landed behind a 503 carries the same If-Match, and
+    the server refuses it (412): the job read again has the change, so that is the answer, and
+    no third try makes it a second time."""
+    transport, seen = scripted(
+        [
+            lambda r: _job(0),
+            lambda r: NAMING_503,
+            lambda r: _stale(1),
+            lambda r: _job(1, CHANGE),
+        ]
+    )
+    job = _client(transport).change("j1", CHANGE)
+    assert job.config_version == 1
+    assert _sent(seen) == [("GET", None), ("PATCH", '"0"'), ("PATCH", '"0"'), ("GET", None)]
+
+
+def test_a_change_computed_before_another_clients_is_made_over_it() -> None:
+    """A 412 with nothing ambiguous before it: another client changed the job after it was
+    read. A merge patch composes, so the change is sent again over the version read now."""
+    transport, seen = scripted(
+        [lambda r: _job(0), lambda r: _stale(1), lambda r: _job(1), lambda r: _job(2, CHANGE)]
+    )
+    assert _client(transport).change("j1", CHANGE).config_version == 2
+    assert _sent(seen) == [("GET", None), ("PATCH", '"0"'), ("GET", None), ("PATCH", '"1"')]
+
+
+def test_a_412_after_a_503_whose_change_did_not_land_sends_it_again() -> None:
+    """The retry's 412 came from another client's change (the job read again lacks this one):
+    this one was not made, so it is, over that version."""
+    other = {"train": {"optim": {"lr": 0.5}}}
+    transport, seen = scripted(
+        [
+            lambda r: _job(0),
+            lambda r: NAMING_503,
+            lambda r: _stale(1),
+            lambda r: _job(1, other),
+            lambda r: _job(1, other),
+            lambda r: _job(2, CHANGE),
+        ]
+    )
+    assert _client(transport).change("j1", CHANGE).config_version == 2
+    assert _sent(seen) == [
+        ("GET", None),
+        ("PATCH", '"0"'),
+        ("PATCH", '"0"'),
+        ("GET", None),  # did it land? no
+        ("GET", None),  # the version to make it over
+        ("PATCH", '"1"'),
+    ]
+
+
+def test_a_change_over_a_given_version_raises_its_412() -> None:
+    transport, seen = scripted([lambda r: _stale(3)])
+    with pytest.raises(ApiError) as info:
+        _client(transport).change("j1", CHANGE, expected_version=2)
+    assert info.value.status_code == 412
+    assert _sent(seen) == [("PATCH", '"2"')]
+
+
+@pytest.mark.parametrize(
+    ("target", "patch", "merged"),
+    [
+        ({}, {}, True),
+        ({"a": 1}, {"a": 1}, True),
+        ({"a": 1}, {"a": 2}, False),
+        ({}, {"a": 1}, False),
+        ({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}, True),
+        ({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}, False),
+        ({"a": 1}, {"a": {}}, False),  # an object replaces a value
+        ({}, {"a": {}}, False),  # ... and is made where there was none
+        ({"a": {}}, {"a": {}}, True),
+        ({"a": 1}, {"a": None}, False),  # a null removes
+        ({}, {"a": None}, True),
+        ({"a": [1, 2]}, {"a": [1, 2]}, True),
+        ({"a": [1, 2]}, {"a": [1]}, False),  # arrays are replaced whole
+    ],
+)
+def test_a_merge_patch_is_in_a_target_when_applying_it_changes_nothing(
+    target: dict[str, object], patch: dict[str, object], merged: bool
+) -> None:
+    from pdppo.client.retry import merged_in
+
+    assert merged_in(target, patch) is merged

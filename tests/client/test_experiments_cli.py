@@ -80,6 +80,12 @@ def test_report_table_shows_each_arm_against_the_baseline() -> None:
     ]
     assert "-0.062 [-0.125, 0.000]" in lines[2] and "0-2-0 p=0.500" in lines[2]
     assert lines[-1] == "paired seeds: 0, 1; baseline mask=dppo"
+    # an arm whose comparison says nothing gets the report's reason under the table
+    report["arms"][1]["vs_baseline"]["note"] = "identical to the baseline on every paired seed"
+    assert report_lines(report)[-2:] == [
+        "paired seeds: 0, 1; baseline mask=dppo",
+        "mask=predictive: identical to the baseline on every paired seed",
+    ]
 
 
 def test_experiment_follow_reports_and_the_experiments_commands(

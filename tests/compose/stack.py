@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def default_services() -> tuple[str, ...]:
+    """What a plain `up` starts: every service the compose file puts in no profile."""
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    return tuple(name for name, service in services.items() if "profiles" not in service)
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,9 @@ class Stack:
         return done
 
     def container(self, service: str) -> str:
-        ids = self.run("ps", "-q", service).stdout.split()
+        """The service's container, stopped ones too (Compose v2's `ps` lists running ones only
+        unless told `--all`; 1.29's listed both)."""
+        ids = self.run("ps", "--all", "-q", service).stdout.split()
         assert len(ids) == 1, f"{service}: containers {ids}"
         return ids[0]
 
@@ -82,8 +91,9 @@ class Stack:
         return str(state["Health"]["Status"]) if "Health" in state else "none"
 
     def wait_healthy(self, *services: str, timeout: float = 180) -> None:
+        """Until each service (default: every one a plain `up` starts) reports healthy."""
         deadline = time.monotonic() + timeout
-        pending = list(services)
+        pending = list(services or default_services())
         while pending:
             pending = [s for s in pending if self.health(s) != "healthy"]
             if pending and time.monotonic() > deadline:

@@ -117,8 +117,8 @@ def test_down_and_up_keeps_jobs_metrics_files_and_checkpoints(
     before = [alice.get(path).json() for path in reads]
 
     stack.run("down")  # no --volumes: what a redeploy does
-    stack.run("up", "-d", "--no-build", "redis", "api", "worker-cpu")
-    stack.wait_healthy("redis", "api", "worker-cpu")
+    stack.run("up", "-d", "--no-build")
+    stack.wait_healthy()
     wait_api(alice)
 
     assert [alice.get(path).json() for path in reads] == before

@@ -5,6 +5,7 @@ starts in production without keys."""
 
 from __future__ import annotations
 
+import json
 import re
 import tarfile
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from pdppo.client import Client
-from tests.compose.stack import REPO, Stack, wait_job
+from tests.compose.stack import REPO, Stack, default_services, wait_job
 from tests.integration.conftest import metric_steps, read_events
 from tests.integration.stack import records, smoke_spec
 from tests.integration.webhook_receiver import Receiver
@@ -144,20 +145,65 @@ def test_the_dashboard_and_every_file_it_loads_come_from_the_container(
         assert re.findall(r'(?:src|href)="(https?://[^"]+)"', html) == [], docs
 
 
-def test_a_webhook_reaches_a_receiver_on_the_host_signed(stack: Stack, alice: httpx.Client) -> None:
-    """The webhooks service delivers from its container to a receiver on the host, through the
-    compose network's gateway (a private address: .ci/compose allows 172.16.0.0/12)."""
+def test_the_default_set_is_up_and_healthy_and_no_gpu_worker_was_started(stack: Stack) -> None:
+    """The docs' plain `up -d --build`, on a machine without a GPU: every service of the default
+    set healthy, the GPU workers (profile `gpu`) neither built nor started. Before the profiles,
+    that command failed on `Service 'worker-gpu' needs to be built`, and the docs' list of
+    services left `sample` out."""
+    assert default_services() == ("redis", "api", "worker-cpu", "webhooks", "sample")
+    stack.wait_healthy()
+    assert {service: stack.health(service) for service in default_services()} == dict.fromkeys(
+        default_services(), "healthy"
+    )
+    assert stack.run("ps", "-q", "worker-gpu").stdout.split() == []
+    assert stack.run("ps", "-q", "flower").stdout.split() == []
+
+
+def test_pdppo_sample_answers_from_the_sample_service(stack: Stack, alice: httpx.Client) -> None:
+    """`pdppo sample` on a succeeded job is answered by the `sample` service of the default set
+    (without it the API waits PDPPO_SAMPLE_TIMEOUT_SECONDS, 60, and answers 504)."""
+    job = alice.post("/v1/jobs", json=smoke_spec(steps=2, checkpoint_every=0))
+    assert job.status_code == 201, job.text
+    assert wait_job(alice, job.json()["id"])["status"] == "succeeded"
+    asked = time.monotonic()
+    options = ["--json", "--max-tokens", "4", "--temperature", "0"]
+    out = stack.cli("sample", job.json()["id"], "reverse 123=", *options, timeout=120)
+    took = time.monotonic() - asked
+    answer = json.loads(out)
+    assert answer["usage"]["prompt_tokens"] == 13  # "reverse 123=" byte by byte, and BOS
+    assert [c["tokens"] <= 4 for c in answer["choices"]] == [True]
+    assert answer["model"] == f"job:{job.json()['id']}"
+    assert took < 60, took  # an answer, not the 504 after PDPPO_SAMPLE_TIMEOUT_SECONDS
+
+
+def test_the_images_have_the_tracker_extras(stack: Stack) -> None:
+    """`train.report_to` on the workers of the images: TensorBoard, MLflow's client and W&B
+    import in the CPU image (the images lacked the `trackers` extra)."""
+    probe = "import mlflow, tensorboard, wandb; print(tensorboard.__version__, wandb.__version__)"
+    out = stack.exec("worker-cpu", "python", "-c", probe).split()
+    pins = dict(
+        line.split("==")
+        for line in (REPO / "deploy" / "constraints.txt").read_text().splitlines()
+        if "==" in line
+    )
+    assert out == [pins["tensorboard"], pins["wandb"]]
+
+
+def test_a_webhook_reaches_a_receiver_on_the_host_through_host_docker_internal(
+    stack: Stack, alice: httpx.Client
+) -> None:
+    """The webhooks service delivers from its container to a receiver on the host, registered as
+    `http://host.docker.internal:<port>` (extra_hosts: host-gateway), the one address the
+    operator allows (.ci/compose sets PDPPO_WEBHOOK_ALLOWED_NETWORKS to it, as the docs say).
+    The compose network's gateway address, used before, changes on every `down`/`up`."""
     from standardwebhooks import Webhook
 
     receiver = Receiver()
     receiver.start(host="0.0.0.0")
     try:
-        networks = stack.inspect("webhooks")["NetworkSettings"]["Networks"]
-        gateway = next(iter(networks.values()))["Gateway"]
         port = receiver.url.rsplit(":", 1)[1]
-        made = alice.post(
-            "/v1/webhooks", json={"url": f"http://{gateway}:{port}/ok", "events": ["job.cancelled"]}
-        )
+        url = f"http://host.docker.internal:{port}/ok"
+        made = alice.post("/v1/webhooks", json={"url": url, "events": ["job.cancelled"]})
         assert made.status_code == 201, made.text
         job = alice.post("/v1/jobs", json=smoke_spec(steps=500)).json()["id"]
         alice.post(f"/v1/jobs/{job}/cancel")
@@ -174,3 +220,6 @@ def test_a_webhook_reaches_a_receiver_on_the_host_signed(stack: Stack, alice: ht
         job,
         "cancelled",
     )
+    # any other private address stays refused: the allowlist is that one address
+    elsewhere = alice.post("/v1/webhooks", json={"url": "http://10.1.2.3:8080/ok"})
+    assert elsewhere.status_code == 400, elsewhere.text

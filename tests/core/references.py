@@ -1,7 +1,8 @@
 """Independent float64 references for the trust-region core: direct formulas and autograd.
 
-Written from DESIGN.md's definitions without reusing any code under test, so a mistake in
-`core.objective.estimators` cannot hide in a shared helper.
+Written from the definitions in docs/developers/design.md#the-divergence-kinds and
+docs/developers/design.md#the-predicted-direction without reusing any code under test, so a mistake
+in `core.objective.estimators` cannot hide in a shared helper.
 """
 
 from __future__ import annotations

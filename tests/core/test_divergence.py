@@ -1,4 +1,5 @@
-"""Property tests of the divergence estimators and their predicted change (DESIGN.md §1)."""
+"""Property tests of the divergence estimators and their predicted change
+(docs/developers/design.md#estimators, docs/developers/design.md#the-predicted-direction)."""
 
 from __future__ import annotations
 

@@ -317,3 +317,49 @@ def test_curves_of_seeds_of_unequal_length_use_the_seeds_that_have_each_step() -
         },
         "queued": {"step": [], "median": [], "low": [], "high": []},
     }
+
+
+@pytest.mark.parametrize(
+    ("arm", "base", "note"),
+    [
+        # on-policy: pi == mu, so no mask fires and two masks compute the same run
+        (
+            flat(0.5, masked=0.0),
+            flat(0.5, masked=0.0),
+            "identical to the baseline on every paired seed (2 of 2): no mask fired in either "
+            "arm (masked fraction 0 on every seed), so the arms could not differ; on-policy "
+            "rollouts leave a trust region nothing to correct (set rollout.staleness, "
+            "algorithm.minibatches or rollout.dtype to compare masks)",
+        ),
+        (
+            flat(0.5, masked=0.125),
+            flat(0.5, masked=0.0625),
+            "identical to the baseline on every paired seed (2 of 2): no win or loss for the "
+            "sign test to count",
+        ),
+        (
+            flat(0.5),
+            flat(0.5),
+            "identical to the baseline on every paired seed (2 of 2): no win or loss for the "
+            "sign test to count",
+        ),
+        (flat(0.5, masked=0.0), flat(0.25, masked=0.0), None),
+    ],
+)
+def test_an_arm_identical_to_the_baseline_says_why(
+    arm: list[dict[str, float]], base: list[dict[str, float]], note: str | None
+) -> None:
+    """Arms that can never differ (on-policy, so no mask fires) gave identical finals, a sign
+    test of 0-0-2 and `p=-`, with no word of why."""
+    rep = report({"b": {0: base, 1: base}, "a": {0: arm, 1: arm}}, baseline="b")
+    assert rep["arms"][1]["vs_baseline"]["note"] == note
+    tied = {"wins": 0, "losses": 0, "ties": 2, "p_value": None}
+    assert (rep["arms"][1]["vs_baseline"]["sign_test"] == tied) == (note is not None)
+
+
+def test_one_paired_seed_apart_is_no_identical_arm() -> None:
+    rep = report(
+        {"b": {0: flat(0.5), 1: flat(0.5)}, "a": {0: flat(0.5), 1: flat(0.75)}}, baseline="b"
+    )
+    assert rep["arms"][1]["vs_baseline"]["note"] is None
+    assert rep["arms"][1]["vs_baseline"]["sign_test"]["ties"] == 1

@@ -110,7 +110,8 @@ def test_predictive_exact_is_divergence_and_autograd_direction(pos: Positions, k
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_predictive_binary_equals_dppo_binary(pos: Positions, kind: str) -> None:
-    """DESIGN §1: on the two-category view the predictive direction is DPPO's ratio rule."""
+    """On the two-category view the predictive direction is DPPO's ratio rule
+    (docs/developers/design.md#the-two-category-view)."""
     pi_a, mu_a = _probs_a(pos)
     clear = (pi_a - mu_a).abs() > 1e-5
     keep_pred = _mask(pos, "predictive", kind, "binary")
@@ -164,8 +165,8 @@ def test_unknown_mask_and_negative_delta_are_rejected() -> None:
 
 def test_default_deltas_are_the_documented_0_15() -> None:
     """`trust_region_mask` without deltas is DPPO's published default, 0.15 on both sides (the
-    DESIGN's table and the spec's defaults): a changed default would silently widen the region of
-    every caller of the public function."""
+    table in docs/developers/design.md#trust-region-masks and the spec's defaults): a changed
+    default would silently widen the region of every caller of the public function."""
     p = positions(400, 60, gap=3.0, seed=11)
     dppo = TrustRegion(mask="dppo")
     default = trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, dppo)

@@ -150,7 +150,56 @@ def test_workers_see_the_data_roots_read_only(services: dict[str, Any]) -> None:
 
 def test_flower_sits_behind_a_profile(services: dict[str, Any]) -> None:
     assert services["flower"]["profiles"] == ["monitoring"]
-    assert all("profiles" not in services[name] for name in ("redis", *PDPPO_SERVICES))
+    assert all("profiles" not in services[name] for name in ("redis", "api", "worker-cpu"))
+
+
+def test_a_plain_up_starts_everything_but_the_gpu_workers_and_flower(
+    services: dict[str, Any],
+) -> None:
+    """`docker compose up -d --build` with no service names is the docs' one command, on a
+    machine with or without a GPU: the default set is every service in no profile, and the GPU
+    workers sit behind `gpu` (their image and device reservation need NVIDIA's runtime; without
+    a profile the plain command failed on `Service 'worker-gpu' needs to be built`)."""
+    default = [name for name, service in services.items() if "profiles" not in service]
+    assert default == ["redis", "api", "worker-cpu", "webhooks", "sample"]
+    assert {name: services[name]["profiles"] for name in services if name not in default} == {
+        "worker-gpu": ["gpu"],
+        "flower": ["monitoring"],
+    }
+    text = COMPOSE_PATH.read_text()
+    assert "docker compose -f deploy/docker-compose.yml up -d --build " in text
+    assert "docker compose -f deploy/docker-compose.yml --profile gpu up -d --build" in text
+
+
+@pytest.mark.parametrize("service", ["api", "worker-cpu", "webhooks", "sample", "worker-gpu"])
+def test_compose_passes_every_build_argument_with_the_dockerfiles_default(
+    services: dict[str, Any], service: str
+) -> None:
+    """Compose could not pass BASE_IMAGE (nor any build argument) to the builds: each one the
+    Dockerfile declares with a default is now set from deploy/.env, `${NAME:-default}` (or
+    `${NAME-default}`, where an empty value means something), and unset it is the Dockerfile's
+    own default."""
+    build = services[service]["build"]
+    dockerfile = (ROOT / build["dockerfile"]).read_text()
+    declared = dict(re.findall(r"^ARG (\w+)=(\S*)$", dockerfile, re.MULTILINE))
+    assert set(build["args"]) == set(declared), service
+    # the CPU image's variables are the Dockerfile's names, the GPU image's GPU_<name>
+    prefix = "GPU_" if service == "worker-gpu" else ""
+    for name, value in build["args"].items():
+        found = re.fullmatch(r"\$\{(\w+):?-(.*)\}", value)
+        assert found, (service, name, value)
+        assert (found.group(1), found.group(2)) == (prefix + name, declared[name]), service
+
+
+def test_the_api_and_the_webhook_deliverers_reach_the_host_by_name(
+    services: dict[str, Any],
+) -> None:
+    """A receiver on the host is `host.docker.internal` (Docker's host-gateway), which every
+    service that checks or sends a webhook (the API when one is registered, the webhooks service
+    before each delivery) and the workers (a judge model on the host) resolve; the bridge's
+    gateway address changes on every `down`/`up`."""
+    for name in ("api", "webhooks", "worker-cpu", "worker-gpu"):
+        assert services[name]["extra_hosts"] == ["host.docker.internal:host-gateway"], name
 
 
 def test_every_pdppo_variable_is_a_setting(services: dict[str, Any]) -> None:

@@ -46,6 +46,7 @@ def test_the_cpu_image_installs_the_extras_its_lock_pins() -> None:
         "math",
         "jsonschema",
         "similarity",
+        "trackers",
     ]
 
 
@@ -59,8 +60,36 @@ def test_the_gpu_image_installs_the_extras_its_lock_pins() -> None:
         "math",
         "jsonschema",
         "similarity",
+        "trackers",
         "vllm",
     ]
+
+
+def test_both_images_run_the_same_job_features() -> None:
+    """A job runs on a CPU or a GPU worker by its `resources.device`: the two images must have
+    the same job features (graders, LoRA, trackers), or a spec that trains on one fails on the
+    other with MissingExtra. The GPU image cannot be built here (its CUDA base is on a registry
+    CI does not reach), so its install line is held to the CPU image's, which CI builds and
+    tests (tests/compose): the GPU workers' extras are the CPU image's, less the API's, plus
+    vLLM; and so are the compose file's GPU_EXTRAS default and deploy/lock.sh's."""
+    cpu = set(_lock_extras("CPU_EXTRAS"))
+    gpu = _lock_extras("GPU_EXTRAS")
+    assert set(gpu) == cpu - {"server"} | {"vllm"}
+    assert "trackers" in gpu and "trackers" in cpu
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    assert f"EXTRAS: ${{GPU_EXTRAS:-{','.join(gpu)}}}" in compose
+    assert _requirement_names(["trackers"]) == {"tensorboard", "mlflow-skinny", "wandb"}
+
+
+@pytest.mark.parametrize("constraints", ["constraints.txt", "constraints-gpu.txt"])
+def test_the_pins_hold_the_trackers(constraints: str) -> None:
+    """`train.report_to` on a worker of the images: each tracker's library is pinned."""
+    pinned = {
+        line.split("==")[0].lower()
+        for line in (DEPLOY / constraints).read_text().splitlines()
+        if "==" in line
+    }
+    assert {"tensorboard", "mlflow-skinny", "wandb"} <= pinned
 
 
 @pytest.mark.parametrize("lock", ["CPU_EXTRAS", "GPU_EXTRAS"])
@@ -82,6 +111,12 @@ def test_the_pins_bring_no_dev_tools_nor_embedded_redis(constraints: str) -> Non
     assert pinned.isdisjoint(NOT_IN_IMAGES)
     if constraints == "constraints.txt":
         assert {"fastapi", "uvicorn"} <= pinned
+
+
+def test_all_is_what_the_cpu_image_installs_plus_local() -> None:
+    """`all` is "everything a deployment runs, in one process tree": the images' extras (the
+    trackers among them now) and `local`."""
+    assert EXTRAS["all"] == [f"pdppo[{','.join([*_lock_extras('CPU_EXTRAS'), 'local'])}]"]
 
 
 def test_the_plain_install_is_the_client_and_dev_brings_everything() -> None:

@@ -62,6 +62,39 @@ def test_quick_start_is_two_commands_stack_first_then_tests() -> None:
     assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
 
 
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_every_torch_install_line_is_true_off_this_machine() -> None:
+    """`pip install torch==V` takes the CPU build only where pip is set up to serve a local
+    `+cpu` wheel (CI's machine); against the public index it resolves the CUDA build, about 20
+    packages and several GB more. So every torch install a reader can copy names PyTorch's CPU
+    index, the release CI tests (`.ci/run`) and the CPU image's (deploy/Dockerfile)."""
+    ci = re.findall(r"pip install torch==(\S+)", (ROOT / ".ci" / "run").read_text())
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    image = re.findall(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.MULTILINE)
+    assert ci == image == ["2.13.0"], (ci, image)
+    assert f"ARG TORCH_INDEX_URL={CPU_INDEX}\n" in dockerfile
+    lines = {
+        f"{page.name}: {line}": line
+        for page in [ROOT / "README.md", *DOC_PAGES]
+        for line in page.read_text().splitlines()
+        if re.search(r"pip install [^`]*\btorch\b", line)
+    }
+    assert len(lines) >= 5, lines  # the quick start, README's tests, the pages that repeat them
+    wrong = [
+        where
+        for where, line in lines.items()
+        for install in re.findall(r"pip install torch[^\s`]*(?: --index-url [^\s`]+)?", line)
+        if install != f"pip install torch=={ci[0]} --index-url {CPU_INDEX}"
+    ]
+    assert wrong == []
+    quick_start = _commands(re.findall(r"```bash\n(.*?)```", _section("Quick start"), re.DOTALL)[0])
+    assert f"pip install torch=={ci[0]} --index-url {CPU_INDEX} && " in quick_start[0]
+    # and what a GPU machine does instead
+    assert "leave that `pip install` out" in " ".join(_section("Quick start").split())
+
+
 def test_readme_is_a_landing_page_that_links_into_the_docs() -> None:
     """The first screen says what this is and the two commands; the reference is in docs/."""
     lines = README.splitlines()
@@ -127,11 +160,16 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
 
 
 def test_every_field_the_docs_name_exists() -> None:
+    """A name that opens an error message the docs quote (`train.optim.lrr: unknown field ...`,
+    or a union member's location such as `train.task.grader.regex.pattern: ...`) is the message,
+    not a field the docs claim."""
     fields = _field_paths(JobSpec)
-    named = set(re.findall(r"`((?:train|resources)\.[a-z_.]+[a-z_])", DOCS))
+    quoted_error = r"(?=: (?:unknown field|'[^']*' is not))"
+    docs = re.sub(r"`(?:train|resources)\.[a-z_.]+[a-z_]" + quoted_error, "`", DOCS)
+    named = set(re.findall(r"`((?:train|resources)\.[a-z_.]+[a-z_])", docs))
     named |= {
         f"train.{m}"
-        for m in re.findall(r"`((?:rollout|algorithm|task|model|optim)\.[a-z_.]+[a-z_])", DOCS)
+        for m in re.findall(r"`((?:rollout|algorithm|task|model|optim)\.[a-z_.]+[a-z_])", docs)
     }
     assert {"train.rollout.staleness", "train.algorithm.fused_loss"} <= named
     assert sorted(named - fields) == []
@@ -195,3 +233,95 @@ def test_the_failure_codes_page_lists_every_code_a_job_can_end_with() -> None:
     table = _section("Limits and failures", page, level="#")
     listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.MULTILINE)
     assert sorted(listed) == sorted(FAILURE_CODES)
+
+
+def test_what_a_cancel_keeps_is_told_as_the_job_log_tells_it() -> None:
+    """The steering page said a cancel "keeps nothing" while the job's own log says it stops
+    "keeping its last checkpoint" (pdppo/store/jobs/api_side.py), which is what the trainer does
+    (core/training/trainer.py: a cancel mid-update discards that step's partial update and
+    keeps the latest checkpoint; between steps it checkpoints the last one)."""
+    from pdppo.store.jobs import api_side
+
+    assert "the job stops within seconds, keeping its last checkpoint" in (
+        Path(api_side.__file__).read_text()
+    )
+    assert "keeps nothing" not in DOCS
+    steering = (ROOT / "docs" / "users" / "steering.md").read_text()
+    assert "a cancelled job keeps its last\ncheckpoint" in steering
+
+
+def test_the_active_job_limit_is_told_as_the_store_counts_it() -> None:
+    """POST /v1/jobs answers 429 when the tenant's active set (queued, running and paused jobs:
+    a paused job is still active, pdppo/store/jobs/api_side.py) is at the limit; the setting's
+    description and deploy/.env.example said queued plus running."""
+    from pdppo.store.jobs import api_side
+
+    assert "Queued, running or paused jobs come from the small active set" in (
+        Path(api_side.__file__).read_text()
+    )
+    field = Settings.model_fields["max_active_jobs_per_tenant"]
+    assert field.description == "queued, running and paused jobs per tenant before POST answers 429"
+    env = (ROOT / "deploy" / ".env.example").read_text()
+    assert "# Queued, running and paused jobs per tenant before POST /v1/jobs answers 429." in env
+    told = DOCS + env
+    assert re.findall(r"(?i)queued (?:plus|or|and) running jobs", told) == []
+
+
+def test_the_docs_site_stays_on_the_line_that_gets_fixes() -> None:
+    """Material prints an end-of-life notice on every build (9.7.2 on): the `docs` extra keeps
+    MkDocs 1.x and Material 9.x (MkDocs 2 does not run Material; Zensical does not run
+    docs/hooks.py), CI's builds silence the notice, and the developers' page says why."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    docs = extras["optional-dependencies"]["docs"]
+    assert {"mkdocs>=1.6,<2", "mkdocs-material>=9.7,<10"} <= set(docs)
+    assert "export NO_MKDOCS_2_WARNING=1" in (ROOT / ".ci" / "docs").read_text()
+    page = (ROOT / "docs" / "developers" / "tests.md").read_text()
+    assert "does not run MkDocs hooks" in page and "2027-05-05" in page
+
+
+def test_the_deployment_commands_are_the_ones_ci_runs() -> None:
+    """README's and the deployment page's compose commands are the plain `up -d --build` with no
+    service names (before: README's failed on `Service 'worker-gpu' needs to be built`, the
+    page named services and left `sample` out), and .ci/compose runs exactly that, with the
+    Compose v2 CLI (`docker compose`) and with Compose 1.29."""
+    cp = "cp deploy/.env.example deploy/.env"
+    up = "docker compose -f deploy/docker-compose.yml up -d --build"
+    block = re.findall(r"```bash\n(.*?)```", _section("A tour"), re.DOTALL)[-1]
+    assert _commands(block) == [cp, up]
+    page = (ROOT / "docs" / "operators" / "deployment.md").read_text()
+    starting = _commands(
+        re.findall(r"```bash\n(.*?)```", _section("Starting it", page), re.DOTALL)[0]
+    )
+    assert starting[:2] == [cp, up]
+    ci = (ROOT / ".ci" / "compose").read_text()
+    assert 'step "${name}: up -d --build" "${compose[@]}" up -d --build\n' in ci
+    assert "--file deploy/docker-compose.yml)" in ci
+    assert 'deployment v2 "/usr/bin/docker compose --progress quiet"' in ci
+    assert "deployment v1.29 docker-compose " in ci
+    # nowhere a list of services to start instead (restarting one, `up -d redis`, is fine)
+    assert not re.search(r"up -d (?:--no-build |--build )?redis api", ci + page + README)
+
+
+def test_every_documented_sample_prompt_is_in_a_built_in_tasks_format() -> None:
+    """The pages tried a tuned model with `"12="`, which no built-in task asks (their prompts
+    are `reverse 123=`, `copy 90=`, ...): a model trained on examples/ answered noise to it."""
+    import json
+    import random
+
+    from core.tasks.builtin import DigitStringTask
+
+    formats = set()
+    for name in ("copy", "reverse", "sort"):
+        example = DigitStringTask(name, min_len=3, max_len=3).sample(random.Random(0))
+        formats.add(re.sub(r"\d+", "D", example.prompt))
+    assert formats == {"copy D=", "reverse D=", "sort D="}
+    for line in (ROOT / "examples" / "data" / "chat_math.jsonl").read_text().splitlines():
+        turns = json.loads(line)["messages"]  # examples/chat_math.yaml's chat prompts
+        formats |= {re.sub(r"\d+", "D", m["content"]) for m in turns if m["role"] == "user"}
+    prompts = re.findall(r'pdppo sample \w+ "([^"]+)"', DOCS)
+    prompts += re.findall(r'client\.complete\(\w+, "([^"]+)"', DOCS)
+    prompts += re.findall(r'"content": "([^"]*\d=)"', DOCS)
+    assert len(prompts) >= 5, prompts
+    assert sorted({p for p in prompts if re.sub(r"\d+", "D", p) not in formats}) == []

@@ -115,3 +115,20 @@ def test_strict_build_fails_on_a_broken_link_anchor_or_page_left_out_of_the_nav(
     assert "'no-such-page.md'" in log
     assert "no-such-section" in log
     assert "users/orphan.md" in log
+
+
+def test_every_design_citation_in_the_tree_is_an_anchor_of_the_built_page(site: Path) -> None:
+    """tests/deploy/test_developer_docs.py finds the cited sections with its own slugs; here the
+    anchors are MkDocs' own, from the built page."""
+    page = (site / "developers" / "design" / "index.html").read_text()
+    ids = set(re.findall(r'\sid="([^"]+)"', page))
+    cited: set[str] = set()
+    for top in ("api", "workers", "core", "pdppo", "bench", "tests", "deploy", ".ci", "docs"):
+        for path in (ROOT / top).rglob("*.py"):
+            if ".venv" not in path.parts:
+                cited |= set(re.findall(r"design\.md#([\w-]+)", path.read_text()))
+    assert {"the-predicted-direction", "the-lease", "redis-outages"} <= cited
+    assert sorted(cited - ids) == []
+    architecture = (site / "developers" / "architecture" / "index.html").read_text()
+    assert "<!-- modules:" not in architecture  # every marker became its table
+    assert "<code>core/objective/</code>" in architecture

@@ -124,6 +124,33 @@ def test_paired_children_report_csv_curves_and_delete(alice: httpx.Client) -> No
     assert all(alice.get(f"/v1/jobs/{job_id}").status_code == 404 for *_, job_id in runs(exp))
 
 
+def test_an_on_policy_experiment_says_why_its_arms_are_identical(alice: httpx.Client) -> None:
+    """The smoke job is on-policy (no staleness, one minibatch, fp32 rollouts): no mask fires,
+    so its predictive and DPPO arms are the same run seed for seed. The report gave a 0-0-2 sign
+    test and `p=-` with no word of why; now it says."""
+    body = experiment(smoke_spec(steps=3, checkpoint_every=0), MASKS, 2, name="on-policy")
+    created = alice.post("/v1/experiments", json=body)
+    assert created.status_code == 201, created.text
+    exp = created.json()
+    done = wait_experiment(alice, exp["id"], lambda e: e["status"] in TERMINAL | {"partial"})
+    assert done["counts"] == {"succeeded": 4}, done
+    rep = alice.get(f"/v1/experiments/{exp['id']}/report").json()
+    arms = {a["name"]: a for a in rep["arms"]}
+    assert rep["baseline"] == "mask=predictive" and rep["paired_seeds"] == [0, 1]
+    assert arms["mask=predictive"]["masked_fraction"]["per_seed"] == {"0": 0.0, "1": 0.0}
+    assert arms["mask=dppo"]["masked_fraction"]["per_seed"] == {"0": 0.0, "1": 0.0}
+    versus = arms["mask=dppo"]["vs_baseline"]
+    assert versus["per_seed"] == {"0": 0.0, "1": 0.0}
+    assert versus["sign_test"] == {"wins": 0, "losses": 0, "ties": 2, "p_value": None}
+    assert versus["note"] == (
+        "identical to the baseline on every paired seed (2 of 2): no mask fired in either arm "
+        "(masked fraction 0 on every seed), so the arms could not differ; on-policy rollouts "
+        "leave a trust region nothing to correct (set rollout.staleness, algorithm.minibatches "
+        "or rollout.dtype to compare masks)"
+    )
+    assert arms["mask=predictive"]["vs_baseline"] is None
+
+
 def test_cancel_stops_every_child_and_delete_waits_for_it(alice: httpx.Client) -> None:
     exp = alice.post("/v1/experiments", json=experiment(smoke_spec(**LONG), MASKS, 2)).json()
     wait_experiment(alice, exp["id"], lambda e: e["status"] == "running", timeout=60)

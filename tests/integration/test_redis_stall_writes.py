@@ -10,6 +10,7 @@ pause, resume or PATCH would meet the sleep first (and write nothing), so those 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -23,6 +24,7 @@ import pytest
 import redis
 
 from pdppo.client import Client
+from pdppo.store.keys import events_key
 from tests.integration.conftest import wait_status
 from tests.integration.redis_hold import HoldingProxy
 from tests.integration.stack import (
@@ -359,3 +361,66 @@ def test_an_experiment_whose_record_write_is_answered_503_is_named_and_found_by_
         service.stop()
         proxy.close()
     assert proxy.held >= 1
+
+
+NEVER = re.compile(rb"(?!)")  # a proxy that holds nothing back, until told what to hold
+CHANGE = {"train": {"optim": {"lr": 0.0003}}}
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+
+
+def job_change_script(job_id: str) -> re.Pattern[bytes]:
+    """The script that stores a change of `job_id` (`AsyncSteering.patch`: its two keys, the
+    job's hash and its events)."""
+    return re.compile(
+        rb"EVALSHA\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n2\r\n\$\d+\r\n[^\r]*:job:"
+        + job_id.encode()
+        + rb"\r\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["client", "cli"])
+def test_a_change_retried_after_its_503_is_made_once(
+    own_redis: RedisServer, tmp_path: Path, how: str
+) -> None:
+    """The store stops answering while a change is written (the script is held back past the
+    store timeout): the PATCH answers 503, the change lands when the store answers again, and
+    the client's retry (`Client.change`, `pdppo set`), sent after that, must not make it a
+    second time. Before, the retry was a new change computed over the first one: the job's
+    config_version went up by 2 and its log said "config change 2 requested" too. Now each
+    attempt carries the version it was computed from (`If-Match`), and the retry's 412 finds
+    the change made."""
+    proxy, service = held_service(own_redis, tmp_path, NEVER)
+    try:
+        service.start_api()
+        with service.client("bob") as bob:  # loads the change's script (see `warm_up`)
+            other = bob.post("/v1/jobs", json=smoke_spec()).json()["id"]
+            changed = bob.patch(f"/v1/jobs/{other}", json=CHANGE, headers=MERGE_PATCH)
+            assert changed.status_code == 200, changed.text
+        with service.client("alice") as alice:
+            job_id = alice.post("/v1/jobs", json=smoke_spec()).json()["id"]
+        proxy.pattern = job_change_script(job_id)
+        if how == "client":
+            with Client(service.base_url, KEYS["alice"], retry_seconds=60) as client:
+                answer = client.change(job_id, CHANGE)
+            assert answer.config_version == 1
+        else:
+            env = {**service.env, "PDPPO_URL": service.base_url, "PDPPO_API_KEY": KEYS["alice"]}
+            done = subprocess.run(
+                [*pdppo_command(), "set", job_id, "optim.lr=0.0003"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() == f"{job_id} queued config_version=1"
+        with service.client("alice") as alice:
+            after = alice.get(f"/v1/jobs/{job_id}").json()
+    finally:
+        service.stop()
+        proxy.close()
+    assert proxy.held >= 1  # the change was held back: its first answer was the 503
+    assert (after["config_version"], after["overrides"]) == (1, CHANGE)
+    log = redis.Redis.from_url(own_redis.url(0), decode_responses=True).xrange(events_key(job_id))
+    said = [json.loads(f["data"])["message"] for _, f in log if f["type"] == "log"]
+    assert [m.split(" (")[0] for m in said] == ["config change 1 requested"], said

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import redis
 
+from pdppo.store.jobs.fair import flow_of
 from pdppo.store.keys import (
     OUTBOX,
     RUNNING_SET,
+    fair_flows_key,
+    fair_jobs_key,
+    fair_tenants_key,
     job_key,
     lease_key,
     now_iso,
@@ -38,7 +42,7 @@ def seed_job(
     """The job `job_id` of `tenant` in `status`, with `fields` added to its hash: listed for its
     tenant; active (queued, running, paused) in the tenant's active set; queued in the outbox;
     running in the running set; one claimed once with its `started_at`, an ended one with its
-    `finished_at` (unless `fields` names them).
+    `finished_at` (unless `fields` names them). A queued one is in its queue's fair order too.
     `lease_token`: the job's lease, held by that token (a running job's worker, or one that has
     ended it and not yet let go)."""
     now = now_iso()
@@ -63,6 +67,10 @@ def seed_job(
         client.sadd(tenant_active_key(tenant), job_id)
     if status == "queued":
         client.zadd(OUTBOX, {job_id: 0})
+        flow = flow_of(fields.get("experiment"))
+        client.zadd(fair_jobs_key(queue, tenant, flow), {job_id: 0})
+        client.zadd(fair_flows_key(queue, tenant), {flow: 0}, nx=True)
+        client.zadd(fair_tenants_key(queue), {tenant: 0}, nx=True)
     if status == "running":
         client.sadd(RUNNING_SET, job_id)
     if lease_token is not None:

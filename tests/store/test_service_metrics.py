@@ -83,7 +83,7 @@ def test_known_jobs_workers_and_counters_read_as_known_values(
     conn.hset(job_key(cpu[1]), "status", "paused")  # as a pause of a queued job leaves it
     conn.zrem("pdppo:outbox", cpu[1])
     gpu = next(i for i in ids if i not in cpu)
-    conn.hset(job_key(gpu), "updated_at", "2020-01-01T00:00:00.000Z")  # queued for years
+    conn.hset(job_key(gpu), "queued_at", "2020-01-01T00:00:00.000Z")  # queued for years
     now = time.time()
     conn.zadd(WORKERS, {"host:11": now - 2, "host:12": now - 100})
     conn.hset(

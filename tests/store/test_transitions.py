@@ -15,6 +15,7 @@ import redis.asyncio as aredis
 from pdppo.store import JobRecord, JobStore
 from pdppo.store.deletion import PURGE_SET, AsyncDeletion
 from pdppo.store.jobs.api_side import AsyncJobStore
+from pdppo.store.jobs.fair import PLAIN_FLOW
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import (
@@ -23,6 +24,7 @@ from pdppo.store.keys import (
     STATS,
     WEBHOOK_FEED,
     events_key,
+    fair_jobs_key,
     job_key,
     lease_key,
     tenant_active_key,
@@ -69,6 +71,8 @@ def describe(client: redis.Redis) -> str:
         text += "+cancel"
     if raw.get("pause_requested") == "1":
         text += "+pause"
+    if raw.get("pause_stopping") == "1":
+        text += "+stopping"
     return text
 
 
@@ -78,6 +82,7 @@ def indexes(client: redis.Redis) -> str:
         ("active", bool(client.sismember(tenant_active_key(TENANT), JOB))),
         ("running", bool(client.sismember(RUNNING_SET, JOB))),
         ("outbox", client.zscore(OUTBOX, JOB) is not None),
+        ("fair", client.zscore(fair_jobs_key(QUEUE, TENANT, PLAIN_FLOW), JOB) is not None),
         ("lease", bool(client.exists(lease_key(JOB)))),
         ("purge", client.zscore(PURGE_SET, JOB) is not None),
     ]
@@ -137,6 +142,13 @@ def requeue(client: redis.Redis, *, token: str = "", limit: int = 0, expire: boo
     return store.requeue_if_orphaned(record(client), lease_token=token, max_worker_losses=limit)
 
 
+def begin_pause(client: redis.Redis) -> object:
+    try:
+        return JobStore(client).begin_pause(JOB, lease_token=TOKEN)
+    except FencedOut:
+        return "fenced"
+
+
 def finish(client: redis.Redis, status: str) -> bool:
     extra = {"error_code": "training_error", "error_message": "m"} if status == "failed" else {}
     return JobStore(client).finish(record(client), status, extra)
@@ -159,6 +171,19 @@ async def pause(conn: aredis.Redis) -> str:
     return (await AsyncSteering(conn).pause(JOB)).outcome
 
 
+def patch_if_match(url: str, *, base: int, expected: list[int]) -> tuple[str, str]:
+    """A change computed from version `base`, sent with `If-Match` naming `expected`."""
+    return cast(
+        tuple[str, str],
+        on_api(
+            url,
+            lambda a: AsyncSteering(a).patch(
+                JOB, base, {"lr": 0.1}, 20, "lr 0.1", expected_versions=expected
+            ),
+        ),
+    )
+
+
 REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "create": lambda c, url: on_api(url, lambda a: create(a, 2)),
     "create:full": lambda c, url: on_api(url, lambda a: create(a, 0)),
@@ -175,6 +200,7 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "requeue:limit1": lambda c, url: requeue(c, limit=1, expire=True),
     "requeue:leased": lambda c, url: requeue(c, expire=False),
     "hand-back": lambda c, url: requeue(c, token=TOKEN, limit=1, expire=False),
+    "begin-pause": lambda c, url: begin_pause(c),
     "cancel": lambda c, url: on_api(url, lambda a: AsyncJobStore(a).cancel(JOB)),
     "pause": lambda c, url: on_api(url, pause),
     "resume": lambda c, url: on_api(
@@ -189,6 +215,10 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "patch:stale": lambda c, url: on_api(
         url, lambda a: AsyncSteering(a).patch(JOB, 3, {"lr": 0.1}, 20, "lr 0.1")
     ),
+    "patch:if-match": lambda c, url: patch_if_match(url, base=0, expected=[0]),
+    "patch:if-match-stale": lambda c, url: patch_if_match(url, base=3, expected=[3]),
+    "patch:if-match-list": lambda c, url: patch_if_match(url, base=0, expected=[2, 0]),
+    "patch:if-match-moved": lambda c, url: patch_if_match(url, base=3, expected=[0]),
     "delete": lambda c, url: on_api(url, lambda a: delete(a, TENANT)),
     "delete:other-tenant": lambda c, url: on_api(url, lambda a: delete(a, "u")),
 }

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aredis
+from cryptography.fernet import Fernet
 
 from pdppo.store import JobStore
 from pdppo.store.keys import (
@@ -22,6 +23,7 @@ from pdppo.store.keys import (
 )
 from pdppo.store.webhooks.deliveries import GROUP, WebhookDeliveries
 from pdppo.store.webhooks.endpoints import AsyncWebhookStore, Endpoint
+from pdppo.store.webhooks.sealing import SecretBox
 from pdppo.webhooks import delivery_id
 from tests.integration.stack import RedisServer
 from tests.store.seed import seed_job
@@ -41,12 +43,17 @@ def on_api(server: RedisServer, work: Callable[[AsyncWebhookStore], Awaitable[T]
     return asyncio.run(main())
 
 
+KEY = Fernet.generate_key()  # PDPPO_WEBHOOK_SECRET_KEYS of these tests
+BOX = SecretBox([KEY])  # what seals endpoints' secrets with it
+
+
 def register(server: RedisServer, tenant: str, events: list[str]) -> Endpoint:
     made = on_api(
-        server, lambda s: s.create(tenant, "https://example.com/hook", events, "", most=5)
+        server,
+        lambda s: s.create(tenant, "https://example.com/hook", events, "", most=5, box=BOX),
     )
     assert made is not None
-    return made
+    return made[0]
 
 
 def end_job(client: redis.Redis, tenant: str = "a", status: str = "succeeded") -> None:

@@ -238,8 +238,8 @@ def test_a_queued_job_without_an_outbox_entry_is_adopted_and_sent(
 def test_a_lost_experiment_child_is_sent_again_behind_other_jobs(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The dispatcher resends a task nobody sent at its job's priority: an experiment's child
-    waits behind plain jobs (`workers.celery_app.task_priority`) however its task got sent."""
+    """The dispatcher resends a task nobody sent at its job's priority: an experiment's child's
+    goes behind plain jobs' (`workers.celery_app.task_priority`) however its task got sent."""
     sent: list[tuple[str, int]] = []
     monkeypatch.setattr(
         "workers.upkeep.reaper.enqueue",

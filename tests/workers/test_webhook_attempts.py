@@ -22,7 +22,7 @@ from pdppo.store.keys import WEBHOOK_DUE, webhook_delivery_key
 from pdppo.store.webhooks.deliveries import Attempt, WebhookDeliveries
 from tests.integration.stack import RedisServer, free_port, stall
 from tests.store.seed import seed_job
-from tests.store.test_webhook_deliveries import on_api
+from tests.store.test_webhook_deliveries import BOX, KEY, on_api
 from workers import webhooks
 from workers.upkeep.heartbeat import Heartbeat, node_beat
 from workers.webhooks import attempt_delivery
@@ -58,6 +58,7 @@ def receiver() -> Iterator[str]:
 
 def settings(schedule: str = "5,300", allowed: str = "127.0.0.0/8") -> Settings:
     return Settings(  # type: ignore[call-arg]
+        webhook_secret_keys=KEY.decode(),
         webhook_allowed_networks=allowed,
         webhook_retry_schedule=schedule,
         webhook_timeout_seconds=2,
@@ -69,7 +70,7 @@ def attempt_to(
     client: redis.Redis, server: RedisServer, url: str
 ) -> tuple[WebhookDeliveries, Attempt]:
     """A delivery of a job's end to a new endpoint at `url`, begun."""
-    made = on_api(server, lambda s: s.create("t", url, ["job.succeeded"], "", most=5))
+    made = on_api(server, lambda s: s.create("t", url, ["job.succeeded"], "", most=5, box=BOX))
     assert made is not None
     seed_job(client, JOB, "running", tenant="t")
     store = JobStore(client)

@@ -1,8 +1,9 @@
 """The job process's view of its job's steering changes (`PATCH /v1/jobs/{id}`).
 
 The trainer asks for the newest change at every step boundary and must never wait on Redis for
-it (DESIGN §3), so a thread reads the job's `config_version` and `overrides` every
-POLL_SECONDS and keeps the newest in memory; a failed read is tried again at the next poll.
+it (docs/developers/design.md#redis-outages), so a thread reads the job's `config_version` and
+`overrides` every POLL_SECONDS and keeps the newest in memory; a failed read is tried again at the
+next poll.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """A job process's outgoing events and the trainer's callback (`workers.job.process`).
 
-Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
-trainer's callback only appends to an ordered outgoing queue (`EventPublisher`), which one thread
-publishes with retries and backoff through a stall. Every event carries the claim's lease token,
-so the store refuses it once another claim may hold the job (issue 12, `workers.job.lease`), and the
-callback stops the trainer, without a checkpoint, as soon as that happens or the job process's
-own `LeaseFence` sees the lease lapse. `backfill` republishes, on resume, the checkpointed steps
-that a killed run never got to Redis.
+Training never waits on Redis, and a store error is never a training error
+(docs/developers/design.md#redis-outages): the trainer's callback only appends to an ordered
+outgoing queue (`EventPublisher`), which one thread publishes with retries and backoff through a
+stall. Every event carries the claim's lease token, so the store refuses it once another claim may
+hold the job (issue 12, `workers.job.lease`), and the callback stops the trainer, without a
+checkpoint, as soon as that happens or the job process's own `LeaseFence` sees the lease lapse.
+`backfill` republishes, on resume, the checkpointed steps that a killed run never got to Redis.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import log_fields
 from pdppo.store.stats import TALLY
 from workers.job.config_watch import ConfigWatch
+from workers.job.cores import CoreShare
 from workers.job.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ class EventPublisher:
             f"publish step {step} of job {job.id}",
             lambda: self.store.publish_step(job.id, step, total, metrics, lease_token=self.token),
         )
+        self.count_grading()
+
+    def count_grading(self) -> None:
+        """Queue a move of the grading counts into the service's counters."""
         self._put("count grading", self._flush_counts)
 
     def _flush_counts(self) -> None:
@@ -254,6 +259,7 @@ class JobCallback(TrainerCallback):
         fence: LeaseFence | None = None,
         config: ConfigWatch | None = None,
         cancelled: Event | None = None,
+        cores: CoreShare | None = None,
     ) -> None:
         self.publisher = publisher
         self.stop = stop
@@ -261,6 +267,7 @@ class JobCallback(TrainerCallback):
         self.conn = conn
         self.fence = fence
         self.config = config
+        self.cores = cores  # the job's share of the host's cores, applied at step boundaries
         self._heard = False  # the trainer heard the worker's stop (`Stop`): it was told so
         self._phase: tuple[str, int | None] | None = None  # the last published, and when
         self._phase_at = 0.0
@@ -275,6 +282,13 @@ class JobCallback(TrainerCallback):
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         self._ensure_held()
         self.publisher.step(step, clean_metrics(metrics))
+        self._follow_cores()
+
+    def _follow_cores(self) -> None:
+        """On the training thread, at a boundary: the host's jobs changed, so did the share."""
+        changed = self.cores.apply() if self.cores is not None else None
+        if changed is not None:
+            self.publisher.log(changed.describe())
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self.publisher.checkpoint(step, path.name)
@@ -291,6 +305,7 @@ class JobCallback(TrainerCallback):
         self.publisher.trackers(runs)
 
     def on_phase(self, name: str, done: int | None = None, total: int | None = None) -> None:
+        self._follow_cores()  # the warm-up's steps too
         now = time.monotonic()
         if phase_due(self._phase, now - self._phase_at, name, done, total):
             self._phase, self._phase_at = (name, done), now

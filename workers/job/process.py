@@ -14,16 +14,16 @@ a pipe, after its last event is in Redis (so the worker's `finish` comes after t
 It ignores SIGINT and SIGTERM (its worker decides when it stops) and exits as soon as that pipe
 says the worker is gone, so a worker killed with -9 never leaves a job writing behind it.
 
-Training never waits on Redis, and a store error is never a training error (DESIGN §3): the
-trainer's callback only appends to an ordered outgoing queue (`workers.job.events`), which one
-thread publishes with retries and backoff through a stall. Steps, evaluations, samples and
-checkpoints are idempotent by step number, so a retry after a lost reply is safe; a log line goes
-through a script that adds it only if it is not among the stream's latest entries, so it lands
-exactly once. Only when Redis stays away past `PDPPO_STORE_OUTAGE_SECONDS` does the job stop,
-cleanly: it checkpoints and reports `stopped` (`why: store_unreachable`), and its worker hands it
-back. The worker may also kill the job on a lost lease with events still queued: a resumed job first
-publishes, from `metrics.jsonl` (and `samples.jsonl`, `eval.jsonl`), the steps up to its checkpoint
-that never made it to Redis, so no step is lost.
+Training never waits on Redis, and a store error is never a training error
+(docs/developers/design.md#redis-outages): the trainer's callback only appends to an ordered
+outgoing queue (`workers.job.events`), which one thread publishes with retries and backoff through a
+stall. Steps, evaluations, samples and checkpoints are idempotent by step number, so a retry after a
+lost reply is safe; a log line goes through a script that adds it only if it is not among the
+stream's latest entries, so it lands exactly once. Only when Redis stays away past
+`PDPPO_STORE_OUTAGE_SECONDS` does the job stop, cleanly: it checkpoints and reports `stopped` (`why:
+store_unreachable`), and its worker hands it back. The worker may also kill the job on a lost lease
+with events still queued: a resumed job first publishes, from `metrics.jsonl` (and `samples.jsonl`,
+`eval.jsonl`), the steps up to its checkpoint that never made it to Redis, so no step is lost.
 
 Only the current holder of the job's lease may write (issue 12, `workers.job.lease`): the worker may
 be frozen past its lease while this process, in a session of its own, trains on, and a second
@@ -71,6 +71,7 @@ from pdppo.store import (
     store_client,
 )
 from workers.job.config_watch import ConfigWatch
+from workers.job.cores import CoreShare
 
 # EventPublisher and backfill are re-exported: callers that predate the split import them here.
 from workers.job.events import EventPublisher as EventPublisher
@@ -114,7 +115,8 @@ class JobOptions:
     lease_token: str  # the claim's fencing token: its worker's lease token (workers.job.lease)
     lease_seconds: float
     storage: Reserve = field(default_factory=Reserve)  # kept free (PDPPO_MIN_FREE_BYTES)
-    jobs_at_once: int = 1  # jobs sharing the worker's cores (PDPPO_WORKER_JOBS_AT_ONCE)
+    # jobs sharing the worker's cores (PDPPO_WORKER_JOBS_AT_ONCE); None: counted on the host
+    jobs_at_once: int | None = None
     threads_setting: str = "PDPPO_JOB_THREADS"  # the setting `torch_threads` came from
     # where `train.report_to` reports, and the operator's trackers (`pdppo.settings.tracking`)
     tracking: TrackingOptions | None = None
@@ -272,7 +274,8 @@ def _train(
             return {"outcome": "failed", "code": "storage_full", "message": str(full)}
         size = spec.resources.gpus
         cuda = resolve_device(spec.train.device).type == "cuda"
-        threads = _threads(options, size, publisher)
+        cores = _core_share(options, size, publisher, job.id)
+        threads = cores.share.threads
         if not cuda and options.memory_limit_bytes:
             _limit_memory(options.memory_limit_bytes // size)  # each rank's share of the job's
         if options.resume:
@@ -287,7 +290,7 @@ def _train(
             spec.train,
             Path(options.out_dir),
             callback=JobCallback(
-                publisher, stop, conn, fence=fence, config=config, cancelled=cancelled
+                publisher, stop, conn, fence=fence, config=config, cancelled=cancelled, cores=cores
             ),
             resume=options.resume,
             data_roots=list(options.data_roots),
@@ -314,14 +317,17 @@ def _train(
                     torch_threads=threads,
                     log_level=options.log_level,
                     grader_options=options.graders,
+                    storage=options.storage,
                 )
                 _check_devices(size, cuda)
                 publisher.log(f"training on {size} devices ({'nccl' if cuda else 'gloo'})")
                 fail = functools.partial(_rank_failed, conn, publisher, fence)
-                with data_parallel(ranks, fail) as world:
+                with data_parallel(ranks, fail, cores.threads) as world:
                     result = run(world=world)
+                publisher.count_grading()  # the other ranks' last step, heard as they left
         finally:
             config.stop()
+            cores.stop()
     except LeaseLost:
         raise
     except Exception as exc:
@@ -333,18 +339,28 @@ def _train(
     return {"outcome": "succeeded", "step": result.step, "final_model": final, "warnings": warnings}
 
 
-def _threads(options: JobOptions, size: int, publisher: EventPublisher) -> int:
+def _core_share(
+    options: JobOptions, size: int, publisher: EventPublisher, job_id: str
+) -> CoreShare:
     """torch threads of each rank (`core.process.threads`: torch's default, every core in every
-    process, oversubscribes), set here for rank 0 and said in the job's log."""
-    import torch
-
-    from core.process.threads import asked_threads, own_cores, share_cores
+    process, oversubscribes): the operator's setting, else the cores over the jobs running on
+    this host (`workers.job.cores`, kept up to date), then over the job's ranks. Set here for
+    rank 0 and said in the job's log; later changes at step boundaries (`JobCallback`)."""
+    from core.process.threads import ThreadShare, asked_threads, own_cores, share_cores
 
     asked, setting = asked_threads(options.torch_threads, options.threads_setting)
-    share = share_cores(own_cores(), options.jobs_at_once, size, asked, setting)
-    torch.set_num_threads(share.threads)
-    publisher.log(share.describe())
-    return share.threads
+    cores, fixed = own_cores(), options.jobs_at_once
+
+    def share_of(running: int) -> ThreadShare:
+        if fixed is not None:
+            return share_cores(cores, fixed, size, asked, setting)
+        return share_cores(cores, running, size, asked, setting, counted=True)
+
+    share = CoreShare(publisher.store.redis, job_id, share_of)
+    share.start()
+    share.apply()
+    publisher.log(share.share.describe())
+    return share
 
 
 def _check_devices(size: int, cuda: bool) -> None:

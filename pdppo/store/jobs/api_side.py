@@ -19,6 +19,7 @@ import redis.asyncio as aredis
 from pdppo.store.experiments import AsyncExperimentStore
 from pdppo.store.files import AsyncFileStore
 from pdppo.store.jobs.events import AsyncEventStore, _log_data, _status_data
+from pdppo.store.jobs.fair import FAIR
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.jobs.records import CreateResult, JobRecord, _record_or_none
 from pdppo.store.jobs.steering import AsyncSteering
@@ -60,10 +61,11 @@ redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[1])
 if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3]) end
+fair_enqueue(KEYS[1])
 job_event(KEYS[2], KEYS[7], KEYS[1], 'status', ARGV[4])
 return {'created', ARGV[1]}
 """
-_CREATE = FEED_EVENT + _CREATE
+_CREATE = FAIR + FEED_EVENT + _CREATE
 
 # KEYS: job, events, tenant active, running, outbox, stats, webhook feed; ARGV: id, now, status
 # data, done
@@ -78,6 +80,7 @@ if st == 'queued' or st == 'paused' then
   redis.call('SREM', KEYS[3], ARGV[1])
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('ZREM', KEYS[5], ARGV[1])
+  fair_dropped(KEYS[1])
   job_event(KEYS[2], KEYS[7], KEYS[1], 'status', ARGV[3])
   redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
   count_end(KEYS[6], KEYS[1], 'cancelled')
@@ -92,7 +95,7 @@ if st == 'running' then
 end
 return 'already-' .. st
 """
-_CANCEL = COUNT_END + FEED_EVENT + _CANCEL
+_CANCEL = FAIR + COUNT_END + FEED_EVENT + _CANCEL
 
 
 class AsyncJobStore:
@@ -148,6 +151,7 @@ class AsyncJobStore:
             "spec_digest": spec_digest(spec_json),
             "created_at": now,
             "updated_at": now,
+            "queued_at": now,
             "total_steps": str(total_steps),
             "attempts": "0",
         }
@@ -185,6 +189,12 @@ class AsyncJobStore:
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.hgetall(job_key(job_id))
         return _record_or_none(cast(dict[str, str], raw))
+
+    async def idempotent_job(self, tenant: str, key: str) -> JobRecord | None:
+        """The job `key` (an Idempotency-Key of `tenant`) made, while the key lives; None when
+        it made none (or the job is deleted)."""
+        job_id = await self.redis.get(idempotency_key(tenant, key))
+        return await self.get(str(job_id)) if job_id else None
 
     async def list_jobs(
         self, tenant: str, *, limit: int, cursor: str | None, status: str | None

@@ -1,10 +1,11 @@
 """The enqueue outbox: every queued job no worker has claimed yet, and when to check on its task.
 
 Creating a job (Redis) and publishing its Celery task (the broker) are two writes that no
-transaction spans (DESIGN §3): an API killed between them left jobs `queued` forever, counted
-against their tenant's quota, and returned as they were to every idempotent retry. The same gap
-opens on the worker's side: a worker that took the task and died before it claimed the job left
-the message in kombu's `unacked` hash for the broker's visibility timeout (an hour).
+transaction spans (docs/developers/design.md#the-outbox): an API killed between them left jobs
+`queued` forever, counted against their tenant's quota, and returned as they were to every
+idempotent retry. The same gap opens on the worker's side: a worker that took the task and died
+before it claimed the job left the message in kombu's `unacked` hash for the broker's visibility
+timeout (an hour).
 
 So the job's record and its outbox entry are written by the same script (`_CREATE`, and
 `_REQUEUE` when a job goes back to the queue), and the entry stays until a worker claims the job
@@ -39,6 +40,7 @@ from typing import cast
 
 import redis
 
+from pdppo.store.jobs.fair import FAIR
 from pdppo.store.keys import OUTBOX, job_key, tenant_active_key
 
 # How long after a job is created or requeued a dispatcher first checks that its task exists:
@@ -69,15 +71,18 @@ return out
 
 # KEYS: outbox, then one job hash per id; ARGV: check at, then the ids. Queued jobs missing from
 # the outbox (queued before it existed, or by a path that skipped it) are added; others untouched.
+# Each queued job also enters the fair order (`pdppo.store.jobs.fair`), where it is if it was.
 _ADOPT = """
 local added = 0
 for i = 2, #ARGV do
   if redis.call('HGET', KEYS[i], 'status') == 'queued' then
     added = added + redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[i])
+    fair_enqueue(KEYS[i])
   end
 end
 return added
 """
+_ADOPT = FAIR + _ADOPT
 
 
 class Outbox:

@@ -54,7 +54,8 @@ class JobRecord:
     openai: dict[str, Any] | None = None
     # the experiment-tracker runs it reports to ({tracker: {run_id, url}}, `core.tracking`)
     trackers: dict[str, dict[str, str]] | None = None
-    # the experiment it is a child of (`pdppo.store.experiments`); its task waits behind others'
+    # the experiment it is a child of (`pdppo.store.experiments`): a flow of its own in the fair
+    # order (`pdppo.store.jobs.fair`)
     experiment: str | None = None
 
     @classmethod

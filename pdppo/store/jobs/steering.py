@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from typing import Any, NamedTuple, cast
 
 import redis
 import redis.asyncio as aredis
 
 from pdppo.store.jobs.events import _log_data, _status_data
+from pdppo.store.jobs.fair import FAIR
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.jobs.records import JobRecord, _record_or_none
 from pdppo.store.jobs.worker_side import _checked, _fenced
@@ -42,14 +44,25 @@ from pdppo.store.keys import (
 )
 from pdppo.store.webhooks.feed import FEED_EVENT
 
-# KEYS: job, events; ARGV: the version the change was computed from, overrides json, now, new
-# total steps ('' for unchanged), log data. Compare-and-set on the version: two concurrent
-# changes never lose one another (the loser computes again from the winner's overrides).
+# KEYS: job, events; ARGV (`AsyncSteering.patch` names them): base_version (the version the change
+# was computed from), overrides json, now, total_steps (new total steps, '' for unchanged), log
+# data, expected_versions (the versions the client's If-Match names, space-separated; '' for no
+# If-Match). Compare-and-set on the version: two concurrent changes never lose one another (the
+# loser computes again from the winner's overrides). The If-Match precondition is checked here,
+# with the write, so that a retried change whose first attempt landed meanwhile is refused, not
+# made over the first (`precondition`, the route's 412).
 _PATCH = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing', ''} end
 if st == 'succeeded' or st == 'failed' or st == 'cancelled' then return {'terminal', st} end
 local v = tonumber(redis.call('HGET', KEYS[1], 'config_version') or '0')
+if ARGV[6] ~= '' then
+  local matched = false
+  for expected in string.gmatch(ARGV[6], '%S+') do
+    if tonumber(expected) == v then matched = true end
+  end
+  if not matched then return {'precondition', tostring(v)} end
+end
 if v ~= tonumber(ARGV[1]) then return {'conflict', tostring(v)} end
 redis.call('HSET', KEYS[1], 'overrides', ARGV[2], 'config_version', v + 1, 'updated_at', ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'total_steps', ARGV[4]) end
@@ -67,6 +80,7 @@ local function outcome()
   if st == 'queued' then
     redis.call('HSET', KEYS[1], 'status', 'paused', 'updated_at', ARGV[1])
     redis.call('ZREM', KEYS[3], redis.call('HGET', KEYS[1], 'id'))
+    fair_dropped(KEYS[1])
     job_event(KEYS[2], KEYS[4], KEYS[1], 'status', ARGV[2])
     return 'paused'
   end
@@ -83,10 +97,12 @@ end
 local said = outcome()
 return {said, redis.call('HGETALL', KEYS[1])}
 """
-_PAUSE = FEED_EVENT + _PAUSE
+_PAUSE = FAIR + FEED_EVENT + _PAUSE
 
 # KEYS: job, events, outbox, tenant active, webhook feed; ARGV: now, queued data, outbox check
-# time, log data, most active jobs of the tenant, log data of a failed job resumed.
+# time, log data of a pause withdrawn, most active jobs of the tenant, log data of a failed job
+# resumed, log data of a pause withdrawn once its worker had begun stopping the job for it
+# (`pause_stopping`, `JobStore.begin_pause`): that job stops anyway, and is queued again.
 _RESUME = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
@@ -95,28 +111,32 @@ if st == 'failed' and (code == 'storage_full' or code == 'storage_error') then
   if redis.call('HEXISTS', KEYS[1], 'artifacts_expired_at') == 1 then return 'expired' end
   if redis.call('SCARD', KEYS[4]) >= tonumber(ARGV[5]) then return 'limit' end
   local id = redis.call('HGET', KEYS[1], 'id')
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1], 'queued_at', ARGV[1])
   redis.call('HDEL', KEYS[1], 'finished_at', 'error_code', 'error_message', 'error_traceback')
   redis.call('SADD', KEYS[4], id)
   redis.call('ZADD', KEYS[3], ARGV[3], id)
+  fair_enqueue(KEYS[1])
   redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[6])
   job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[2])
   return 'queued'
 end
 if st == 'paused' then
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1], 'queued_at', ARGV[1])
   redis.call('ZADD', KEYS[3], ARGV[3], redis.call('HGET', KEYS[1], 'id'))
+  fair_enqueue(KEYS[1])
   job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[2])
   return 'queued'
 end
 if st == 'running' and redis.call('HGET', KEYS[1], 'pause_requested') == '1' then
   redis.call('HDEL', KEYS[1], 'pause_requested')
-  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
+  local said = ARGV[4]
+  if redis.call('HGET', KEYS[1], 'pause_stopping') == '1' then said = ARGV[7] end
+  redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', said)
   return 'withdrawn'
 end
 return 'already-' .. st
 """
-_RESUME = FEED_EVENT + _RESUME
+_RESUME = FAIR + FEED_EVENT + _RESUME
 
 # KEYS: job, events, lease; ARGV: version, event data, lease token. A job process's `config`
 # event, once per version, only while it holds the lease.
@@ -153,19 +173,25 @@ class AsyncSteering:
         overrides: dict[str, Any],
         total_steps: int | None,
         message: str,
+        *,
+        expected_versions: Collection[int] | None = None,
     ) -> tuple[str, str]:
         """Store the cumulative `overrides` as version `base_version + 1`, with `message` in the
-        job's log: ('patched', new version), ('conflict', current version), ('terminal',
-        status) or ('missing', '')."""
+        job's log: ('patched', new version), ('conflict', current version), ('precondition',
+        current version: not one of `expected_versions`, the versions an If-Match names; None:
+        no If-Match), ('terminal', status) or ('missing', '')."""
+        args: dict[str, str | int] = {
+            "base_version": base_version,
+            "overrides": json.dumps(overrides),
+            "now": now_iso(),
+            "total_steps": "" if total_steps is None else total_steps,
+            "log": _log_data(message),
+            "expected_versions": (  # an empty If-Match list matches nothing: -1 is no version
+                "" if expected_versions is None else " ".join(map(str, expected_versions)) or "-1"
+            ),
+        }
         outcome, value = await self._patch(
-            keys=[job_key(job_id), events_key(job_id)],
-            args=[
-                base_version,
-                json.dumps(overrides),
-                now_iso(),
-                "" if total_steps is None else total_steps,
-                _log_data(message),
-            ],
+            keys=[job_key(job_id), events_key(job_id)], args=list(args.values())
         )
         return str(outcome), str(value)
 
@@ -214,6 +240,10 @@ class AsyncSteering:
                 max_active,
                 _log_data(
                     "resumed after failing for its disk; it continues from its latest checkpoint"
+                ),
+                _log_data(
+                    "pause withdrawn after the job had begun stopping for it: it stops at its "
+                    "checkpoint as planned, then is queued again to run on from there"
                 ),
             ],
         )

@@ -8,13 +8,13 @@ keep the enqueue outbox (`pdppo.store.jobs.outbox`) in step: a claimed or finish
 requeued one enters it in the same script that flips it to `queued`, so a requeuer that dies
 before it re-sends the task strands nothing.
 
-Fencing (DESIGN §3, issue 12). A job process runs apart from the worker that holds its lease, so
-a worker frozen past its lease (SIGSTOP, a VM pause, a swap stall) leaves a job process that goes
-on training while a second worker resumes the job. Each claim's token is the lease token of the
-worker that claimed (`workers.job.lease`: random per claim, and the lease key names the holder), and
-every write a job process makes passes it: each publishing script first compares it with the
-lease key, in the same script as the write, and refuses a stale token with `STALE` (which the
-methods raise as `FencedOut`). So a stale process's writes are refused from the moment its lease
+Fencing (docs/developers/design.md#fencing, issue 12). A job process runs apart from the worker that
+holds its lease, so a worker frozen past its lease (SIGSTOP, a VM pause, a swap stall) leaves a job
+process that goes on training while a second worker resumes the job. Each claim's token is the lease
+token of the worker that claimed (`workers.job.lease`: random per claim, and the lease key names the
+holder), and every write a job process makes passes it: each publishing script first compares it
+with the lease key, in the same script as the write, and refuses a stale token with `STALE` (which
+the methods raise as `FencedOut`). So a stale process's writes are refused from the moment its lease
 expires, before anybody else even claims the job, at no extra round trip.
 """
 
@@ -27,12 +27,16 @@ from typing import Any, cast
 
 import redis
 
+from pdppo.store.jobs.clock import STORE_TICK, gap_and_hold_ms
 from pdppo.store.jobs.events import EventStore, _log_data, _status_data
+from pdppo.store.jobs.fair import FAIR, FairQueue
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS, Outbox
 from pdppo.store.jobs.records import JobRecord, _record_or_none
 from pdppo.store.keys import (
     OUTBOX,
     RUNNING_SET,
+    STALL_SEEN,
+    STORE_CLOCK,
     WEBHOOK_FEED,
     eval_key,
     events_key,
@@ -91,16 +95,18 @@ local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[2], 'worker', ARGV[3])
 redis.call('HSET', KEYS[1], 'phase', ARGV[5])
+redis.call('HDEL', KEYS[1], 'pause_stopping')
 if not redis.call('HGET', KEYS[1], 'started_at') then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[2])
 end
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
+fair_started(KEYS[1])
 if st ~= 'running' then job_event(KEYS[2], KEYS[5], KEYS[1], 'status', ARGV[4]) end
 return 1
 """
-_CLAIM = FEED_EVENT + _CLAIM
+_CLAIM = FAIR + FEED_EVENT + _CLAIM
 
 # KEYS: job, events, metrics list, lease; ARGV: step, now, metrics json, event data, row json,
 # lease token. Publishes only past the last published step: a resumed run redoes steps it
@@ -175,6 +181,18 @@ return 1
 """
 _PUBLISH_TRACKERS = _fenced(_PUBLISH_TRACKERS, lease=2, token=2)
 
+# KEYS: job, lease; ARGV: lease token. The worker carries out a pending pause (not while a cancel
+# is pending: the cancel wins): from now on the job is stopping for it, and a resume that
+# withdraws the pause says so (`pdppo.store.jobs.steering`) rather than that the job runs on.
+_BEGIN_PAUSE = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if redis.call('HGET', KEYS[1], 'pause_requested') ~= '1' then return 0 end
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return 0 end
+redis.call('HSET', KEYS[1], 'pause_stopping', '1')
+return 1
+"""
+_BEGIN_PAUSE = _fenced(_BEGIN_PAUSE, lease=2, token=1)
+
 # KEYS: events, lease; ARGV: type, data, entries looked through, lease token. A job process's log
 # line, exactly once through a stall (`pdppo.store.retry.add_event_once`), and only while fenced.
 _ADD_LOG_ONCE = _fenced(_ADD_ONCE, lease=2, token=4)
@@ -186,32 +204,43 @@ _FINISH = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or st == 'succeeded' or st == 'failed' or st == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3])
+redis.call('HDEL', KEYS[1], 'pause_stopping')
 for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
+fair_dropped(KEYS[1])
 job_event(KEYS[2], KEYS[7], KEYS[1], 'status', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[5])
 count_end(KEYS[6], KEYS[1], ARGV[2])
 return 1
 """
-_FINISH = COUNT_END + FEED_EVENT + _FINISH
+_FINISH = FAIR + COUNT_END + FEED_EVENT + _FINISH
 
 # KEYS: job, events, lease, running, tenant active, outbox, stats, webhook feed; ARGV: id, now,
 # queued data, log data, cancelled data, done data, lease token of the caller ('' for none), most
 # worker losses, failed data, failed done data, failure message, outbox check time, paused data,
-# paused log data. A running job whose lease expired lost its worker (or the holder hands it back):
+# paused log data, stall gap ms ('' for no clock stamp), stall hold ms; KEYS 9, 10: the store's
+# clock and stall keys (`pdppo.store.jobs.clock`). A reaper (no token) finding a running job while a
+# stall is held answers 'held' and changes nothing: its holder may be alive, and hands it back with
+# the true reason. A running job whose lease expired lost its worker (or the holder hands it back):
 # back to queued and into the outbox (the caller re-sends the task; a dispatcher does if the caller
 # dies first), straight to cancelled if a cancel was pending, paused if a pause was
 # (`pdppo.store.jobs.steering`), or failed once it has lost more workers than allowed (a job that
 # kills its worker, e.g. out of memory, must not take down every worker in turn forever).
 _REQUEUE = """
+local stalled = false
+if ARGV[15] ~= '' then stalled = store_tick(KEYS[9], KEYS[10], ARGV[15], ARGV[16]) end
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[7] then return 'leased' end
+if stalled and ARGV[7] == '' and redis.call('HGET', KEYS[1], 'status') == 'running' then
+  return 'held'
+end
 if holder then redis.call('DEL', KEYS[3]) end
 local st = redis.call('HGET', KEYS[1], 'status')
 redis.call('SREM', KEYS[4], ARGV[1])
 if st ~= 'running' then return 'not-running' end
+redis.call('HDEL', KEYS[1], 'pause_stopping')
 if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2])
   redis.call('SREM', KEYS[5], ARGV[1])
@@ -241,14 +270,15 @@ if ARGV[7] == '' then
     return 'failed'
   end
 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[2], 'queued_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 redis.call('ZADD', KEYS[6], ARGV[12], ARGV[1])
+fair_enqueue(KEYS[1])
 redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[4])
 job_event(KEYS[2], KEYS[8], KEYS[1], 'status', ARGV[3])
 return 'requeued'
 """
-_REQUEUE = COUNT_END + FEED_EVENT + _REQUEUE
+_REQUEUE = FAIR + COUNT_END + FEED_EVENT + STORE_TICK + _REQUEUE
 
 
 class JobStore:
@@ -261,12 +291,14 @@ class JobStore:
         self.redis = client
         self.events = EventStore(client)
         self.outbox = Outbox(client)
+        self.fair = FairQueue(client)
         self._claim = client.register_script(_CLAIM)
         self._publish_step = client.register_script(_PUBLISH_STEP)
         self._publish_checkpoint = client.register_script(_PUBLISH_CHECKPOINT)
         self._publish_result = client.register_script(_PUBLISH_RESULT)
         self._publish_phase = client.register_script(_PUBLISH_PHASE)
         self._add_log_once = client.register_script(_ADD_LOG_ONCE)
+        self._begin_pause = client.register_script(_BEGIN_PAUSE)
         self._publish_trackers = client.register_script(_PUBLISH_TRACKERS)
         self._finish = client.register_script(_FINISH)
         self._requeue = client.register_script(_REQUEUE)
@@ -286,6 +318,13 @@ class JobStore:
             self.redis.hmget(job_key(job_id), ["cancel_requested", "pause_requested"]),
         )
         return cancel == "1", pause == "1"
+
+    def begin_pause(self, job_id: str, *, lease_token: str) -> bool:
+        """The job's pending pause is being carried out (True), or there is none to carry out
+        (False: withdrawn meanwhile, a cancel pending, the job not running). `FencedOut` when
+        `lease_token` no longer holds the job's lease."""
+        keys = [job_key(job_id), lease_key(job_id)]
+        return _checked(job_id, "the pause", self._begin_pause(keys=keys, args=[lease_token]))
 
     def publish_step(
         self,
@@ -416,14 +455,18 @@ class JobStore:
         lease_token: str = "",
         max_worker_losses: int = 0,
         dispatch_grace: float = DEFAULT_GRACE_SECONDS,
+        lease_seconds: float | None = None,
     ) -> str:
         """'requeued' (the caller must send the task again), 'cancelled' (a cancel was pending),
         'paused' (a pause was: it waits for `resume`),
         'failed' (more than `max_worker_losses` workers died on it; 0: no limit), 'leased' (its
-        worker is alive) or 'not-running'. The lease holder passes its token to hand the job
-        back without a window where a reaper could take it first (that is no worker loss). A
-        requeued job enters the outbox: if its task is not seen in the broker `dispatch_grace`
-        seconds from now (the caller died before sending it), a dispatcher sends it."""
+        worker is alive), 'held' (Redis was just away, `pdppo.store.jobs.clock`: a reaper
+        leaves the job to its holder a while) or 'not-running'. The lease holder passes its
+        token to hand the job back without a window where a reaper could take it first (that is
+        no worker loss). A requeued job enters the outbox: if its task is not seen in the broker
+        `dispatch_grace` seconds from now (the caller died before sending it), a dispatcher sends
+        it. `lease_seconds` (the service's): stamp the store's clock, and hold as above; None:
+        neither."""
         keys = [
             job_key(job.id),
             events_key(job.id),
@@ -433,7 +476,10 @@ class JobStore:
             OUTBOX,
             STATS,
             WEBHOOK_FEED,
+            STORE_CLOCK,
+            STALL_SEEN,
         ]
+        gap, hold = gap_and_hold_ms(lease_seconds) if lease_seconds is not None else ("", "")
         args: list[str | int | float] = [
             job.id,
             now_iso(),
@@ -454,6 +500,8 @@ class JobStore:
                 f"/v1/jobs/{job.id}/resume (pdppo resume {job.id}) to continue from its "
                 "last checkpoint"
             ),
+            gap,
+            hold,
         ]
         return str(self._requeue(keys=keys, args=args))
 

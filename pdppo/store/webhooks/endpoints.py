@@ -1,8 +1,9 @@
 """Webhook endpoints and their deliveries, as the API sees them: register, list, delete an
 endpoint; read its delivery log; redeliver one; send a test event.
 
-An endpoint is a hash per tenant (`tenant_webhook_key`: url, events, secret...) listed in the
-tenant's sorted set; its id is drawn (`wh_` and 24 hex), so two tenants never share one, and a
+An endpoint is a hash per tenant (`tenant_webhook_key`: url, events, its signing secret sealed
+with PDPPO_WEBHOOK_SECRET_KEYS (`pdppo.store.webhooks.sealing`)...) listed in the tenant's sorted
+set; its id is drawn (`wh_` and 24 hex), so two tenants never share one, and a
 tenant's reads only ever build keys under its own name. A delivery is one event for one endpoint
 (`webhook_delivery_key`): its payload, status (`pending`, `delivered`, `failed` after the last
 retry, `dropped` when its endpoint was deleted), attempts and the last few attempts' outcomes.
@@ -17,7 +18,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis.asyncio as aredis
 
@@ -30,6 +31,9 @@ from pdppo.store.keys import (
     webhook_delivery_key,
 )
 from pdppo.webhooks import TEST_EVENT, new_secret, payload
+
+if TYPE_CHECKING:
+    from pdppo.store.webhooks.sealing import SecretBox
 
 LOG_KEPT = 1000
 DELIVERY_TTL_SECONDS = 30 * 86400
@@ -45,7 +49,7 @@ class Endpoint:
     description: str
     created_at: str
     created_ms: int
-    secret: str
+    stored_secret: str  # as Redis holds it: sealed (`SecretBox.open` gives the secret)
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def endpoint_of(raw: dict[str, str]) -> Endpoint | None:
         description=raw.get("description", ""),
         created_at=raw["created_at"],
         created_ms=int(raw["created_ms"]),
-        secret=raw["secret"],
+        stored_secret=raw["secret"],
     )
 
 
@@ -170,11 +174,20 @@ class AsyncWebhookStore:
         self._redeliver = client.register_script(_REDELIVER)
 
     async def create(
-        self, tenant: str, url: str, events: list[str], description: str, most: int
-    ) -> Endpoint | None:
-        """The new endpoint, its secret included (shown this once); None past `most`."""
+        self,
+        tenant: str,
+        url: str,
+        events: list[str],
+        description: str,
+        most: int,
+        *,
+        box: SecretBox,
+    ) -> tuple[Endpoint, str] | None:
+        """The new endpoint and its signing secret (shown this once: Redis keeps it sealed
+        with `box`); None past `most`."""
         webhook_id = f"wh_{secrets.token_hex(12)}"
         made_ms = int(time.time() * 1000)
+        secret = new_secret()
         fields = {
             "id": webhook_id,
             "url": url,
@@ -182,13 +195,15 @@ class AsyncWebhookStore:
             "description": description,
             "created_at": now_iso(),
             "created_ms": str(made_ms),
-            "secret": new_secret(),
+            "secret": box.seal(secret),
         }
         flat = [item for pair in fields.items() for item in pair]
         keys = [tenant_webhook_key(tenant, webhook_id), tenant_webhooks_key(tenant)]
         if not await self._create(keys=keys, args=[webhook_id, most, made_ms, *flat]):
             return None
-        return endpoint_of(fields)
+        endpoint = endpoint_of(fields)
+        assert endpoint is not None
+        return endpoint, secret
 
     async def get(self, tenant: str, webhook_id: str) -> Endpoint | None:
         raw = await self.redis.hgetall(tenant_webhook_key(tenant, webhook_id))

@@ -54,7 +54,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # bench/budget_calibration.py on its smallest spec); on CUDA the context and cuBLAS workspaces
 # live outside torch's allocator.
 OVERHEAD_BYTES: dict[str, int] = {"cpu": 160 * MIB, "cuda": GIB}
-# Chunk of the full-vocabulary passes in core.objective.divergence (CHUNK_ELEMENTS fp32 entries).
+# Chunk of the full-vocabulary passes in core.objective.estimators (CHUNK_ELEMENTS fp32 entries).
 _CHUNK_BYTES = (1 << 21) * 4
 # The fused loss's chunk of logits and widest vocabulary chunk (core.objective.fused:
 # CHUNK_ELEMENTS, VOCAB_CHUNK; this package imports no torch, so they are restated here).

@@ -376,9 +376,6 @@ PRIVATE_TOPS = ("api", "workers", "core", "pdppo", "bench")
 # Private imports another branch of issue 50 removes; the lead drops each entry as it merges.
 PENDING: frozenset[str] = frozenset(
     {
-        # i50-recipe: core/training as one recipe class (its run state no longer `_Run`)
-        "core/training/trainer.py: core.training.devices._adamw_kernel",
-        "core/training/trainer.py: core.training.run._Run",
         # i50-tests: bench/ imports only public code or tests/support
         "bench/api_load.py: tests.integration.stack._stop",
     }

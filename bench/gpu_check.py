@@ -242,7 +242,15 @@ def prepare(
     model = work / "model"
     params, embedding = build_model(model, setup)
     write_prompts(work / "prompts.jsonl", model, setup)
-    plan = _plan(work, setup, cuda, steps, params, embedding, peak_tflops)
+    plan = _plan(
+        work,
+        setup,
+        cuda=cuda,
+        steps=steps,
+        params=params,
+        embedding=embedding,
+        peak_tflops=peak_tflops,
+    )
     if "mem-qwen2" in groups:
         build_model(work / "qwen2", setup, model_type="qwen2")
         plan = replace(plan, qwen_model=str(work / "qwen2"))
@@ -347,7 +355,9 @@ def main() -> int:
         )
         rows: list[Row] = []
         try:
-            plan_path = prepare(work, setup, cuda, args.steps, peak, groups)
+            plan_path = prepare(
+                work, setup, cuda=cuda, steps=args.steps, peak_tflops=peak, groups=groups
+            )
         except Exception as exc:  # no model, no row: each says why
             why = f"building the model: {type(exc).__name__}: {exc}"
             rows = [Row(n, "FAILED", detail=why) for g in groups for n in GROUPS[g]]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core.budget.shapes import ModelShape
-from core.budget.tokens import _builtin_answer_chars
+from core.budget.tokens import builtin_answer_chars
 from core.budget.units import GIB, MIB
 from core.config import TrainConfig
 from core.config.fused import fused_loss_runs, projects_plainly
@@ -54,7 +54,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # bench/budget_calibration.py on its smallest spec); on CUDA the context and cuBLAS workspaces
 # live outside torch's allocator.
 OVERHEAD_BYTES: dict[str, int] = {"cpu": 160 * MIB, "cuda": GIB}
-# Chunk of the full-vocabulary passes in core.objective.divergence (CHUNK_ELEMENTS fp32 entries).
+# Chunk of the full-vocabulary passes in core.objective.estimators (CHUNK_ELEMENTS fp32 entries).
 _CHUNK_BYTES = (1 << 21) * 4
 # The fused loss's chunk of logits and widest vocabulary chunk (core.objective.fused:
 # CHUNK_ELEMENTS, VOCAB_CHUNK; this package imports no torch, so they are restated here).
@@ -91,7 +91,7 @@ def job_device(cfg: TrainConfig, queue: Queue) -> Device:
     return "cuda" if queue == "gpu" and cfg.device != "cpu" else "cpu"
 
 
-def _batch_field(cfg: TrainConfig) -> tuple[str, float]:
+def batch_field(cfg: TrainConfig) -> tuple[str, float]:
     """The batch-shaping field furthest above its default (what makes batch-sized memory and
     token counts big), and that ratio. Ties go to the group size."""
     values = {
@@ -110,14 +110,14 @@ def _width_field(cfg: TrainConfig) -> str:
     """Blame for items that scale with batch *and* the model's width x depth (KV cache,
     activations): builtin:tiny's dims when they are further above their defaults (d_model 64,
     2 layers) than any batch field, else the batch field."""
-    batch, ratio = _batch_field(cfg)
+    batch, ratio = batch_field(cfg)
     t = cfg.model.tiny
     if cfg.model.name == "builtin:tiny" and (t.d_model * t.n_layers) / (64 * 2) > ratio:
         return "train.model.tiny"
     return batch
 
 
-def _model_field(cfg: TrainConfig) -> str:
+def model_field(cfg: TrainConfig) -> str:
     return "train.model.tiny" if cfg.model.name == "builtin:tiny" else "train.model.name"
 
 
@@ -187,7 +187,7 @@ def _distinct_prompts(rows: int, prompts: int, group: int, minibatches: int) -> 
     return min(-(-(rows - 1) // group) + 1, most)
 
 
-def _memory(
+def memory_items(
     cfg: TrainConfig, shape: ModelShape, prompt: int, device: Device, devices: int = 1
 ) -> list[MemoryItem]:
     assert shape.params is not None and shape.trainable is not None
@@ -208,8 +208,8 @@ def _memory(
     shards = devices if cfg.sharding == "fsdp" else 1
     new = r.max_new_tokens
     seq = prompt + new
-    model_f = "train.model.lora" if lora else _model_field(cfg)
-    batch_f, _ = _batch_field(cfg)
+    model_f = "train.model.lora" if lora else model_field(cfg)
+    batch_f, _ = batch_field(cfg)
     width_f = _width_field(cfg)
     separate = r.staleness > 0 or rwidth != width
     exact = a.estimator == "exact"
@@ -221,7 +221,7 @@ def _memory(
 
     # persistent: alive from the first step to the end
     frozen = params - (trainable if lora else 0)
-    add("weights", "persistent", frozen * width // shards, _model_field(cfg))
+    add("weights", "persistent", frozen * width // shards, model_field(cfg))
     if lora:
         add("adapters", "persistent", trainable * twidth, model_f)
     add("gradients", "persistent", trainable * twidth // shards, model_f)
@@ -295,7 +295,7 @@ def _memory(
     logits = 3 * n_mb * vocab * 4 + rows_mb * vocab * width
     logits += n_mb * vocab * width if width < 4 else 0
     logits += min(n_mb * vocab * 4, _CHUNK_BYTES) * chunks
-    fused = _fused_loss(cfg, shape)
+    fused = runs_fused_loss(cfg, shape)
     if fused:
         logits = _fused_bytes(n_mb, vocab, shape.hidden or 0)
     add("logits", "update", logits, batch_f)
@@ -322,7 +322,7 @@ def _memory(
     # the format warm-up: its own AdamW and batches of warmup_batch_size
     if task.warmup_steps and task.name != "jsonl":
         wb = task.warmup_batch_size
-        wnew = _builtin_answer_chars(task) + 1
+        wnew = builtin_answer_chars(task) + 1
         wf = "train.task.warmup_batch_size"
         add("warmup_optimizer", "warmup", 2 * trainable * 4, model_f)
         add(
@@ -351,12 +351,12 @@ def _memory(
         add("gathered_state", "checkpoint", params * width, "train.sharding")
     if lora and cfg.save_merged:  # core.models.hf_final: a deep copy, adapters merged in
         add("merged_copy", "checkpoint", params * width, "train.save_merged")
-    add("serialized_weights", "checkpoint", params * width, _model_field(cfg))
+    add("serialized_weights", "checkpoint", params * width, model_field(cfg))
     add("overhead", "overhead", OVERHEAD_BYTES[device], "train")
     return items
 
 
-def _fused_loss(cfg: TrainConfig, shape: ModelShape) -> bool:
+def runs_fused_loss(cfg: TrainConfig, shape: ModelShape) -> bool:
     """Whether the trainer's RL loss is fused, by the trainer's own rule
     (`core.config.fused.fused_loss_runs`): an `hf:` model whose config.json names no
     architecture counts unfused, an upper bound."""
@@ -378,7 +378,7 @@ def _fused_bytes(tokens: int, vocab: int, hidden: int) -> int:
     return 3 * chunk + 2 * tokens * hidden * 4 + 2 * min(vocab, _FUSED_VOCAB_CHUNK) * hidden * 4
 
 
-def _peak(items: list[MemoryItem]) -> tuple[int, tuple[Phase, ...]]:
+def peak_of(items: list[MemoryItem]) -> tuple[int, tuple[Phase, ...]]:
     """The peak and the phases that make it: persistent + overhead + the largest phase, on
     CUDA (the caching allocator reuses what the previous phase freed) and on CPU alike (a
     phase's large tensors are mmapped and go back to the OS when freed). Measured on CPU

@@ -88,6 +88,7 @@ def save_checkpoint(
     step: int,
     lm: CausalLM,
     optimizer: torch.optim.Optimizer,
+    *,
     state: dict[str, Any],
     meta: dict[str, Any],
     keep: int | None = None,
@@ -100,7 +101,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
         save_file(weights, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        return _complete(tmp, out_dir, step, state, meta, keep)
+        return _complete(tmp, out_dir, step, state=state, meta=meta, keep=keep)
 
 
 def _make_room(
@@ -142,6 +143,7 @@ def save_sharded_checkpoint(
     step: int,
     lm: CausalLM,
     optimizer: torch.optim.Optimizer,
+    *,
     state: dict[str, Any],
     meta: dict[str, Any],
     keep: int | None = None,
@@ -166,7 +168,7 @@ def save_sharded_checkpoint(
         dist.barrier()
         save_sharded(tmp, lm.module, optimizer)
         dist.barrier()  # every shard written
-        return _complete(tmp, out_dir, step, state, meta, keep)
+        return _complete(tmp, out_dir, step, state=state, meta=meta, keep=keep)
 
 
 def _room_on_every_rank(

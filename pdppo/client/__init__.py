@@ -28,8 +28,8 @@ from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdppo.client.errors import ApiError as ApiError
-from pdppo.client.errors import _detail_text as _detail_text
-from pdppo.client.errors import _raise_for_status
+from pdppo.client.errors import detail_text as detail_text
+from pdppo.client.errors import raise_for_status
 from pdppo.client.experiments import ExperimentsMixin
 from pdppo.client.files import FilesMixin
 from pdppo.client.retry import RetryingWrites, merged_in
@@ -247,7 +247,7 @@ class Client(
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
-        _raise_for_status(response)
+        raise_for_status(response)
         return response
 
     def health(self) -> bool:
@@ -420,7 +420,7 @@ class Client(
         with self._http.stream("GET", url) as response:
             if response.status_code >= 400:
                 response.read()
-                _raise_for_status(response)
+                raise_for_status(response)
             with partial.open("wb") as fh:
                 for chunk in response.iter_bytes():
                     fh.write(chunk)
@@ -470,7 +470,7 @@ class Client(
                         if response.status_code < 500 or not self._answered:
                             # a 4xx will not heal by retrying, nor is a 5xx from a server
                             # whose API never answered a restart to wait for
-                            _raise_for_status(response)
+                            raise_for_status(response)
                         raise _ServerError(response)
                     for sse in source.iter_sse():
                         if sse.retry is not None:

@@ -33,14 +33,14 @@ PREFERRED_METRICS = {
 MAX_SHOWN_METRICS = 4
 SHOWN_SAMPLES = 3  # triples of a `samples` event a follow prints (`/samples` has all)
 
-_url_option = click.option(
+url_option = click.option(
     "--url",
     envvar="PDPPO_URL",
     default="http://127.0.0.1:8000",
     show_default=True,
     help="API base URL (env PDPPO_URL).",
 )
-_key_option = click.option(
+key_option = click.option(
     "--api-key",
     envvar="PDPPO_API_KEY",
     default=None,
@@ -48,7 +48,7 @@ _key_option = click.option(
 )
 
 
-def _client(url: str, api_key: str | None) -> Client:
+def make_client(url: str, api_key: str | None) -> Client:
     from pdppo.client import Client
 
     if not api_key:
@@ -267,8 +267,8 @@ def _done_status(event: Event) -> str | None:
         "(POST /v1/jobs:validate); exit 1 if it would be refused."
     ),
 )
-@_url_option
-@_key_option
+@url_option
+@key_option
 def submit(
     spec_path: Path,
     follow: bool,
@@ -283,7 +283,7 @@ def submit(
     if dry_run and follow:
         raise click.UsageError("--dry-run submits nothing to follow; drop --follow")
     spec = spec_to_dict(spec_path)
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         if dry_run:
             _exit_for_validation(client, spec)
             return
@@ -319,11 +319,11 @@ def _exit_for_validation(client: Client, spec: dict[str, Any]) -> None:
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole job object as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     """Show one job's status."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.get(job_id)
     if as_json:
         click.echo(json.dumps(job.model_dump(mode="json"), indent=2))
@@ -356,13 +356,13 @@ def status_lines(job: Job) -> list[str]:
 )
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one job per line.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def list_jobs(
     status_filter: str | None, limit: int, as_json: bool, url: str, api_key: str | None
 ) -> None:
     """List your jobs, newest first."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         jobs = _take(client.iter_jobs(status=status_filter, page_size=min(limit, 100)), limit)
     for job in jobs:
         click.echo(json.dumps(job.model_dump(mode="json")) if as_json else _job_line(job))
@@ -379,11 +379,11 @@ def _take(jobs: Iterator[Job], n: int) -> list[Job]:
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def cancel(job_id: str, url: str, api_key: str | None) -> None:
     """Cancel a job: a running one stops at its next step."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.cancel(job_id)
     click.echo(cancel_line(job))
 
@@ -402,13 +402,13 @@ def cancel_line(job: Job) -> str:
 @click.command(name="set")
 @click.argument("job_id")
 @click.argument("settings", nargs=-1, required=True)
-@_url_option
-@_key_option
+@url_option
+@key_option
 def set_settings(job_id: str, settings: tuple[str, ...], url: str, api_key: str | None) -> None:
     """Change a running job's settings: KEY=VALUE pairs, e.g. `optim.lr=1e-4
     algorithm.delta_high=0.2 steps=200` (paths inside `train`; values read as YAML). The job
     applies them at its next step."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.change(job_id, settings_patch(settings))
     click.echo(f"{job.id} {job.status} config_version={job.config_version}")
 
@@ -433,11 +433,11 @@ def settings_patch(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def pause(job_id: str, url: str, api_key: str | None) -> None:
     """Pause a job: a running one checkpoints and releases its worker."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.pause(job_id)
     click.echo(
         f"{job.id} pausing: it stops at the next step boundary (or warm-up step), checkpoints "
@@ -449,11 +449,11 @@ def pause(job_id: str, url: str, api_key: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def resume(job_id: str, url: str, api_key: str | None) -> None:
     """Resume a paused job (or one failed for its disk) from its checkpoint."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.resume(job_id)
     click.echo(f"{job.id} {job.status}")
 
@@ -462,11 +462,11 @@ def resume(job_id: str, url: str, api_key: str | None) -> None:
 @click.argument("job_id")
 @click.option("--raw", is_flag=True, help="Print every event as `id event data` lines.")
 @click.option("--since", default=None, help="Resume after this event id.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
     """Stream a job's events from the start (or --since) until it ends; exit 1 if it failed."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         if not raw:
             final = _follow_or_detach(client, job_id, last_event_id=since)
             click.echo(f"{job_id} {final}")

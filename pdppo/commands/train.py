@@ -102,7 +102,7 @@ def train(
         if nproc > 1:
             click.echo(f"training on {nproc} processes")
             result = _data_parallel(
-                spec.train.model_dump_json(), out, resume, quiet, nproc, threads
+                spec.train.model_dump_json(), out, resume, quiet=quiet, nproc=nproc, threads=threads
             )
         else:
             result = _train(spec.train.model_dump_json(), out, resume, quiet)

@@ -113,7 +113,7 @@ def job(**fields: Any) -> Job:
 
 
 def test_status_and_list_lines() -> None:
-    created = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    created = datetime(2026, 12, 5, hour=3, minute=4, second=5, tzinfo=UTC)
     done = job(
         status="failed",
         name="demo",
@@ -278,7 +278,7 @@ def test_file_and_usage_lines() -> None:
     from pdppo.commands.files import _file_line
     from pdppo.commands.storage import usage_lines
 
-    created = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    created = datetime(2026, 12, 5, hour=3, minute=4, second=5, tzinfo=UTC)
     f = File(id="file-1", filename="d.jsonl", bytes=1234, records=7, created_at=created)
     assert _file_line(f) == (
         "file-1          1234         7  -           d.jsonl  2026-12-05 03:04:05"

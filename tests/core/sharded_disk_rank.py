@@ -41,7 +41,7 @@ def main(rank: int, init: str, out: Path, full: int) -> None:
         lm = load_model(cfg.model, torch.device("cpu"))
         shard(lm)
         optimizer = build_optimizer([p for _, p in lm.trainable()], cfg.optim, lm.device)
-        save_sharded_checkpoint(out, 1, lm, optimizer, {"step": 1}, {})
+        save_sharded_checkpoint(out, 1, lm, optimizer, state={"step": 1}, meta={})
         checkpoints = out / "checkpoints"
         if rank == full:  # its own disk, full: seen by this rank only
             private = ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(checkpoints)]
@@ -49,7 +49,7 @@ def main(rank: int, init: str, out: Path, full: int) -> None:
             fill(checkpoints, leave=4096)
         dist.barrier()
         try:
-            save_sharded_checkpoint(out, 2, lm, optimizer, {"step": 2}, {})
+            save_sharded_checkpoint(out, 2, lm, optimizer, state={"step": 2}, meta={})
             said = "written"
         except StorageFull as exc:
             said = f"StorageFull: {exc}"

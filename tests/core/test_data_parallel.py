@@ -23,7 +23,7 @@ from core.config import TrainConfig
 from core.parallel.distributed import World
 from core.training.callbacks import TrainerCallback
 from core.training.checkpoint import list_checkpoints
-from core.training.run import _Run
+from core.training.run import TrainingRun as _Run
 from core.training.trainer import train
 from tests.core.data_parallel_runs import (
     GROUP_SIZE,

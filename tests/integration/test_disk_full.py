@@ -1,5 +1,5 @@
-"""A full disk under the real service: its artifact folder on a 1 MiB tmpfs (`tests.small_disk`),
-the API and a worker on it, as an operator would meet it.
+"""A full disk under the real service: its artifact folder on a 1 MiB tmpfs
+(`tests.support.small_disk`), the API and a worker on it, as an operator would meet it.
 
 Uploads that do not fit answer 507 and leave no `.upload-*.part`; `/readyz` stays ready and says
 `disk: low`; the gauges show the disk; a job that cannot fit its first checkpoint is refused at

@@ -38,7 +38,20 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Ranks, list[
 def start(made: list[tuple[Ranks, list[Failure]]], *acts: str) -> tuple[Ranks, list[Failure]]:
     plan = json.dumps({str(rank): act for rank, act in enumerate(acts, start=1)})
     out = tempfile.mkdtemp(prefix="pdppo-ranks-")
-    job = RankJob("j1", plan, out, False, (), {}, None, len(acts) + 1, 1, False, 1, "INFO")
+    job = RankJob(
+        job_id="j1",
+        config_json=plan,
+        out_dir=out,
+        resume=False,
+        data_roots=(),
+        file_paths={},
+        model_dir=None,
+        size=len(acts) + 1,
+        port=1,
+        cuda=False,
+        torch_threads=1,
+        log_level="INFO",
+    )
     failures: list[Failure] = []
     ranks = Ranks(job, on_failure=failures.append)
     ranks.start()

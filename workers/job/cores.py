@@ -1,9 +1,10 @@
 """How many jobs run on this host's cores now, so that each job's torch threads are its share.
 
 torch's default, a thread per core in every process, makes jobs that share cores run 10-30x
-slower (DESIGN §3). `PDPPO_WORKER_JOBS_AT_ONCE` splits a worker's cores between the jobs it
-runs, but several workers on one machine (one per GPU, a second `pdppo worker`, `pdppo dev`
-beside compose) know nothing of each other, and each took every core. So each job process enters
+slower (docs/developers/design.md#jobs-in-a-process-of-their-own).
+`PDPPO_WORKER_JOBS_AT_ONCE` splits a worker's cores between the jobs it runs, but several
+workers on one machine (one per GPU, a second `pdppo worker`, `pdppo dev` beside compose) know
+nothing of each other, and each took every core. So each job process enters
 itself in its host's set of running jobs in Redis (job id, scored by when the entry lapses
 unless renewed), counts the live entries, and takes `cores // jobs // ranks` threads, at least
 one (`core.process.threads`). A thread renews the entry and counts again every few seconds; a

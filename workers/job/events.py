@@ -268,7 +268,7 @@ class JobCallback(TrainerCallback):
         self.fence = fence
         self.config = config
         self.cores = cores  # the job's share of the host's cores, applied at step boundaries
-        self._told = False
+        self._heard = False  # the trainer heard the worker's stop (`Stop`): it was told so
         self._phase: tuple[str, int | None] | None = None  # the last published, and when
         self._phase_at = 0.0
 
@@ -320,9 +320,10 @@ class JobCallback(TrainerCallback):
         self.publisher.log(message, level="warning")
 
     def should_stop(self) -> bool:
-        """Asked before every token: in-memory flags only. The first True for the worker's stop
-        tells the worker that the stop was heard, so it waits for the checkpoint instead of
-        killing the job. Raises `LeaseLost` once the lease is gone (a stale claim stops at once,
+        """Whether a stop is requested (`core.training.callbacks.Stop`), asked before every
+        token: in-memory flags only. The first True for the worker's stop is the trainer
+        hearing it: the worker is told, so it waits for the checkpoint instead of killing the
+        job. Raises `LeaseLost` once the lease is gone (a stale claim stops at once,
         without the checkpoint a True would write)."""
         self._raise_if_fenced()
         if self.publisher.failed:
@@ -331,15 +332,16 @@ class JobCallback(TrainerCallback):
         if not self.stop.is_set():
             return False
         self._ensure_held()
-        if not self._told:
-            self._told = True
+        if not self._heard:
+            self._heard = True
             with contextlib.suppress(OSError):
                 self.conn.send({"kind": "stopping"})
         return True
 
     def stop_keeps_work(self) -> bool:
-        """A pause, a timeout, a worker shutdown or a Redis outage finishes the step it stops
-        in and checkpoints it; a cancel (`cancelled`, set by the worker) keeps nothing."""
+        """Whether the stop keeps work (`Stop`): a pause, a timeout, a worker shutdown or a
+        Redis outage finishes the step it stops in and checkpoints it; a cancel (`cancelled`,
+        set by the worker) keeps nothing."""
         return self.cancelled is None or not self.cancelled.is_set()
 
     def _raise_if_fenced(self) -> None:

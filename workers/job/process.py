@@ -194,7 +194,16 @@ def _run(options: JobOptions, conn: WorkerPipe, stop: Event, cancelled: Event) -
     publisher = EventPublisher(store, job, retry, fence)
     publisher.start()
     try:
-        result = _train(options, conn, stop, cancelled, spec, job, publisher, fence)
+        result = _train(
+            options,
+            conn,
+            spec,
+            job,
+            stop=stop,
+            cancelled=cancelled,
+            publisher=publisher,
+            fence=fence,
+        )
     except LeaseLost as lost:
         publisher.abandon()
         log.warning("%s; stopped without a checkpoint, leaving the job to its next holder", lost)
@@ -216,14 +225,17 @@ def _run(options: JobOptions, conn: WorkerPipe, stop: Event, cancelled: Event) -
 def _train(
     options: JobOptions,
     conn: WorkerPipe,
-    stop: Event,
-    cancelled: Event,
     spec: JobSpec,
     job: JobRecord,
+    *,
+    stop: Event,
+    cancelled: Event,
     publisher: EventPublisher,
     fence: LeaseFence,
 ) -> dict[str, Any]:
-    """Raises `LeaseLost` when the claim loses its lease (and the trainer stops mid-way)."""
+    """The trainer on the job's spec; its stop is requested through `stop`, and keeps no work
+    when `cancelled` is set too (`core.training.callbacks.Stop`, `JobCallback`). Raises
+    `LeaseLost` when the claim loses its lease (and the trainer stops mid-way)."""
     from core.training.trainer import resolve_device, train
 
     try:
@@ -277,7 +289,9 @@ def _train(
             train,
             spec.train,
             Path(options.out_dir),
-            callback=JobCallback(publisher, stop, conn, fence, config, cancelled, cores),
+            callback=JobCallback(
+                publisher, stop, conn, fence=fence, config=config, cancelled=cancelled, cores=cores
+            ),
             resume=options.resume,
             data_roots=list(options.data_roots),
             file_paths=file_paths,

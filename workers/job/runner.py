@@ -323,7 +323,14 @@ def _supervise(
         if proc.exitcode != 0:  # killed or crashed, maybe mid-write; still this claim's job
             clear_temps(out_dir)
         return _conclude(
-            store, retry, job, lease, watch, proc.exitcode, oom_kills() > ooms, settings
+            store,
+            retry,
+            job,
+            lease=lease,
+            watch=watch,
+            exitcode=proc.exitcode,
+            oom_killed=oom_kills() > ooms,
+            settings=settings,
         )
     except LeaseLost as lost:
         proc.kill()  # another worker may hold the job now: not one more write from here

@@ -12,7 +12,6 @@ as the experiment and OpenAI creates did (the quota and admission ran before the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,21 +20,9 @@ import pytest
 
 from pdppo.settings import Settings
 from tests.support.inprocess import Request, send, upload
+from tests.support.openai_inprocess import GRADER, SMALL
+from tests.support.openai_inprocess import ROWS as OPENAI_ROWS
 from tests.support.specs import records, smoke_spec
-
-GRADER = {
-    "type": "string_check",
-    "name": "exact",
-    "input": "{{sample.output_text}}",
-    "reference": "{{item.answer}}",
-    "operation": "eq",
-}
-SMALL = {"train": {"steps": 2, "model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2}}}}
-OPENAI_ROWS = b"".join(
-    json.dumps({"messages": [{"role": "user", "content": f"{i}="}], "answer": str(i)}).encode()
-    + b"\n"
-    for i in range(8)
-)
 
 
 @dataclass(frozen=True)

@@ -360,6 +360,7 @@ class SpecProblem(BaseModel):
         "devices",
         "engine",
         "grader",
+        "task",
         "memory",
         "params",
         "tokens_per_step",

@@ -5,6 +5,7 @@ naming the field; and a job trains on generated rows and evaluates on the held-o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,37 @@ def test_a_job_trains_on_generated_rows_and_evaluates_the_held_out_ones(client: 
         assert sample["prompt"].startswith(prefix)
         word = sample["prompt"][len(prefix) :]
         assert len(word) == 3 and sample["answer"] == word[::-1]
+
+
+def test_an_experiment_over_reasoning_gym_children(
+    tmp_path: Path, cli_env: dict[str, str], client: Client
+) -> None:
+    """`pdppo experiment`: each child is a reasoning_gym job (its rows follow the child's seed:
+    the base sets no task.seed); a grid value that names no dataset, or that the dataset's config
+    refuses, is turned away before any child exists."""
+    base = _spec(dataset="spell_backward", config=SPELL)
+    spec = write_spec(tmp_path / "base.yaml", base)
+    before = [job.id for job in client.list(limit=100).items]
+    bad_name = ["--grid", "task.dataset=spell_backward,spell_backwards", "--seeds", "1"]
+    code, out, err = _run(["experiment", str(spec), *bad_name], cli_env)
+    assert code != 0 and "arm 'dataset=spell_backwards', seed 0" in err, (out, err)
+    assert "did you mean spell_backward?" in err
+    bad_value = ["--grid", "task.size=0,20", "--seeds", "1"]
+    code, out, err = _run(["experiment", str(spec), *bad_value], cli_env)
+    assert code != 0 and "arm 'size=0', seed 0" in err, (out, err)
+    assert [job.id for job in client.list(limit=100).items] == before
+
+    args = ["--grid", "task.size=20,30", "--seeds", "1", "--name", "rg", "--follow"]
+    code, out, err = _run(["experiment", str(spec), *args], cli_env)
+    assert code == 0, (out, err)
+    exp_id, status = out.strip().splitlines()[-1].split()
+    assert status == "succeeded"
+    table = out.strip().splitlines()
+    assert table[1].startswith("size=20") and table[2].startswith("size=30")
+    code, out, _ = _run(["experiments", "show", exp_id, "--json"], cli_env)
+    runs = [run for arm in json.loads(out)["arms"] for run in arm["runs"]]
+    specs = {(r["seed"], client.get(r["job_id"]).spec["train"]["task"]["size"]) for r in runs}
+    assert specs == {(0, 20), (0, 30)}
+    for r in runs:
+        task = client.get(r["job_id"]).spec["train"]["task"]
+        assert task["name"] == "reasoning_gym" and task["dataset"] == "spell_backward"

@@ -33,6 +33,11 @@ needs to know), never from `config`."""
 
 MAX_LISTED_CLOSE = 3
 
+DEFAULT_SIZE = 1000
+"""Training rows when `task.size` is not set."""
+DEFAULT_VALIDATION_SIZE = 100
+"""Held-out rows when `task.validation_size` is not set."""
+
 
 class WeightedDataset(Strict):
     """One dataset of `task.datasets`: rows are drawn from it in proportion to `weight`

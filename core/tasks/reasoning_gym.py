@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import TaskConfig
-from core.config.reasoning_gym import WeightedDataset
+from core.config.reasoning_gym import DEFAULT_SIZE, DEFAULT_VALIDATION_SIZE, WeightedDataset
 from core.config.reasoning_gym_catalog import Kind
 from core.extras import require
 from core.tasks.base import Example, Grades, Task
@@ -48,8 +48,6 @@ dataset seeded s from `Random(s + i)`: seeds closer than `task.size` would share
 SEED_RANGE = 2**31
 """Seeds are taken modulo this (some generators seed numpy, which wants 32 bits)."""
 
-DEFAULT_VALIDATION_SIZE = 100
-DEFAULT_SIZE = 1000
 HELD_OUT_TRIES = 20
 """Rows generated per held-out row wanted, at most, before the task says the question space is
 too small for the split."""

@@ -138,7 +138,7 @@ def main() -> None:
                 )
                 page.close()
             page, _ = open_page(browser, service, job_id, args.steps)
-            lags = live_lag(page, store, job_id, args.steps + 1, args.rate, 10)
+            lags = live_lag(page, store, job_id, first=args.steps + 1, rate=args.rate, seconds=10)
             print(
                 f"live, {args.rate:g} new steps/s on top of {args.steps}: the page's event loop "
                 f"was late by {lags[len(lags) // 2]:.0f} ms (median), "

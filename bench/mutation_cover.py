@@ -178,7 +178,9 @@ def run_baseline(
         baseline.file_of.update({n: test_file for n in nodeids})
         baseline.overhead[test_file] = max(0.0, wall - sum(result["total"].values()))
         owners = {int(pid): set(tests) for pid, tests in result["owners"].items()}
-        _charge(baseline, copy, data_dir, set(nodeids), result["pid"], owners)
+        _charge(
+            baseline, copy, data_dir, nodeids=set(nodeids), main_pid=result["pid"], owners=owners
+        )
         print(f"  baseline: {test_file} {len(nodeids)} tests, {wall:.0f}s", file=sys.stderr)
     baseline.seconds = time.monotonic() - started
     for module, lines in baseline.reach.items():

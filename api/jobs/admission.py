@@ -21,7 +21,6 @@ from core.budget import Budget, Limits, check, estimate
 from core.config import TaskConfig
 from core.config.graders import OpenAIGrader
 from core.extras import missing
-from core.graders.hosted import source_problems
 from core.graders.openai import refusals
 from pdppo.files import spec_file_ids
 from pdppo.job_models import FIELD as JOB_MODEL_FIELD
@@ -96,7 +95,6 @@ def admission(
             for where, why in refusals(
                 grader.grader, "train.task.grader.grader", settings.grader_options()
             )
-            + source_problems(grader.grader, "train.task.grader.grader")
         ]
     problems += task_problems(spec.train.task)
     problems += [

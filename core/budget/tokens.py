@@ -34,7 +34,7 @@ def _builtin_prompt_chars(task: TaskConfig) -> int:
     return len(task.name) + 2 + task.max_len
 
 
-def _builtin_answer_chars(task: TaskConfig) -> int:
+def builtin_answer_chars(task: TaskConfig) -> int:
     return task.max_len + 1 if task.name == "arithmetic" else task.max_len
 
 

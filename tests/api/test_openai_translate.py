@@ -305,6 +305,9 @@ def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> N
     )
 
 
+SOURCE = "def grade(sample, item):\n    return 1\n"  # valid: only the setting refuses it
+
+
 def test_a_native_spec_with_a_grader_no_worker_runs_is_refused_at_submission(
     settings: Any,  # noqa: F811
 ) -> None:
@@ -315,7 +318,7 @@ def test_a_native_spec_with_a_grader_no_worker_runs_is_refused_at_submission(
                 "file": FILE,
                 "grader": {
                     "type": "openai",
-                    "grader": {"type": "python", "name": "p", "source": "x = 1"},
+                    "grader": {"type": "python", "name": "p", "source": SOURCE},
                 },
             }
         }

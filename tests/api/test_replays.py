@@ -68,37 +68,37 @@ def _job_spec(file_id: str) -> dict[str, Any]:
 
 ROUTES: dict[str, Route] = {
     "jobs": Route(
-        "/v1/jobs",
-        201,
-        {"storage": 507, "active": 429, "budget": 422, "file": 422},
-        _job_spec,
-        records(8),
-        lambda made: [f"/v1/jobs/{made['id']}/cancel"],
+        path="/v1/jobs",
+        created=201,
+        refused={"storage": 507, "active": 429, "budget": 422, "file": 422},
+        body=_job_spec,
+        content=records(8),
+        cancel=lambda made: [f"/v1/jobs/{made['id']}/cancel"],
     ),
     "experiments": Route(
-        "/v1/experiments",
-        201,
-        {"storage": 507, "active": 429, "budget": 422, "file": 422},
-        lambda file_id: {
+        path="/v1/experiments",
+        created=201,
+        refused={"storage": 507, "active": 429, "budget": 422, "file": 422},
+        body=lambda file_id: {
             "base": _job_spec(file_id),
             "grid": {"algorithm.mask": ["predictive", "dppo"]},
             "seeds": 1,
         },
-        records(8),
-        lambda made: [f"/v1/experiments/{made['id']}/cancel"],
+        content=records(8),
+        cancel=lambda made: [f"/v1/experiments/{made['id']}/cancel"],
     ),
     "openai": Route(
-        "/v1/fine_tuning/jobs",
-        200,
-        {"storage": 507, "active": 429, "budget": 400, "file": 400},
-        lambda file_id: {
+        path="/v1/fine_tuning/jobs",
+        created=200,
+        refused={"storage": 507, "active": 429, "budget": 400, "file": 400},
+        body=lambda file_id: {
             "model": "builtin:tiny",
             "training_file": file_id,
             "method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}},
             "pdppo": SMALL,
         },
-        OPENAI_ROWS,
-        lambda made: [f"/v1/fine_tuning/jobs/{made['id']}/cancel"],
+        content=OPENAI_ROWS,
+        cancel=lambda made: [f"/v1/fine_tuning/jobs/{made['id']}/cancel"],
     ),
 }
 

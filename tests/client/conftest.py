@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from pdppo.client import Client, Event
+from pdppo.client import Client, Event, spec_yaml_dump
 from tests.integration.conftest import redis_server, service  # noqa: F401
 from tests.integration.stack import KEYS, Service, smoke_spec
 
@@ -37,7 +36,7 @@ def parked_spec(name: str = "parked") -> dict[str, Any]:
 
 
 def write_spec(path: Path, spec: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(spec_yaml_dump(spec))  # read back as written (`spec_yaml_load`)
     return path
 
 

@@ -53,7 +53,7 @@ def test_train_dry_run_exits_1_over_budget(tmp_path: Path) -> None:
     assert code == 1
     assert "parameters       12.9B (12,926,066,688)" in out
     assert err.splitlines() == [
-        "over budget: train.model.tiny: the job would need about 308 GiB of memory "
+        "over budget: train.model.tiny: the job would need about 241 GiB of memory "
         "(limit 12 GiB on cpu workers)",
         "over budget: train.model.tiny: the model has about 12.9B parameters "
         "(limit 1B on cpu workers)",

@@ -28,7 +28,7 @@ from core.parallel.sharding import shard
 from core.rollout import RolloutBatch, generate
 from core.training.callbacks import TrainerCallback
 from core.training.checkpoint import list_checkpoints
-from core.training.run import _Run
+from core.training.run import TrainingRun as _Run
 from core.training.trainer import build_optimizer, train
 from core.training.update import group_advantages, update_policy
 from tests.core.trainer_runs import SpreadReward, read_metrics, small_config, strip_timing

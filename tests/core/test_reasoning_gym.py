@@ -210,7 +210,8 @@ VALIDATION = [
     ),
     (
         {"dataset": "spell_backward", "config": {"max_word_length": 4}},
-        "task.config.max_word_length: spell_backward has no such key; did you mean max_word_len or min_word_len? "
+        "task.config.max_word_length: spell_backward has no such key; "
+        "did you mean max_word_len or min_word_len? "
         "(its keys: min_word_len, max_word_len, data_file)",
     ),
     (

@@ -197,7 +197,9 @@ def test_assemble_cuts_each_completion_at_its_eos() -> None:
     responses = torch.tensor([[5, 2, 0], [5, 6, 7], [2, 0, 0]])
     rmask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
     view = BehaviorView(torch.zeros(6), torch.zeros((6, 1), dtype=torch.long), torch.zeros((6, 1)))
-    batch = RolloutBatch.assemble(prompt_ids, prompt_mask, responses, rmask, view, eos)
+    batch = RolloutBatch.assemble(
+        prompt_ids, prompt_mask, responses, response_mask=rmask, behavior=view, eos=eos
+    )
     assert batch.completions == [[5], [5, 6, 7], []]
     assert batch.prompt_len == 2
     assert batch.input_ids.tolist() == [[0, 9, 5, 2, 0], [8, 9, 5, 6, 7], [8, 9, 2, 0, 0]]

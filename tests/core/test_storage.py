@@ -169,13 +169,13 @@ def test_a_final_model_that_does_not_fit_is_storage_full_and_leaves_no_folder(
     trainer's RuntimeError; neither leaves final/ or final.tmp."""
     cfg = small_config(steps=1, checkpoint_every=0)
     # the run's last-step checkpoint (weights and optimizer) would not fit either: skip it
-    monkeypatch.setattr(core.training.run._Run, "checkpoint", lambda self: None)
+    monkeypatch.setattr(core.training.run.TrainingRun, "checkpoint", lambda self: None)
     fill(disk, leave=100_000)  # the tiny model's weights take ~200 kB
     with pytest.raises(StorageFull) as raised:
         train(cfg, disk)
     assert "for final/" in str(raised.value)
     assert not {"final", "final.tmp"} & set(names(disk))
-    monkeypatch.setattr(core.training.trainer, "_tensor_bytes", lambda tensors: 0)
+    monkeypatch.setattr(core.training.run, "_tensor_bytes", lambda tensors: 0)
     with pytest.raises(StorageFull) as raised:
         train(cfg, disk)
     assert raised.value.__cause__ is not None

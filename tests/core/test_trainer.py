@@ -153,8 +153,9 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     train(cfg, tmp_path / "now")
 
     def old_call(**kwargs: Any) -> Any:
-        for name in ("ref_logprobs", "kl_beta", "normalizer"):
-            assert kwargs.pop(name) in (None, 0.0)
+        assert kwargs["region"].kl_beta == 0.0
+        for name in ("ref_logprobs", "normalizer"):
+            assert kwargs.pop(name) is None
         return policy_loss(**kwargs)
 
     def no_reference(*_: Any) -> None:
@@ -171,7 +172,7 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     b = load_file(str(tmp_path / "old" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     run = _Run(cfg, tmp_path / "run", TrainerCallback())
     assert run.reference is None and run.rollout_lm is run.lm  # no module but the policy
@@ -413,7 +414,7 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tmp_path: Path) -> No
     never trains, so after updates it still gives the loaded model's log-probs."""
     from core.models.hf import make_tiny_hf
     from core.rollout import generate, response_logits
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     hf = make_tiny_hf(tmp_path / "llama")
     cfg = small_config(
@@ -465,7 +466,7 @@ def test_an_unset_lr_follows_the_model(model: dict[str, Any], lr: float) -> None
 
 def test_the_trainer_uses_the_resolved_lr_of_an_hf_model(tmp_path: Path) -> None:
     from core.models.hf import make_tiny_hf
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     hf = make_tiny_hf(tmp_path / "llama")
     data = small_config().model_dump()
@@ -482,7 +483,7 @@ def test_job_model_starts_from_the_saved_final_in_its_family(tmp_path: Path) -> 
     spec's tiny dims) of a builtin:tiny final, a Hugging Face final through HFLM; without a
     folder it says that only a worker can resolve it."""
     from core.models.hf import HFLM, make_tiny_hf
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     first = train(small_config(steps=1, checkpoint_every=0), tmp_path / "a")
     assert first.final_model is not None

@@ -8,7 +8,6 @@ another database through `make_service`, so they never disturb the shared one.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -88,23 +87,30 @@ def service(
         svc.stop()
 
 
-@pytest.fixture
-def make_service(
-    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[..., Service]]:
-    """Builds extra services on fresh Redis databases (1, 2, ...); stopped after the test.
+def extra_service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, **env: str
+) -> Service:
+    """A service (not started) on a fresh Redis database (1, 2, ...): the next one after those
+    of the folders `extra*` this session made, one per service.
 
     Never a database already used in this session: a service on the session `service`'s
     database 0 (or on an earlier test's) shares its Celery queues, so that service's worker takes
     the new service's tasks. (With 16 databases and `% 16`, the 16th extra service of a full run
     landed on database 0: the job a test killed a worker under ran on the session worker.)"""
+    db = 1 + len(list(tmp_path_factory.getbasetemp().glob("extra*")))
+    assert db < REDIS_DATABASES, f"more than {REDIS_DATABASES - 1} extra services in a run"
+    return Service(redis_server, tmp_path_factory.mktemp("extra"), db=db, env=env)
+
+
+@pytest.fixture
+def make_service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Service]]:
+    """Builds extra services (`extra_service`); stopped after the test."""
     made: list[Service] = []
-    dbs = itertools.count(1 + len(list(tmp_path_factory.getbasetemp().glob("extra*"))))
 
     def make(**env: str) -> Service:
-        db = next(dbs)
-        assert db < REDIS_DATABASES, f"more than {REDIS_DATABASES - 1} extra services in a run"
-        svc = Service(redis_server, tmp_path_factory.mktemp("extra"), db=db, env=env)
+        svc = extra_service(redis_server, tmp_path_factory, **env)
         made.append(svc)
         return svc
 

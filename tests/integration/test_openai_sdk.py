@@ -300,6 +300,8 @@ def test_graders_are_validated_and_run_before_a_job_is_spent(client: OpenAI) -> 
     assert "is not a formula" in caught.value.message
 
 
+GRADE_ONE = "def grade(sample, item):\n    return 1\n"
+
 BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
     (
         "supervised",
@@ -317,7 +319,8 @@ BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ),
     (
         "a python grader",
-        {"method": reinforcement({"type": "python", "name": "p", "source": "x = 1"})},
+        # valid code: only the setting refuses it
+        {"method": reinforcement({"type": "python", "name": "p", "source": GRADE_ONE})},
         "method.reinforcement.grader",
         "python graders are off",
     ),
@@ -341,7 +344,13 @@ BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
         "metadata",
         "at most 16 items",
     ),
-    ("an unknown field", {"extra_body": {"epochs": 3}}, "epochs", "Extra inputs are not permitted"),
+    (
+        "an unknown field",
+        {"extra_body": {"epochs": 3}},
+        "epochs",
+        "unknown field epochs (this section takes: model, training_file, validation_file, seed, "
+        "suffix, metadata, method, hyperparameters, integrations, pdppo)",
+    ),
     (
         "an unknown grader type",
         {"method": reinforcement({"type": "label_model", "name": "l"})},

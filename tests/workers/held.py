@@ -44,7 +44,14 @@ class Held:
         watch = _Watch()
         watch.result, watch.reason, watch.killed = result, reason, killed
         return runner._conclude(
-            self.store, RETRY, self.job, self.lease, watch, exitcode, oom, SETTINGS
+            self.store,
+            RETRY,
+            self.job,
+            lease=self.lease,
+            watch=watch,
+            exitcode=exitcode,
+            oom_killed=oom,
+            settings=SETTINGS,
         )
 
     def field(self, name: str) -> str | None:

@@ -17,20 +17,15 @@ spec's RL steps.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.seed_runs import add_seed_options, read_rows, run_seeds  # noqa: E402  (after the path above)
+
 SPEC = ROOT / "examples" / "reasoning_gym.yaml"
-MODEL = ROOT / "examples" / "models" / "chat-llama"
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run_seed(seed: int, out: Path, steps: int | None) -> dict[str, Any]:
@@ -50,8 +45,8 @@ def run_seed(seed: int, out: Path, steps: int | None) -> dict[str, Any]:
     train(cfg, out)
     return {
         "seed": seed,
-        "metrics": _rows(out / "metrics.jsonl"),
-        "evals": _rows(out / "eval.jsonl"),
+        "metrics": read_rows(out / "metrics.jsonl"),
+        "evals": read_rows(out / "eval.jsonl"),
     }
 
 
@@ -114,20 +109,12 @@ def plot(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seeds", type=int, default=4)
-    p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="RL steps (default: the spec's)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-reasoning-gym")
+    add_seed_options(p, seeds=4, out=ROOT / "runs" / "bench-reasoning-gym")
     p.add_argument("--png", type=Path, default=None, help="write the curves here")
     args = p.parse_args(argv)
-    if not (MODEL / "config.json").exists():
-        print(f"no model at {MODEL}: run `python examples/build_chat_model.py` first")
+    runs = run_seeds(run_seed, args)
+    if runs is None:
         return 2
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_seed, s, args.out / f"seed-{s}", args.steps) for s in seeds]
-        runs = [f.result() for f in futures]
     summarise(runs, args.png)
     return 0
 

@@ -29,7 +29,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdppo.store import JobStore
-from tests.integration.stack import KEYS, RedisServer, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, RedisServer, Service
 
 METRICS = [
     *("reward_mean", "reward_std", "loss", "masked_fraction", "masked_fraction_pos"),

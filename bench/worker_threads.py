@@ -31,7 +31,8 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pdppo.store import events_key
-from tests.integration.stack import RedisServer, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service
 
 MODES = {"fixed": {"PDPPO_WORKER_JOBS_AT_ONCE": "1"}, "counted": {}}
 

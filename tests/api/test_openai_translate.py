@@ -13,16 +13,10 @@ import pytest
 from api.openai.errors import _translated
 from api.openai.schemas import FineTuningJobCreate
 from api.openai.translate import Refused, to_event, to_spec
-from tests.api.test_upload_route import KEYS, call, redis_url, settings  # noqa: F401
+from tests.support.inprocess import KEYS, call
+from tests.support.openai_inprocess import GRADER
 
 FILE = "file-" + "a" * 32
-GRADER = {
-    "type": "string_check",
-    "name": "exact",
-    "input": "{{sample.output_text}}",
-    "reference": "{{item.answer}}",
-    "operation": "eq",
-}
 
 
 def create(**changes: Any) -> FineTuningJobCreate:
@@ -283,7 +277,7 @@ def test_an_error_body_that_is_not_json_becomes_the_message() -> None:
     )
 
 
-def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> None:  # noqa: F811
+def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> None:
     (schema,) = call(settings, ("alice", "/openapi.json", {}))
     paths = schema.json()["paths"]
     openai_paths = [p for p in paths if p.startswith("/v1/fine_tuning")]
@@ -309,7 +303,7 @@ SOURCE = "def grade(sample, item):\n    return 1\n"  # valid: only the setting r
 
 
 def test_a_native_spec_with_a_grader_no_worker_runs_is_refused_at_submission(
-    settings: Any,  # noqa: F811
+    settings: Any,
 ) -> None:
     spec = {
         "train": {

@@ -12,8 +12,7 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import ApiError, Client
-from tests.client.conftest import parked_spec, write_spec
-from tests.integration.stack import smoke_spec
+from tests.support.specs import parked_spec, smoke_spec, write_spec
 
 TINY_13B = {"tiny": {"d_model": 4096, "n_layers": 64, "n_heads": 64, "max_seq_len": 8192}}
 

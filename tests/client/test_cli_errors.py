@@ -23,7 +23,8 @@ import yaml
 
 from pdppo.cli import main
 from tests.client.proxy import BadGateway
-from tests.integration.stack import KEYS, Service, free_port, pdppo_command, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service, free_port, pdppo_command
 
 TENANT = "carol"
 UNKNOWN_JOB = "job-doesnotexist"

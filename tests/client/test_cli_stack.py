@@ -14,9 +14,10 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import Client
-from tests.client.conftest import FinishedJob, parked_spec, write_spec
+from tests.client.jobs import FinishedJob
 from tests.client.proxy import DroppingProxy
-from tests.integration.stack import KEYS, Service, pdppo_command, smoke_spec
+from tests.support.specs import parked_spec, smoke_spec, write_spec
+from tests.support.stack import KEYS, Service, pdppo_command
 
 
 def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:

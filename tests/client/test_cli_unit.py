@@ -426,7 +426,7 @@ def test_train_says_why_the_run_could_not_start_in_one_line(tmp_path: Any) -> No
     from click.testing import CliRunner
 
     from pdppo.cli import main
-    from tests.integration.stack import smoke_spec
+    from tests.support.specs import smoke_spec
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")

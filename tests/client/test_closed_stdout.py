@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from tests.client.conftest import FinishedJob
-from tests.integration.stack import pdppo_command
+from tests.client.jobs import FinishedJob
+from tests.support.stack import pdppo_command
 
 SIGPIPE_STATUS = 141
 HEAD_RUNS = 12

@@ -24,8 +24,8 @@ from click.testing import CliRunner
 
 from core.training.steering import merge_patch
 from pdppo.cli import main
-from tests.client.conftest import parked_spec, write_spec
-from tests.integration.stack import KEYS, Service
+from tests.support.specs import parked_spec, write_spec
+from tests.support.stack import KEYS, Service
 
 TENANT = "carol"
 OUT = "{{sample.output_text}}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.stack import REPO, pdppo_command
+from tests.support.stack import REPO, pdppo_command
 
 SMOKE = REPO / "examples" / "smoke.yaml"
 BAD_SETTINGS = {"PDPPO_LEASE_SECONDS": "abc", "PDPPO_MAX_JOB_DEVICES": "0"}

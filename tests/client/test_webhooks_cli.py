@@ -30,14 +30,8 @@ from pdppo.commands.webhooks import (
     delivery_lines,
     webhook_line,
 )
-from tests.integration.stack import (
-    KEYS,
-    REPO,
-    RedisServer,
-    Service,
-    check_compose_healthcheck,
-)
-from tests.integration.webhook_receiver import Received, Receiver
+from tests.support.stack import KEYS, REPO, RedisServer, Service, check_compose_healthcheck
+from tests.support.webhook_receiver import Received, Receiver
 
 ENV = {
     "PDPPO_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",

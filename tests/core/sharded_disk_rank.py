@@ -24,8 +24,8 @@ from core.models import load_model
 from core.parallel.sharding import shard
 from core.training.checkpoint import save_sharded_checkpoint
 from core.training.trainer import build_optimizer
-from tests.core.trainer_runs import small_config
-from tests.small_disk import fill, names
+from tests.support.small_disk import fill, names
+from tests.support.trainer_runs import small_config
 
 DISK = 256 * 1024  # the full rank's disk: room for its shard of the first checkpoint, not more
 

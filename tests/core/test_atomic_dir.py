@@ -20,7 +20,7 @@ from core.disk.storage import StorageFull
 from core.models.tiny import TinyLM
 from core.training.checkpoint import list_checkpoints, save_checkpoint
 from core.training.trainer import train
-from tests.core.trainer_runs import small_config
+from tests.support.trainer_runs import small_config
 
 
 def _killed_during_final_save(out: str) -> None:

@@ -22,6 +22,7 @@ from core.rollout import (
     sampling_logprobs,
     topk_view,
 )
+from tests.core.argmax import argmax_decode
 
 
 def tiny(seed: int = 0) -> TinyLM:
@@ -231,25 +232,6 @@ def test_the_projection_multiplies_out_to_the_response_logits() -> None:
     proj = response_projection(lm, batch, 2.0)
     assert proj is not None and proj.hidden.shape == (len(batch.tokens), 32)
     assert torch.allclose(proj.materialize(), response_logits(lm, batch, 2.0), atol=1e-5)
-
-
-def argmax_decode(lm: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy decoding the slow, obvious way, for tests to hold `generate` to: each prompt
-    alone, without padding or the KV cache, the whole sequence run again for every token."""
-    out: list[list[int]] = []
-    with torch.no_grad():
-        for ids in prompts:
-            new: list[int] = []
-            for _ in range(max_new_tokens):
-                seq = torch.tensor([ids + new])
-                mask = torch.ones_like(seq, dtype=torch.bool)
-                logits, _ = lm.forward(seq, mask, torch.arange(seq.shape[1])[None], keep_last=1)
-                nxt = int(logits[0, -1].argmax())
-                if nxt == lm.tokenizer.eos_id:
-                    break
-                new.append(nxt)
-            out.append(new)
-    return out
 
 
 def test_greedy_decoding_is_the_argmax_and_records_no_behavior() -> None:

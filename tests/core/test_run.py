@@ -21,7 +21,7 @@ from core.rollout import RolloutBatch, StopRequested, generate
 from core.training.devices import resolve_device
 from core.training.run import TrainingRun as _Run
 from core.training.run import _as_random_state, _batch_stats, _Rollout
-from tests.core.trainer_runs import Recorder, small_config
+from tests.support.trainer_runs import Recorder, small_config
 
 
 def _run(tmp_path: Path, **overrides: Any) -> _Run:

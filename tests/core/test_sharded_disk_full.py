@@ -8,7 +8,8 @@ Only rank 0 checked before: with rank 1's disk full, rank 0 began writing, rank 
 mid-way, and rank 0 then failed in a collective with gloo's error, not the disk's.
 
 Rank 1's own disk is a tmpfs in a mount namespace of its own (`tests.core.sharded_disk_rank`):
-mounting needs root, as CI has (`tests.small_disk`); elsewhere the test is skipped, saying so."""
+mounting needs root, as CI has (`tests.support.small_disk`); elsewhere the test is skipped,
+saying so."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.stack import REPO
+from tests.support.stack import REPO
 
 
 def run_ranks(tmp_path: Path, full: int) -> dict[int, dict[str, object]]:

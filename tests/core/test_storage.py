@@ -1,5 +1,5 @@
-"""A full disk under a training run, on a real tmpfs (`tests.small_disk`): the checkpoint that
-does not fit is refused before it is written, one that fails mid-write leaves no temporary
+"""A full disk under a training run, on a real tmpfs (`tests.support.small_disk`): the checkpoint
+that does not fit is refused before it is written, one that fails mid-write leaves no temporary
 folder, the earlier checkpoints stay and the run resumes from them once space is back."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from core.disk.storage import (
 )
 from core.training.checkpoint import list_checkpoints
 from core.training.trainer import train
-from tests.core.trainer_runs import small_config
-from tests.small_disk import fill, names, small_disk
+from tests.support.small_disk import fill, names, small_disk
+from tests.support.trainer_runs import small_config
 
 MIB = 1 << 20
 

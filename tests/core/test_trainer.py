@@ -18,11 +18,9 @@ from core.models import load_model
 from core.objective.loss import policy_loss
 from core.training.schedule import lr_at
 from core.training.trainer import TrainerCallback, group_advantages, train
-from tests.core.trainer_runs import (
+from tests.support.trainer_runs import (
     TIMING,
     Recorder,
-    SpreadReward,
-    ZeroReward,
     read_metrics,
     small_config,
     strip_timing,
@@ -271,22 +269,6 @@ def test_offpolicy_logratio_covers_every_token_of_the_first_epoch(
     assert row["offpolicy_logratio_abs"] == pytest.approx(float(first_epoch.mean()), rel=1e-6)
     # the first minibatch is on-policy, the second is measured after the first update
     assert float(torch.cat(seen[2:4]).mean()) > 100 * float(torch.cat(seen[:2]).mean())
-
-
-@pytest.fixture
-def spread_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.training.run as run_module
-
-    real = run_module.make_task
-    monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: SpreadReward(real(*a, **kw)))
-
-
-@pytest.fixture
-def zero_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.training.run as run_module
-
-    real = run_module.make_task
-    monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: ZeroReward(real(*a, **kw)))
 
 
 @pytest.mark.usefixtures("zero_reward")

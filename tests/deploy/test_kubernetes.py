@@ -34,7 +34,7 @@ from tests.deploy.kubernetes import (
     render,
     schema_errors,
 )
-from tests.integration.stack import RedisServer, Service
+from tests.support.stack import RedisServer, Service
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_PATH = ROOT / "deploy" / "docker-compose.yml"

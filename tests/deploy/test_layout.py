@@ -370,16 +370,115 @@ def test_core_imports_no_web_or_queue_code() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+NOQA_F401, NOQA_F811 = "noqa: " + "F401", "noqa: " + "F811"  # not themselves in this file
+
+# -- the tests' own layout --------------------------------------------------------------------
+# Helpers a test needs come from tests/support (or a helper module of its folder), fixtures from
+# the conftest.py files pytest finds on its own: a test module imported by another runs its
+# tests' module-level code twice and hides where a helper lives, and a fixture imported into a
+# module (with a `noqa` for the name it shadows) is a second, separate instance of it.
+
+
+def _tests_imports(path: Path, submodules: bool = True) -> list[tuple[int, str, list[str]]]:
+    """(line, module, imported names) of each absolute `from`/`import` of `path`; with
+    `submodules`, each name of a `from` also as a module (`from tests.x import conftest`)."""
+    out: list[tuple[int, str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+            if submodules:
+                out += [(node.lineno, f"{node.module}.{a.name}", []) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+    return out
+
+
+def breaks_in_tests(root: Path) -> list[str]:
+    """Each test module import, and each `noqa: F401`/`F811` that lets a fixture be imported,
+    in `root`/tests, named by file and line."""
+    breaks: list[str] = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        where = path.relative_to(root)
+        source = path.read_text()
+        for line, module, _ in _tests_imports(path):
+            last = module.rsplit(".", 1)[-1]
+            if module.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                breaks.append(f"{where}:{line} imports {module}")
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+                for n in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                    if NOQA_F401 in lines[n - 1]:
+                        breaks.append(f"{where}:{n} imports from tests with noqa: F401")
+        for n, text in enumerate(lines, 1):
+            if NOQA_F811 in text:
+                breaks.append(f"{where}:{n} redefines an imported name (noqa F811)")
+    return breaks
+
+
+def test_no_test_module_imports_another_and_no_fixture_is_imported() -> None:
+    assert breaks_in_tests(ROOT) == []
+
+
+def bench_breaks(root: Path) -> list[str]:
+    """Each import in `root`/bench of test code outside tests/support (a private name from
+    anywhere is `test_no_module_imports_a_private_name_of_another`'s)."""
+    breaks: list[str] = []
+    for path in sorted((root / "bench").rglob("*.py")):
+        where = path.relative_to(root)
+        for line, module, _ in _tests_imports(path, submodules=False):
+            if module.split(".")[0] == "tests" and not (
+                module == "tests.support" or module.startswith("tests.support.")
+            ):
+                breaks.append(f"{where}:{line} imports {module}")
+    return breaks
+
+
+def test_bench_imports_only_public_code_and_tests_support() -> None:
+    assert bench_breaks(ROOT) == []
+
+
+def test_test_module_and_bench_breaks_are_named(tmp_path: Path) -> None:
+    """The two checks above on a tree that breaks every rule once, and on its mended copy."""
+    files = {
+        "tests/api/test_a.py": "def helper() -> int:\n    return 1\n",
+        "tests/api/test_b.py": "from tests.api.test_a import helper\n",
+        "tests/api/test_c.py": (
+            f"from tests.support.inprocess import (  # {NOQA_F401}\n    settings,\n)\n\n\n"
+            f"def test_c(settings: object) -> None:  # {NOQA_F811}\n    pass\n"
+        ),
+        "tests/api/test_d.py": "from tests.integration import conftest\n",
+        "bench/load.py": (
+            "from tests.support.stack import _stop\nfrom tests.integration.probe import probe\n"
+        ),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert breaks_in_tests(tmp_path) == [
+        "tests/api/test_b.py:1 imports tests.api.test_a",
+        "tests/api/test_c.py:1 imports from tests with noqa: F401",
+        "tests/api/test_c.py:6 redefines an imported name (noqa F811)",
+        "tests/api/test_d.py:1 imports tests.integration.conftest",
+    ]
+    assert bench_breaks(tmp_path) == ["bench/load.py:2 imports tests.integration.probe"]
+    assert private_imports(tmp_path, ["bench"]) == [("bench/load.py: tests.support.stack._stop", 1)]
+    (tmp_path / "tests/api/test_b.py").write_text("from tests.support.inprocess import send\n")
+    (tmp_path / "tests/api/test_c.py").write_text(
+        "def test_c(settings: object) -> None:\n    pass\n"
+    )
+    (tmp_path / "tests/api/test_d.py").write_text("from tests.support import waits\n")
+    (tmp_path / "bench/load.py").write_text("from tests.support.stack import stop_process\n")
+    assert (breaks_in_tests(tmp_path), bench_breaks(tmp_path)) == ([], [])
+    assert private_imports(tmp_path, ["bench"]) == []
+
+
 # Where a name starting with `_` may not be imported from another module (tests may).
 PRIVATE_TOPS = ("api", "workers", "core", "pdppo", "bench")
 
-# Private imports another branch of issue 50 removes; the lead drops each entry as it merges.
-PENDING: frozenset[str] = frozenset(
-    {
-        # i50-tests: bench/ imports only public code or tests/support
-        "bench/api_load.py: tests.integration.stack._stop",
-    }
-)
+# Private imports another branch removes; the lead drops each entry as it merges. Empty since
+# i50-tests: bench/api_load.py stops its processes with tests.support.stack.stop_process.
+PENDING: frozenset[str] = frozenset()
 
 
 def _private(name: str) -> bool:

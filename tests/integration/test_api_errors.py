@@ -8,8 +8,9 @@ import uuid
 import httpx
 import pytest
 
-from tests.integration.conftest import wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import wait_status
 
 
 def gpu_spec(name: str = "parked") -> dict[str, object]:

@@ -29,7 +29,8 @@ from core.budget import GIB, check, estimate, format_bytes
 from core.models.local_hf import make_tiny_hf
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
 
 TINY_13B = {"tiny": {"d_model": 4096, "n_layers": 64, "n_heads": 64, "max_seq_len": 8192}}
 # (label, spec, field the 422 must name): the specs verbatim, then in-bounds variants

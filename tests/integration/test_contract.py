@@ -24,8 +24,9 @@ import redis
 from api.openai.errors import is_openai
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
 from pdppo.store import job_key
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import read_events, wait_status
 
 REF = "#/components/schemas/"
 ERROR_REF = REF + "ErrorBody"

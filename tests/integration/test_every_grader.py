@@ -21,8 +21,8 @@ import pytest
 
 from tests.core.chat_server import Endpoint
 from tests.core.plugins import install_plugins
-from tests.integration.conftest import TERMINAL, extra_service, wait_status
-from tests.integration.stack import RedisServer, Service
+from tests.support.stack import RedisServer, Service, extra_service
+from tests.support.waits import TERMINAL, wait_status
 
 TENANT = "alice"
 SHAPES = [{"type": "integer"}, {"type": "string"}]  # "7" is JSON 7: the first accepts it

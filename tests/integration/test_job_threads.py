@@ -19,8 +19,9 @@ import redis
 import yaml
 
 from pdppo.store import events_key, job_key
-from tests.integration.conftest import TERMINAL, read_events, wait_status
-from tests.integration.stack import Service, pdppo_command, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service, pdppo_command
+from tests.support.waits import TERMINAL, read_events, wait_status
 
 CORES = len(os.sched_getaffinity(0))  # the workers these tests start inherit it
 LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it

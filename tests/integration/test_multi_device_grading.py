@@ -14,8 +14,9 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import wait_status
-from tests.integration.stack import TWO_DEVICES, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import TWO_DEVICES, Service
+from tests.support.waits import wait_status
 
 STEPS, PROMPTS, GROUP = 3, 4, 4
 SOURCE = (

@@ -6,7 +6,6 @@ by page, pause, resume, cancel, checkpoints, graders validated and run, and Open
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -20,78 +19,23 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.stack import KEYS, REPO, Service
+from tests.integration.openai_sdk import (
+    MULTI,
+    SMALL,
+    reinforcement,
+    rft_rows,
+    upload,
+    wait,
+)
+from tests.support.stack import KEYS, REPO, Service
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-TINY = {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 48}
-SMALL = {
-    "resources": {"device": "cpu"},
-    "train": {
-        "model": {"tiny": TINY},
-        "rollout": {"group_size": 4, "max_new_tokens": 4},
-        "checkpoint_every": 2,
-        "keep_checkpoints": 2,
-        "device": "cpu",
-    },
-}
-OUT = "{{sample.output_text}}"
-MULTI: dict[str, Any] = {
-    "type": "multi",
-    "name": "answer",
-    "graders": {
-        "exact": {
-            "type": "string_check",
-            "name": "exact",
-            "input": OUT,
-            "reference": "{{item.answer}}",
-            "operation": "eq",
-        },
-        "close": {
-            "type": "text_similarity",
-            "name": "close",
-            "input": OUT,
-            "reference": "{{item.answer}}",
-            "evaluation_metric": "fuzzy_match",
-        },
-    },
-    "calculate_output": "max(exact, 0.5 * close)",
-}
-
-
-def rft_rows(n: int, tag: str = "") -> bytes:
-    """OpenAI's RFT format: `messages` and the fields the grader reads."""
-    rows = []
-    for i in range(n):
-        digits = f"{(i * 37 + 11) % 1000:03d}"
-        message = {"role": "user", "content": f"{tag}{digits}="}
-        rows.append(json.dumps({"messages": [message], "answer": digits[::-1]}))
-    return ("\n".join(rows) + "\n").encode()
 
 
 @pytest.fixture
 def client(service: Service) -> Iterator[OpenAI]:
     with OpenAI(base_url=f"{service.base_url}/v1", api_key=KEYS["alice"], max_retries=0) as c:
         yield c
-
-
-def reinforcement(grader: dict[str, Any] | None = None, **hp: Any) -> dict[str, Any]:
-    return {
-        "type": "reinforcement",
-        "reinforcement": {"grader": grader or MULTI, "hyperparameters": hp},
-    }
-
-
-def wait(client: OpenAI, job_id: str, statuses: set[str], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.fine_tuning.jobs.retrieve(job_id)
-        if job.status in statuses or time.monotonic() > deadline:
-            return job
-        time.sleep(0.2)
-
-
-def upload(client: OpenAI, content: bytes, name: str = "train.jsonl") -> str:
-    return client.files.create(file=(name, content), purpose="fine-tune").id
 
 
 def readme_example() -> tuple[str, str]:

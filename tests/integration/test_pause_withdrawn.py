@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.integration.conftest import read_events, wait_for, wait_status
-from tests.integration.stack import RedisServer, Service, job_pids, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service, job_pids
+from tests.support.waits import read_events, wait_for, wait_status
 
 LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it
 TERMINAL = {"succeeded", "failed", "cancelled"}

@@ -13,7 +13,7 @@ import redis
 from pdppo.store import OUTBOX, JobStore, events_key, job_key, now_iso, tenant_active_key
 from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.keys import lease_key
-from tests.integration.conftest import Run
+from tests.support.stack import Run
 
 LIMIT = 2
 

@@ -30,12 +30,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import (
-    every_step_once,
-    wait_for,
-    wait_status,
-)
-from tests.integration.stack import RedisServer, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service
+from tests.support.waits import every_step_once, wait_for, wait_status
 
 # Short store and broker timeouts, so that a worker that does stop does so in seconds; with them
 # it stops in about 2-10 s here, and before the fix it never did.

@@ -30,9 +30,9 @@ from pdppo.store.keys import (
     tenant_active_key,
     tenant_jobs_key,
 )
-from tests.integration.stack import RedisServer
-from tests.store.seed import seed_job
 from tests.store.transitions import JOB, QUEUE, ROWS, STATES, TENANT, TOKEN, TRACKED, Row
+from tests.support.seed import seed_job
+from tests.support.stack import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.stack import REPO, running, smoke_spec, still_running
+from tests.support.specs import smoke_spec
+from tests.support.stack import REPO, running, still_running
 from workers.job.ranks import RankJob, Ranks
 
 # A parent that starts one child armed with `die_with_parent` (which then says so in a file),

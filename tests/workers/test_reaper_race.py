@@ -23,8 +23,8 @@ import pytest
 import redis
 
 from pdppo.store import JobStore, StoreRetry, job_key
-from tests.integration.stack import RedisServer
-from tests.workers.test_publisher import running_job, stream
+from tests.support.seed import running_job, stream
+from tests.support.stack import RedisServer
 from workers.job import runner
 from workers.job.lease import Lease
 from workers.upkeep.reaper import reap_once

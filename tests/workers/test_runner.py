@@ -19,7 +19,7 @@ import redis
 
 from pdppo.store import JobStore, StoreRetry, job_key, now_iso
 from pdppo.store.keys import lease_key
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from tests.workers.held import RETRY, Held
 from workers.job import runner
 from workers.job.lease import LeaseLost

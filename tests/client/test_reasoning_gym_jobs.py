@@ -14,8 +14,7 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import ApiError, Client
-from tests.client.conftest import write_spec
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec, write_spec
 
 SPELL = {"min_word_len": 3, "max_word_len": 3}
 

@@ -22,6 +22,7 @@ from openai import OpenAI
 from tests.integration.openai_sdk import (
     MULTI,
     SMALL,
+    TINY,
     reinforcement,
     rft_rows,
     upload,

@@ -367,6 +367,7 @@ class SpecProblem(BaseModel):
         "devices",
         "engine",
         "grader",
+        "task",
         "memory",
         "params",
         "tokens_per_step",

@@ -57,7 +57,7 @@ from core.budget.tokens import UNKNOWN_SEQ_LEN as UNKNOWN_SEQ_LEN
 from core.budget.tokens import builtin_answer_chars, prompt_tokens
 from core.budget.units import GIB as GIB
 from core.budget.units import MIB as MIB
-from core.config import TrainConfig
+from core.config import BUILTIN_TASKS, TrainConfig
 
 # The names above imported "as" themselves are re-exported: importable from here, as before the
 # split, though not in `__all__`.
@@ -198,7 +198,7 @@ def estimate(
     else:
         items = memory_items(cfg, shape, prompt, device, devices)
         peak, peak_phases = peak_of(items)
-    if cfg.task.warmup_steps and cfg.task.name != "jsonl":
+    if cfg.task.warmup_steps and cfg.task.name in BUILTIN_TASKS:
         notes.append(
             f"the warm-up adds about {format_count(_warmup_tokens(cfg, prompt))} tokens "
             "(not in total_tokens)"

@@ -41,7 +41,7 @@ from typing import Literal
 from core.budget.shapes import ModelShape
 from core.budget.tokens import builtin_answer_chars
 from core.budget.units import GIB, MIB
-from core.config import TrainConfig
+from core.config import BUILTIN_TASKS, TrainConfig
 from core.config.fused import fused_loss_runs, projects_plainly
 
 Queue = Literal["cpu", "gpu"]
@@ -99,7 +99,7 @@ def batch_field(cfg: TrainConfig) -> tuple[str, float]:
         "train.rollout.group_size": cfg.rollout.group_size,
         "train.rollout.max_new_tokens": cfg.rollout.max_new_tokens,
     }
-    if cfg.task.name != "jsonl":
+    if cfg.task.name in BUILTIN_TASKS:
         values["train.task.max_len"] = cfg.task.max_len
     ratios = {f: v / _BATCH_DEFAULTS[f] for f, v in values.items()}
     best = max(ratios, key=lambda f: (ratios[f], f == "train.rollout.group_size"))
@@ -320,7 +320,7 @@ def memory_items(
         add("reference_forward", "update", ref, "train.algorithm.kl_beta")
 
     # the format warm-up: its own AdamW and batches of warmup_batch_size
-    if task.warmup_steps and task.name != "jsonl":
+    if task.warmup_steps and task.name in BUILTIN_TASKS:
         wb = task.warmup_batch_size
         wnew = builtin_answer_chars(task) + 1
         wf = "train.task.warmup_batch_size"

@@ -89,6 +89,7 @@ def train(
         spec = load_spec(Path(spec_path))
     except SpecError as exc:
         raise UserError(str(exc)) from exc
+    _check_task_values(spec)
     if dry_run:
         raise SystemExit(_dry_run(spec))
     out = Path(out_dir) if out_dir else Path("runs") / (spec.name or Path(spec_path).stem)
@@ -113,6 +114,19 @@ def train(
     click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
     if result.final_model is not None:
         click.echo(f"final model: {result.final_model}")
+
+
+def _check_task_values(spec: JobSpec) -> None:
+    """A reasoning-gym dataset's config values, as its config class judges them, before any
+    model loads (the schema checked the names: `core.tasks.reasoning_gym.check_values`)."""
+    if spec.train.task.name != "reasoning_gym":
+        return
+    from core.tasks.reasoning_gym import check_values
+
+    try:
+        check_values(spec.train.task)
+    except (ValueError, ImportError) as exc:
+        raise UserError(str(exc)) from exc
 
 
 class RankFailed(RuntimeError):

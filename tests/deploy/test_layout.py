@@ -35,7 +35,7 @@ CORE_RULES: dict[str, frozenset[str]] = {
     "core.process": frozenset(),
     "core.objective": frozenset(),
     "core.graders": frozenset({"core.config", "core.extras", "core.process"}),
-    "core.tasks": frozenset({"core.config", "core.disk", "core.graders"}),
+    "core.tasks": frozenset({"core.config", "core.disk", "core.extras", "core.graders"}),
     "core.models": frozenset({"core.config", "core.disk", "core.extras", "core.tasks"}),
     "core.budget": frozenset({"core.config", "core.disk"}),
     "core.experiments": frozenset({"core.config"}),

@@ -22,6 +22,7 @@ from openai import OpenAI
 from tests.integration.openai_sdk import (
     MULTI,
     SMALL,
+    TINY,
     reinforcement,
     rft_rows,
     upload,
@@ -149,6 +150,47 @@ def test_a_reinforcement_job_from_the_sdk_trains_and_reports(client: OpenAI) -> 
         extra_body={"pdppo": {"train": {"steps": 1, "device": "cpu"}}},
     )
     assert wait(client, later.id, TERMINAL).status == "succeeded"
+
+
+def test_a_reasoning_gym_job_from_the_sdk_needs_no_file_nor_grader(client: OpenAI) -> None:
+    """The task in extra_body's pdppo extension: rows generated on the worker, scored by the
+    dataset's score_answer; `training_file` left out with the SDK's `omit`. One epoch of 8 rows
+    at 4 a step is 2 steps, and the held-out rows are evaluated at the last."""
+    from openai import omit
+
+    task = {
+        "name": "reasoning_gym",
+        "dataset": "spell_backward",
+        "config": {"min_word_len": 3, "max_word_len": 3},
+        "size": 8,
+        "validation_size": 4,
+    }
+    tiny = {**TINY, "max_seq_len": 80}
+    pdppo = {**SMALL, "train": {**SMALL["train"], "model": {"tiny": tiny}, "task": task}}
+    job = client.fine_tuning.jobs.create(
+        model="builtin:tiny",
+        training_file=omit,  # type: ignore[arg-type]  # the SDK's signature wants a file
+        method={"type": "reinforcement", "reinforcement": {"hyperparameters": {"batch_size": 4}}},
+        extra_body={"pdppo": pdppo},
+    )
+    assert job.training_file is None
+    assert job.model_extra is not None and job.model_extra["pdppo"]["total_steps"] == 2
+    done = wait(client, job.id, TERMINAL)
+    assert done.status == "succeeded", done
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
+    evaluation = [e.data for e in events if e.type == "metrics" and e.data.get("eval")]
+    assert [e["step"] for e in evaluation] == [2] and evaluation[0]["eval_prompts"] == 4
+
+    file = upload(client, rft_rows(4))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.fine_tuning.jobs.create(
+            model="builtin:tiny",
+            training_file=file,
+            method={"type": "reinforcement", "reinforcement": {}},
+            extra_body={"pdppo": pdppo},
+        )
+    assert info.value.param == "training_file"
+    assert "a reasoning_gym task (pdppo.train.task) generates its rows" in info.value.message
 
 
 def _stream_order(event_id: str) -> tuple[int, int]:

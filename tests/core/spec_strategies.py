@@ -21,7 +21,8 @@ from pydantic.fields import FieldInfo
 
 from core.config.graders import MultiGrader
 from core.config.openai_graders import FORMULA_FUNCTIONS, OpenAIMulti, OpenAIPython
-from core.config.task import TaskConfig
+from core.config.reasoning_gym import dataset_names
+from core.config.task import REASONING_GYM_FIELDS, TaskConfig
 
 Strategy = st.SearchStrategy[Any]
 
@@ -206,6 +207,9 @@ def task(draw: st.DrawFn, name: str | None = None) -> dict[str, Any]:
     them freely, 1 in 64 draws of a built-in task would be valid)."""
     data: dict[str, Any] = draw(_fields(TaskConfig))
     data["name"] = name or data.get("name", TaskConfig.model_fields["name"].default)
+    if data["name"] == "reasoning_gym":
+        return _reasoning_gym(draw, {k: v for k, v in data.items() if k not in JSONL_ONLY})
+    data = {k: v for k, v in data.items() if k not in (*REASONING_GYM_FIELDS, "system_prompt")}
     if data["name"] != "jsonl":
         return {k: v for k, v in data.items() if k not in JSONL_ONLY}
     if ("path" in data) == ("file" in data):
@@ -218,6 +222,24 @@ def task(draw: st.DrawFn, name: str | None = None) -> dict[str, Any]:
         data.pop("validation_file", None)
     if "validation_path" in data or "validation_file" in data:
         data.pop("validation_fraction", None)
+    return data
+
+
+def _reasoning_gym(draw: st.DrawFn, data: dict[str, Any]) -> dict[str, Any]:
+    """Exactly one of `dataset` (with its config) and `datasets`, named from the shipped
+    catalogue with an empty config (a config drawn freely names keys no dataset has)."""
+    names = dataset_names()
+    data.pop("config", None)
+    if draw(st.booleans()):
+        data.pop("datasets", None)
+        data["dataset"] = draw(st.sampled_from(names))
+        if draw(st.booleans()):
+            data["config"] = {}
+        return data
+    data.pop("dataset", None)
+    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True))
+    weights = st.floats(min_value=0.01, max_value=100, allow_nan=False)
+    data["datasets"] = [{"name": n, "weight": draw(weights), "config": {}} for n in chosen]
     return data
 
 

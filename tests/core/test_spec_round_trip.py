@@ -22,7 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from core.config import TrainConfig
 from core.config.graders import GraderConfig, JsonSchemaGrader
 from core.config.openai_graders import OpenAIGraderConfig
-from core.config.task import TaskConfig
+from core.config.task import REASONING_GYM_FIELDS, TaskConfig
 from core.training.steering import steered
 from pdppo.client import spec_to_dict
 from pdppo.client.specs import spec_yaml_dump, spec_yaml_load
@@ -227,8 +227,31 @@ FULL_SPEC: dict[str, Any] = {
 }
 
 
-EXCLUSIVE = {"train.task.path", "train.task.validation_file"}
-"""Fields FULL_SPEC leaves out because one it sets excludes them (task.file, validation_path)."""
+REASONING_GYM_ONLY = {f"train.task.{name}" for name in (*REASONING_GYM_FIELDS, "system_prompt")}
+EXCLUSIVE = {"train.task.path", "train.task.validation_file"} | REASONING_GYM_ONLY
+"""Fields FULL_SPEC leaves out because one it sets excludes them (task.file, validation_path;
+its jsonl task, every field of a reasoning_gym task: those are FULL_REASONING_GYM's)."""
+
+FULL_REASONING_GYM: list[dict[str, Any]] = [
+    {
+        "name": "reasoning_gym",
+        "dataset": "basic_arithmetic",
+        "config": {"min_terms": 2, "max_terms": 3, "allow_parentheses": False},
+        "size": 50,
+        "seed": 3,
+        "validation_size": 10,
+        "system_prompt": "Answer inside <answer></answer>.",
+    },
+    {
+        "name": "reasoning_gym",
+        "datasets": [
+            {"name": "basic_arithmetic", "weight": 2.5, "config": {"min_terms": 2}},
+            {"name": "spell_backward", "weight": 1.0, "config": {}},
+        ],
+    },
+]
+"""Tasks that set every field only a reasoning_gym task takes, between them (`dataset` and
+`datasets` exclude each other)."""
 
 
 def _unset(model: BaseModel, where: str = "") -> list[str]:
@@ -251,6 +274,13 @@ def test_the_full_spec_sets_every_field_and_round_trips() -> None:
     assert_spec_round_trips(spec)
     grader = spec.train.task.grader
     assert isinstance(grader, JsonSchemaGrader) and grader.json_schema == {"type": "object"}
+
+    given: set[str] = set()
+    for task_data in FULL_REASONING_GYM:
+        rg = JobSpec.model_validate(FULL_SPEC | {"train": FULL_SPEC["train"] | {"task": task_data}})
+        assert_spec_round_trips(rg)
+        given |= {f"train.task.{name}" for name in rg.train.task.model_fields_set}
+    assert given >= REASONING_GYM_ONLY, REASONING_GYM_ONLY - given
 
 
 def test_a_spec_stored_with_the_old_field_name_still_loads() -> None:

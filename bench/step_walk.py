@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from types import FrameType
@@ -81,8 +82,6 @@ def main() -> None:
     config = TrainConfig.model_validate(
         load_spec(root / "examples" / "smoke.yaml").train.model_dump()
     )
-    import tempfile
-
     torch.set_num_threads(1)
     sys.setprofile(walk.trace)
     try:

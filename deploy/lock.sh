@@ -23,8 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CPU_EXTRAS=server,worker,lora,math,jsonschema,similarity,trackers,reasoning
-GPU_EXTRAS=worker,lora,math,jsonschema,similarity,trackers,reasoning,vllm
+CPU_EXTRAS=server,worker,lora,math,jsonschema,similarity,trackers
+GPU_EXTRAS=worker,lora,math,jsonschema,similarity,trackers,vllm
 
 torch_version="${TORCH_VERSION:-2.13.0}"
 index="${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"

@@ -47,7 +47,6 @@ def test_the_cpu_image_installs_the_extras_its_lock_pins() -> None:
         "jsonschema",
         "similarity",
         "trackers",
-        "reasoning",
     ]
 
 
@@ -62,7 +61,6 @@ def test_the_gpu_image_installs_the_extras_its_lock_pins() -> None:
         "jsonschema",
         "similarity",
         "trackers",
-        "reasoning",
         "vllm",
     ]
 
@@ -78,7 +76,6 @@ def test_both_images_run_the_same_job_features() -> None:
     gpu = _lock_extras("GPU_EXTRAS")
     assert set(gpu) == cpu - {"server"} | {"vllm"}
     assert "trackers" in gpu and "trackers" in cpu
-    assert "reasoning" in gpu and "reasoning" in cpu
     compose = (DEPLOY / "docker-compose.yml").read_text()
     assert f"EXTRAS: ${{GPU_EXTRAS:-{','.join(gpu)}}}" in compose
     assert _requirement_names(["trackers"]) == {"tensorboard", "mlflow-skinny", "wandb"}
@@ -93,7 +90,6 @@ def test_the_pins_hold_the_trackers(constraints: str) -> None:
         if "==" in line
     }
     assert {"tensorboard", "mlflow-skinny", "wandb"} <= pinned
-    assert "reasoning-gym" in pinned
 
 
 @pytest.mark.parametrize("lock", ["CPU_EXTRAS", "GPU_EXTRAS"])

@@ -68,6 +68,7 @@ from api.routes import (
 from api.schemas import ErrorBody, ValidationErrorBody
 from api.storage.uploads import FORM_OVERHEAD_BYTES
 from api.streaming.events import EventHub, freeze_startup_heap, redis_driver_info
+from core.config.names import unknown_field
 from pdppo import __version__
 from pdppo.settings import Settings, get_settings
 from pdppo.store import AsyncJobStore
@@ -94,15 +95,61 @@ def _message(msg: str) -> str:
     return msg
 
 
+def _body_model(request: Request) -> Any:
+    """The type the route reads its body as (a JobSpec), or None."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    return None if body is None else body.field_info.annotation
+
+
+def _hinted(request: Request, error: dict[str, Any]) -> dict[str, Any]:
+    """An unknown key of the body told with the close field (`core.config.names`)."""
+    loc = list(error.get("loc", ()))
+    model = _body_model(request)
+    if error.get("type") != "extra_forbidden" or loc[:1] != ["body"] or model is None:
+        return error
+    return {**error, "msg": unknown_field(model, loc[1:])}
+
+
+def _line_column(body: Any, position: Any) -> str:
+    """` (line L, column C)` of a character position in the body, as a JSON parser says it."""
+    if not isinstance(body, str) or not isinstance(position, int):
+        return ""
+    line = body.count("\n", 0, position) + 1
+    column = position - (body.rfind("\n", 0, position) + 1) + 1
+    return f" (line {line}, column {column})"
+
+
+def not_json(exc: RequestValidationError, content_type: str) -> str | None:
+    """Why the body is not JSON, when that is what FastAPI's validation refused: a body that
+    does not parse (YAML sent as `application/json`), or one sent as another media type (FastAPI
+    validates its bytes as the model). Such a body is unreadable, a 400, not a 422 naming a
+    field (`"0: JSON decode error"`, `"body: Input should be a valid dictionary"`)."""
+    for error in exc.errors():
+        loc = tuple(error.get("loc", ()))
+        if error.get("type") == "json_invalid" and loc[:1] == ("body",):
+            reason = (error.get("ctx") or {}).get("error") or "it does not parse"
+            where = _line_column(exc.body, loc[1] if len(loc) > 1 else None)
+            return f"the body is not JSON: {reason}{where}"
+        if loc == ("body",) and isinstance(error.get("input"), bytes):
+            return (
+                f"the body is not JSON (Content-Type: {content_type or 'none'}); send JSON as "
+                "application/json"
+            )
+    return None
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    unreadable = not_json(exc, request.headers.get("content-type", ""))
+    if unreadable is not None:
+        return JSONResponse({"detail": unreadable}, status_code=400)
     errors = [
         {
             "loc": list(e.get("loc", ())),
             "msg": _message(e.get("msg", "")),
             "type": e.get("type", ""),
         }
-        for e in exc.errors()
+        for e in (_hinted(request, e) for e in exc.errors())
     ]
     detail = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in errors)
     return JSONResponse({"detail": detail, "errors": jsonable_encoder(errors)}, status_code=422)
@@ -175,7 +222,11 @@ _UNAUTHORIZED = (401, "missing or invalid API key (`Authorization: Bearer <key>`
 _NOT_FOUND = (404, "no such job, or another tenant's (indistinguishable)")
 _FILE_NOT_FOUND = (404, "no such file, or another tenant's (indistinguishable)")
 _WEBHOOK_NOT_FOUND = (404, "no such webhook, or another tenant's (indistinguishable)")
-_BAD_BODY = (400, "the body could not be read (not UTF-8 JSON)")
+_BAD_BODY = (
+    400,
+    "the body could not be read: not JSON (it does not parse, is not UTF-8, or is sent as "
+    "another media type)",
+)
 _TOO_LARGE = (413, "request body larger than PDPPO_MAX_BODY_BYTES")
 _INVALID = (
     422,
@@ -278,7 +329,12 @@ def document_errors(app: FastAPI, schema: dict[str, Any]) -> None:
                     _without_null(parameter)
             responses = operation.setdefault("responses", {})
             for status, description in _error_statuses(route, method, operation):
-                responses.setdefault(str(status), {"description": description})
+                response = responses.setdefault(str(status), {"description": description})
+                if (status, description) == _BAD_BODY and description not in response[
+                    "description"
+                ]:
+                    # a route's own 400 (a refused webhook URL): the body's is one more
+                    response["description"] += "; or " + description
             if openai_errors.is_openai(route.path_format):
                 _as_openai(responses)
                 continue

@@ -334,6 +334,13 @@ class BudgetEstimate(BaseModel):
     total_tokens: int = Field(description="tokens_per_step * steps")
     peak_memory_bytes: int | None = Field(description="upper bound; null when params is null")
     peak_phases: list[str]
+    fused_loss: bool = Field(
+        description=(
+            "the loss the trainer will run is fused (no [tokens, vocabulary] logits held): "
+            "algorithm.fused_loss with the binary or topk estimator, top_p 1, and builtin:tiny "
+            "or a Llama/Qwen hf: model whose output layer LoRA leaves alone"
+        )
+    )
     memory: list[MemoryItem]
     model_field: str
     tokens_field: str
@@ -360,6 +367,7 @@ class SpecProblem(BaseModel):
         "devices",
         "engine",
         "grader",
+        "task",
         "memory",
         "params",
         "tokens_per_step",

@@ -51,8 +51,9 @@ from bench.loadlib import (
     rss_mb,
 )
 from pdppo.store.keys import events_key
-from tests.integration.probe import start_probe, stop_probe
-from tests.integration.stack import RedisServer, Service, _stop, smoke_spec
+from tests.support.probe import start_probe, stop_probe
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service, stop_process
 
 
 def live_job_spec() -> dict[str, Any]:
@@ -349,7 +350,7 @@ def restart_api(service: Service) -> str:
     """A fresh API process, as after a deploy: the storm's reconnecting clients meet cold
     pools and caches."""
     assert service.api is not None
-    _stop(service.api)
+    stop_process(service.api)
     return service.start_api()
 
 

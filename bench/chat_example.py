@@ -21,17 +21,14 @@ import argparse
 import json
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.seed_runs import add_seed_options, read_rows, run_seeds  # noqa: E402  (after the path above)
+
 SPEC = ROOT / "examples" / "chat_math.yaml"
-MODEL = ROOT / "examples" / "models" / "chat-llama"
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -60,8 +57,8 @@ def run_seed(seed: int, out: Path, steps: int | None, eval_samples: int) -> dict
     cfg = type(cfg).model_validate(cfg.model_dump())  # re-validated with the overrides
     out.mkdir(parents=True, exist_ok=True)
     train(cfg, out)
-    metrics = _rows(out / "metrics.jsonl")
-    evals = {int(r["step"]): r for r in _rows(out / "eval.jsonl")}
+    metrics = read_rows(out / "metrics.jsonl")
+    evals = {int(r["step"]): r for r in read_rows(out / "eval.jsonl")}
     first, last = evals[0], evals[max(evals)]
     summary = {
         "seed": seed,
@@ -121,24 +118,13 @@ def report(summaries: list[dict[str, Any]], window: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="RL steps (default: the spec's)")
+    add_seed_options(p, seeds=3, out=ROOT / "runs" / "bench-chat")
     p.add_argument("--eval-samples", type=int, default=4, help="sampled answers per question")
     p.add_argument("--window", type=int, default=5, help="steps averaged at each end")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-chat")
     args = p.parse_args(argv)
-    if not (MODEL / "config.json").exists():
-        print(f"no model at {MODEL}: run `python examples/build_chat_model.py` first")
+    summaries = run_seeds(run_seed, args, extra=(args.eval_samples,))
+    if summaries is None:
         return 2
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [
-            pool.submit(run_seed, s, args.out / f"seed-{s}", args.steps, args.eval_samples)
-            for s in seeds
-        ]
-        summaries = [f.result() for f in futures]
     report(summaries, args.window)
     return 0
 

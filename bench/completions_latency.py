@@ -25,7 +25,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.integration.stack import RedisServer, Service, smoke_spec  # noqa: E402
+from tests.support.specs import smoke_spec  # noqa: E402
+from tests.support.stack import RedisServer, Service  # noqa: E402
 
 
 def call(client: Any, url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:

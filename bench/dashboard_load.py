@@ -29,7 +29,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdppo.store import JobStore
-from tests.integration.stack import KEYS, RedisServer, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, RedisServer, Service
 
 METRICS = [
     *("reward_mean", "reward_std", "loss", "masked_fraction", "masked_fraction_pos"),
@@ -138,7 +139,7 @@ def main() -> None:
                 )
                 page.close()
             page, _ = open_page(browser, service, job_id, args.steps)
-            lags = live_lag(page, store, job_id, args.steps + 1, args.rate, 10)
+            lags = live_lag(page, store, job_id, first=args.steps + 1, rate=args.rate, seconds=10)
             print(
                 f"live, {args.rate:g} new steps/s on top of {args.steps}: the page's event loop "
                 f"was late by {lags[len(lags) // 2]:.0f} ms (median), "

@@ -39,7 +39,8 @@ import httpx
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.integration.stack import RedisServer, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service
 
 ENDED = {"succeeded", "failed", "cancelled"}
 

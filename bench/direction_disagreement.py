@@ -20,11 +20,12 @@ vocabulary; behavior logits = current logits + gap * noise), for each gap it pri
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 
-from core import predicted_change, trust_region_mask
-from core.objective.divergence import KINDS, divergence
+from core import TrustRegion, predicted_change, trust_region_mask
+from core.objective.estimators import KINDS, divergence
 from core.objective.synthetic import positions, topk_view
 
 ESTIMATORS = [("binary", 20), ("topk", 5), ("topk", 20), ("topk", 50), ("topk_tail", 20)]
@@ -73,17 +74,14 @@ def main() -> None:
             f"{gap:5.2f} {float(d.mean()):7.3f} {float(far.float().mean()):7.3f} "
             f"{entropy:6.2f} {ratio_wrong:14.3f}"
         )
-        keep_exact = trust_region_mask(
-            p.logits,
-            p.behavior,
-            p.tokens,
-            p.advantages,
-            "predictive",
-            args.kind,
-            "exact",
-            args.delta,
-            args.delta,
+        exact = TrustRegion(
+            mask="predictive",
+            kind=args.kind,
+            estimator="exact",
+            delta_low=args.delta,
+            delta_high=args.delta,
         )
+        keep_exact = trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, exact)
         same_decision = []
         for estimator, k in ESTIMATORS:
             view = topk_view(p.behavior.full_logprobs, p.tokens, k, keep_full=False)
@@ -93,17 +91,8 @@ def main() -> None:
             agree = torch.sign(g) == truth
             agree_far = float(agree[far].float().mean()) if far.any() else float("nan")
             row += f" {float(agree.float().mean()):8.3f} |{agree_far:6.3f}"
-            keep = trust_region_mask(
-                p.logits,
-                view,
-                p.tokens,
-                p.advantages,
-                "predictive",
-                args.kind,
-                estimator,
-                args.delta,
-                args.delta,
-            )
+            region = replace(exact, estimator=estimator)
+            keep = trust_region_mask(p.logits, view, p.tokens, p.advantages, region)
             same_decision.append(float((keep == keep_exact).float().mean()))
         print(row)
         masked_exact = float((~keep_exact).float().mean())

@@ -33,7 +33,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.integration.stack import RedisServer, Service, smoke_spec  # noqa: E402
+from tests.support.specs import smoke_spec  # noqa: E402
+from tests.support.stack import RedisServer, Service  # noqa: E402
 
 ENDED = {"succeeded", "failed", "cancelled"}
 

@@ -20,7 +20,7 @@ import httpx
 
 from api.app import create_app
 from pdppo.settings import Settings
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 
 KEY = "alice-key-0123456789"
 

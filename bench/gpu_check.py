@@ -3,7 +3,8 @@ session that is lent a GPU (one NVIDIA H200 here, with minutes to spend): it mus
 time and say at once what broke.
 
     python bench/gpu_check.py            # on CUDA: a ~0.8B Llama in bf16 (under 8 minutes)
-    python bench/gpu_check.py --tiny     # on CPU: a 0.5M Llama in fp32 (about a minute)
+    python bench/gpu_check.py --tiny     # on CPU: a 0.5M Llama in fp32 (a few minutes)
+    python bench/gpu_check.py --estimate # anywhere: the train row's budget, no weights built
 
 The model is a Llama built on this machine with random weights (no hub download): hidden
 1536, 16 layers, 12 heads of 128 (4 for keys and values), MLP 4096, Llama 3's vocabulary of
@@ -22,9 +23,16 @@ for `--steps` steps in a process of its own (`bench/gpu_check_rows.py`) and repo
   workplace measured 790 for a plain 8192^3 bf16 matrix product); `update_mfu` is the update's
   6N share over its own time;
 - `memory`: `torch.cuda.max_memory_allocated` of that run (on CPU: peak RSS above the
-  imports) against `core.budget.estimate`, the worker's budget for the job. The estimate adds
-  1 GiB for the CUDA context, outside the allocator, and counts an `hf:` model's loss unfused
-  (its [tokens, vocabulary] logits), so a ratio well above 1 is the estimate's margin;
+  imports) against `core.budget.estimate`, the worker's budget for the job, which must be an
+  upper bound within 2x (bench/budget_calibration.py holds it to that on CPU). The estimate
+  adds 1 GiB for the CUDA context, outside the allocator (`reserved_gib` is the allocator's
+  own reserve); `estimate_fused` is the loss it counted;
+- `mem-qwen2`, `mem-lora`, `mem-builtin`, `mem-unfused`: the same figures for one step of the
+  other model kinds (`MEMORY` in gpu_check_rows.py: a Qwen2 of the Llama's shape, the Llama with
+  LoRA, builtin:tiny of its dims, the unfused loss on a quarter of the prompts), each in a
+  process of its own; a row fails where the loss that ran is not the one the estimate counted.
+  The fsdp row reports the same for FSDP. `--only train,mem-qwen2,mem-lora,mem-builtin,
+  mem-unfused,fsdp` runs the memory rows alone;
 - `dp` and `fsdp`: the same run in a process group of one joined as `pdppo train --nproc N`
   joins it (nccl), taking every data-parallel branch (`GroupOfOne` in gpu_check_rows.py:
   `--nproc 1` itself starts no group), replicated, then sharded with FSDP2;
@@ -65,13 +73,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, Literal
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_check_rows import GROUPS, Figure, Plan, Row, exit_code  # noqa: E402
+from bench.gpu_check_rows import GROUPS, Figure, Plan, Row, exit_code, train_spec  # noqa: E402
 from core.models.local_hf import LlamaShape  # noqa: E402
 
 ROWS_SCRIPT = REPO / "bench" / "gpu_check_rows.py"
@@ -115,21 +124,51 @@ TINY = Setup(
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
-def build_model(folder: Path, setup: Setup) -> tuple[int, int]:
-    """A random Llama and a character tokenizer of `setup.vocab` entries (filler tokens `<wN>`
-    beyond the characters, which no prompt encodes to but the model samples), saved in the
-    model's dtype; returns its parameters and those of its input embedding."""
+def _tokenizer(setup: Setup) -> Any:
+    """A character tokenizer of `setup.vocab` entries: filler tokens `<wN>` beyond the
+    characters, which no prompt encodes to but the model samples."""
+    from core.models.local_hf import PRINTABLE, char_tokenizer
+
+    return char_tokenizer(SPECIALS, PRINTABLE, fillers=setup.vocab - len(SPECIALS) - len(PRINTABLE))
+
+
+def build_model(folder: Path, setup: Setup, model_type: str = "llama") -> tuple[int, int]:
+    """A random Llama (or another of `core.models.local_hf.MODEL_TYPES` of its shape) and its
+    tokenizer, saved in the model's dtype; returns its parameters and those of its input
+    embedding."""
     import torch
     from transformers.utils import logging
 
-    from core.models.local_hf import PRINTABLE, char_tokenizer, save_llama
+    from core.models.local_hf import save_model
 
     logging.disable_progress_bar()  # the table is the output
 
-    tok = char_tokenizer(SPECIALS, PRINTABLE, fillers=setup.vocab - len(SPECIALS) - len(PRINTABLE))
-    model = save_llama(folder, tok, setup.shape, seed=0, dtype=getattr(torch, setup.dtype))
+    model = save_model(
+        folder,
+        _tokenizer(setup),
+        setup.shape,
+        model_type=model_type,
+        dtype=getattr(torch, setup.dtype),
+    )
     params = sum(p.numel() for p in model.parameters())
-    return params, sum(p.numel() for p in model.get_input_embeddings().parameters())
+    embedding = sum(p.numel() for p in model.get_input_embeddings().parameters())
+    del model
+    return params, embedding
+
+
+def estimated_spec(work: Path, setup: Setup, cuda: bool) -> dict[str, Any]:
+    """The `train` row's spec (its `train` section) with the model's config.json and tokenizer
+    alone, no weights: all that `core.budget.estimate` reads, so that the budget of the GPU
+    model is had in seconds on any machine (`--estimate`; tests/core/test_budget.py and the
+    API's, tests/integration/test_budget_api.py)."""
+    from core.models.local_hf import model_config
+
+    model = work / "model"
+    tok = _tokenizer(setup)
+    model_config(tok, setup.shape).save_pretrained(str(model))
+    tok.save_pretrained(str(model))
+    write_prompts(work / "prompts.jsonl", model, setup)
+    return train_spec(_plan(work, setup, cuda, steps=2, params=0, embedding=0, peak_tflops=0))
 
 
 def write_prompts(path: Path, folder: Path, setup: Setup) -> None:
@@ -179,10 +218,10 @@ def _format(value: Figure) -> str:
 
 
 def render(rows: list[Row]) -> list[str]:
-    lines = [f"{'row':<7} {'status':<8} figures"]
+    lines = [f"{'row':<11} {'status':<8} figures"]
     for r in rows:
         text = " ".join(f"{k}={_format(v)}" for k, v in r.figures.items()) or r.detail
-        lines.append(f"{r.name:<7} {r.status:<8} {text}")
+        lines.append(f"{r.name:<11} {r.status:<8} {text}")
     return lines
 
 
@@ -195,15 +234,44 @@ def _failed_logs(rows: list[Row], work: Path) -> list[str]:
     return out
 
 
-def prepare(work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float) -> Path:
-    """The model, its prompts and the plan every row reads; the plan's path."""
+def prepare(
+    work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float, groups: list[str]
+) -> Path:
+    """The model, its prompts and the plan every row reads (and the Qwen2 of the model's shape
+    where the mem-qwen2 row runs); the plan's path."""
     model = work / "model"
     params, embedding = build_model(model, setup)
     write_prompts(work / "prompts.jsonl", model, setup)
-    plan = Plan(
+    plan = _plan(
+        work,
+        setup,
+        cuda=cuda,
+        steps=steps,
+        params=params,
+        embedding=embedding,
+        peak_tflops=peak_tflops,
+    )
+    if "mem-qwen2" in groups:
+        build_model(work / "qwen2", setup, model_type="qwen2")
+        plan = replace(plan, qwen_model=str(work / "qwen2"))
+    path = work / "plan.json"
+    path.write_text(json.dumps(asdict(plan)))
+    return path
+
+
+def _plan(
+    work: Path,
+    setup: Setup,
+    cuda: bool,
+    steps: int,
+    params: int,
+    embedding: int,
+    peak_tflops: float,
+) -> Plan:
+    return Plan(
         device="cuda" if cuda else "cpu",
         dtype=setup.dtype,
-        model=str(model),
+        model=str(work / "model"),
         data=str(work / "prompts.jsonl"),
         work=str(work),
         prompts=setup.prompts,
@@ -216,9 +284,27 @@ def prepare(work: Path, setup: Setup, cuda: bool, steps: int, peak_tflops: float
         embedding_params=embedding,
         peak_flops=peak_tflops * 1e12 or None,
     )
-    path = work / "plan.json"
-    path.write_text(json.dumps(asdict(plan)))
-    return path
+
+
+def print_estimate(setup: Setup, cuda: bool) -> int:
+    """The train row's budget, as `pdppo train --dry-run` prints it, and the default limit of
+    its queue: the estimate is arithmetic on config.json, so any machine can show it."""
+    from core.budget import check, describe, estimate, render_limits
+    from core.config import TrainConfig
+    from pdppo.settings import Settings
+
+    queue: Literal["cpu", "gpu"] = "gpu" if cuda else "cpu"
+    with tempfile.TemporaryDirectory(prefix="pdppo-gpu-check-") as work:
+        spec = TrainConfig.model_validate(estimated_spec(Path(work), setup, cuda))
+        budget = estimate(spec, queue=queue)
+    limits = Settings(_env_file=None).budget_limits(queue)  # type: ignore[call-arg]
+    for line in describe(budget):
+        print(line)
+    print(render_limits(asdict(limits)))
+    problems = check(budget, limits)
+    for problem in problems:
+        print(f"over budget: {problem}")
+    return 1 if problems else 0
 
 
 def main() -> int:
@@ -234,7 +320,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per row process")
     parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated row groups")
     parser.add_argument("--keep", action="store_true", help="keep the model and the runs")
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the budget of the train row's job (no weights built, no GPU needed)",
+    )
     args = parser.parse_args()
+    if args.estimate:
+        return print_estimate(TINY if args.tiny else GPU, cuda=not args.tiny)
     started = time.perf_counter()
     import torch
 
@@ -262,7 +355,9 @@ def main() -> int:
         )
         rows: list[Row] = []
         try:
-            plan_path = prepare(work, setup, cuda, args.steps, peak)
+            plan_path = prepare(
+                work, setup, cuda=cuda, steps=args.steps, peak_tflops=peak, groups=groups
+            )
         except Exception as exc:  # no model, no row: each says why
             why = f"building the model: {type(exc).__name__}: {exc}"
             rows = [Row(n, "FAILED", detail=why) for g in groups for n in GROUPS[g]]

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.integration.stack import KEYS
+from tests.support.stack import KEYS
 
 AUTH = {"Authorization": f"Bearer {KEYS['alice']}"}
 

@@ -74,11 +74,11 @@ def _inputs(n: int, h: int, v: int, device: str, seed: int) -> dict[str, Any]:
 
 def _loss(path: str, x: dict[str, Any]) -> Any:
     from core import fused_policy_loss, policy_loss
+    from core.objective.lazy_logits import ProjectedLogits
 
     if path == "fused":
-        return fused_policy_loss(
-            x["hidden"], x["weight"], None, x["tokens"], x["behavior"], x["advantages"]
-        )
+        proj = ProjectedLogits(x["hidden"], x["weight"])
+        return fused_policy_loss(proj, x["tokens"], x["behavior"], x["advantages"])
     logits = x["hidden"] @ x["weight"].T
     return policy_loss(logits, x["tokens"], x["behavior"], x["advantages"])
 

@@ -118,7 +118,7 @@ class _Inputs:
         """(the floor, the mask) for `config`."""
         import torch
 
-        from core import trust_region_mask
+        from core import TrustRegion, trust_region_mask
 
         mask, kind, estimator = config.split("/")
         view = self.full_view if estimator == "exact" else self.view
@@ -133,9 +133,7 @@ class _Inputs:
                 behavior=view,
                 tokens=self.tokens,
                 advantages=self.advantages,
-                mask=mask,  # type: ignore[arg-type]
-                kind=kind,  # type: ignore[arg-type]
-                estimator=estimator,  # type: ignore[arg-type]
+                region=TrustRegion(mask=mask, kind=kind, estimator=estimator),  # type: ignore[arg-type]
             )
 
         return floor, run
@@ -285,7 +283,17 @@ def run(args: argparse.Namespace, rev: list[str]) -> None:
             finally:
                 for w in workers.values():
                     w.close()
-            _table(args, vocab, revs, label, trees, ratios, times, floors, buffer)
+            _table(
+                args,
+                vocab,
+                revs,
+                label=label,
+                trees=trees,
+                ratios=ratios,
+                times=times,
+                floors=floors,
+                buffer=buffer,
+            )
 
 
 def _table(

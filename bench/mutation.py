@@ -210,7 +210,14 @@ def carried(path: Path, copy: Path, todo: list[Mutant]) -> tuple[list[Result], l
             taken[i] = earlier[j]
             used.add(j)
     kept = [
-        Result(described[i], r["outcome"], 0.0, 0, r.get("killer", ""), f"carried from {path.name}")
+        Result(
+            mutant=described[i],
+            outcome=r["outcome"],
+            seconds=0.0,
+            tests=0,
+            killer=r.get("killer", ""),
+            detail=f"carried from {path.name}",
+        )
         for i, r in sorted(taken.items())
     ]
     rest = [mutant for i, mutant in enumerate(todo) if i not in taken]
@@ -257,7 +264,13 @@ def run_group(
             basetemp = workdir / f"pytest-{index}"
             root = copies[index].root
             result = run_mutant(
-                root, mutant, tests, timeout, basetemp, group.confirm_kills, test_timeouts=each
+                root,
+                mutant,
+                tests,
+                timeout=timeout,
+                basetemp=basetemp,
+                confirm=group.confirm_kills,
+                test_timeouts=each,
             )
         finally:
             free.put(index)
@@ -355,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
             present = [t for t in tests if (root / t.split("::", 1)[0]).exists()]
             missing = [t for t in tests if t not in present]
             planned = [
-                plan_module(config, root, m, args, group.lua, tuple(modules)) for m in modules
+                plan_module(config, root, m, args=args, lua=group.lua, group_modules=tuple(modules))
+                for m in modules
             ]
             runs = [run for run, _ in planned]
             todo = [m for _, mutants in planned for m in mutants]
@@ -385,7 +399,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  baseline failed, group not run: {exc}")
                 failed_baselines.append(group.name)
                 continue
-            reach = run_group(group, runs, todo, copies, baseline, args, deadline, workdir, save)
+            reach = run_group(
+                group,
+                runs,
+                todo,
+                copies=copies,
+                baseline=baseline,
+                args=args,
+                deadline=deadline,
+                workdir=workdir,
+                save=save,
+            )
             print_group(group.name, runs, reach)
             minutes = (time.monotonic() - t0) / 60
             print(

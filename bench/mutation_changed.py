@@ -735,9 +735,9 @@ def _run(
                 copies[index].root,
                 mutant,
                 tests_in_order,
-                runner.baseline.timeout_for(tests_in_order, TIMEOUT_FACTOR),
-                workdir / f"pytest-{index}",
-                confirm,
+                timeout=runner.baseline.timeout_for(tests_in_order, TIMEOUT_FACTOR),
+                basetemp=workdir / f"pytest-{index}",
+                confirm=confirm,
                 test_timeouts=runner.baseline.test_timeouts_for(tests_in_order, TIMEOUT_FACTOR),
             )
         finally:
@@ -769,16 +769,23 @@ def _run(
     turns = take_turns(
         [p for p in plans if p.mutants],
         tests,
-        measure,
-        reaching_now,
-        lambda todo, until: dispatch(todo, len(copies), run, until, scored),
-        deadline,
-        args.module_baseline,
-        args.baseline_share,
+        measure=measure,
+        reach=reaching_now,
+        run=lambda todo, until: dispatch(todo, len(copies), run, until, scored),
+        deadline=deadline,
+        cap=args.module_baseline,
+        share=args.baseline_share,
     )
     for mutant, why in turns.uncovered:
         runs[mutant.module].results.append(
-            Result(describe(root, mutant), NOT_COVERED, 0.0, 0, "", why)
+            Result(
+                mutant=describe(root, mutant),
+                outcome=NOT_COVERED,
+                seconds=0.0,
+                tests=0,
+                killer="",
+                detail=why,
+            )
         )
     print(f"\nbaseline: {len(runner.measured)} test files, {runner.baseline.seconds:.0f}s")
     meta.update(
@@ -789,7 +796,15 @@ def _run(
         seconds=round(time.monotonic() - started, 1),
     )
     return report(
-        args, root, base, [runs[p.module] for p in plans], turns, tests, reach, meta, started
+        args,
+        root,
+        base,
+        runs=[runs[p.module] for p in plans],
+        turns=turns,
+        tests=tests,
+        reach=reach,
+        meta=meta,
+        started=started,
     )
 
 

@@ -229,7 +229,14 @@ class BaselineRunner:
         baseline.file_of.update({n: test_file for n in nodeids})
         baseline.overhead[test_file] = max(0.0, wall - sum(result["total"].values()))
         owners = {int(pid): set(tests) for pid, tests in result["owners"].items()}
-        _charge(baseline, self.copy, data_dir, set(nodeids), result["pid"], owners)
+        _charge(
+            baseline,
+            self.copy,
+            data_dir,
+            nodeids=set(nodeids),
+            main_pid=result["pid"],
+            owners=owners,
+        )
         self.measured.append(test_file)
         print(f"  baseline: {test_file} {len(nodeids)} tests, {wall:.0f}s", file=sys.stderr)
         return ""

@@ -145,11 +145,25 @@ def run_mutant(
     and then, and one such failure would hide a survivor (a kill that does not repeat is FLAKY,
     not counted)."""
     if not tests:
-        return Result(describe(copy, mutant), NOT_COVERED, 0.0, 0, "", "no test runs this line")
+        return Result(
+            mutant=describe(copy, mutant),
+            outcome=NOT_COVERED,
+            seconds=0.0,
+            tests=0,
+            killer="",
+            detail="no test runs this line",
+        )
     started = time.monotonic()
     with _applied(copy / mutant.module, mutant) as (original, mutated):
         if mutated is None:
-            return Result(mutant, ERROR, 0.0, 0, "", "cosmic-ray applied no mutation here")
+            return Result(
+                mutant=mutant,
+                outcome=ERROR,
+                seconds=0.0,
+                tests=0,
+                killer="",
+                detail="cosmic-ray applied no mutation here",
+            )
         mutant = replace(mutant, mutated=changed_text(original, mutated))
         env = _with_bounds(test_env(copy), basetemp, test_timeouts)
         command = pytest_command(tests, basetemp, test_timeouts)
@@ -166,19 +180,63 @@ def run_mutant(
             )
     seconds = time.monotonic() - started
     if code is None:
-        return Result(mutant, TIMEOUT, seconds, len(tests), "", f"over {timeout:.0f}s")
+        return Result(
+            mutant=mutant,
+            outcome=TIMEOUT,
+            seconds=seconds,
+            tests=len(tests),
+            killer="",
+            detail=f"over {timeout:.0f}s",
+        )
     if hung:
-        return Result(mutant, TIMEOUT, seconds, len(tests), killer, "over its pytest-timeout")
+        return Result(
+            mutant=mutant,
+            outcome=TIMEOUT,
+            seconds=seconds,
+            tests=len(tests),
+            killer=killer,
+            detail="over its pytest-timeout",
+        )
     if code == 0:
-        return Result(mutant, SURVIVED, seconds, len(tests), "", "")
+        return Result(
+            mutant=mutant, outcome=SURVIVED, seconds=seconds, tests=len(tests), killer="", detail=""
+        )
     if code == USAGE_ERROR and any(sign in out for sign in IMPORT_BROKEN):
-        return Result(mutant, KILLED, seconds, len(tests), "(an import at collection)", "")
+        return Result(
+            mutant=mutant,
+            outcome=KILLED,
+            seconds=seconds,
+            tests=len(tests),
+            killer="(an import at collection)",
+            detail="",
+        )
     if code in KILLING_EXIT_CODES:
         if again == 0:
             # the first run's failure (in the --json), to tell a flaky test from a racing mutant
             why = "passed when run again; the first run ended:\n" + out[-1500:]
-            return Result(mutant, FLAKY, seconds, len(tests), killer, why)
+            return Result(
+                mutant=mutant,
+                outcome=FLAKY,
+                seconds=seconds,
+                tests=len(tests),
+                killer=killer,
+                detail=why,
+            )
         unconfirmed = again is not None and again not in KILLING_EXIT_CODES
         note = f"not confirmed: the rerun ended with pytest exit {again}" if unconfirmed else ""
-        return Result(mutant, KILLED, seconds, len(tests), killer, note)
-    return Result(mutant, ERROR, seconds, len(tests), "", f"pytest exit {code}: {out[-2000:]}")
+        return Result(
+            mutant=mutant,
+            outcome=KILLED,
+            seconds=seconds,
+            tests=len(tests),
+            killer=killer,
+            detail=note,
+        )
+    return Result(
+        mutant=mutant,
+        outcome=ERROR,
+        seconds=seconds,
+        tests=len(tests),
+        killer="",
+        detail=f"pytest exit {code}: {out[-2000:]}",
+    )

@@ -311,7 +311,16 @@ def generate(
                 left_out[reason] = left_out.get(reason, 0) + 1
                 continue
             code = lines[start[0] - 1].strip()
-            mutants.append(Mutant(module, name, occurrence, start[0], start[1], code))
+            mutants.append(
+                Mutant(
+                    module=module,
+                    operator=name,
+                    occurrence=occurrence,
+                    line=start[0],
+                    col=start[1],
+                    code=code,
+                )
+            )
     mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
     return mutants, left_out
 
@@ -351,9 +360,15 @@ def generate_lua(
         col = site.start - starts[line - 1]
         code = lines[line - 1].strip()
         mutant = Mutant(
-            module, site.operator, occurrence, line, col, code,
-            anchors=site.anchors, foreign=foreign(line) if importers else (),
-        )  # fmt: skip
+            module=module,
+            operator=site.operator,
+            occurrence=occurrence,
+            line=line,
+            col=col,
+            code=code,
+            anchors=site.anchors,
+            foreign=foreign(line) if importers else (),
+        )
         mutants.append(mutant)
     mutants.sort(key=lambda m: (m.line, m.col, m.operator, m.occurrence))
     return mutants, {}
@@ -401,7 +416,12 @@ def split_equivalents(
             described = describe(root, mutant)
             reason = f"[{rule.name}] {rule.reason}"
             entry = Equivalent(
-                mutant.module, mutant.line, rule.operator, mutant.code, described.mutated, reason
+                file=mutant.module,
+                line=mutant.line,
+                operator=rule.operator,
+                code=mutant.code,
+                mutant=described.mutated,
+                reason=reason,
             )
             matched[mutant.key] = (described, entry)
     return [m for m in mutants if m.key not in matched], list(matched.values()), stale

@@ -29,8 +29,8 @@ import redis
 from api.app import create_app
 from pdppo.settings import Settings
 from pdppo.store.keys import job_key, tenant_jobs_key
-from tests.api.test_openai_routes import METHOD, ROWS, SMALL
-from tests.integration.stack import RedisServer
+from tests.support.openai_inprocess import METHOD, ROWS, SMALL
+from tests.support.stack import RedisServer
 
 KEY = "alice-key-0123456789"
 REPEATS = 5

@@ -118,7 +118,14 @@ def generate_before(
         [t for t, k in zip(r, m, strict=True) if k]
         for r, m in zip(resp.tolist(), rmask.tolist(), strict=True)
     ]
-    return RolloutBatch(torch.cat([ids, resp], 1), mask, p, rmask, view, completions)
+    return RolloutBatch(
+        input_ids=torch.cat([ids, resp], 1),
+        attention_mask=mask,
+        prompt_len=p,
+        response_mask=rmask,
+        behavior=view,
+        completions=completions,
+    )
 
 
 def response_logits_before(lm: CausalLM, batch: RolloutBatch, temperature: float) -> torch.Tensor:

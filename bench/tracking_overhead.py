@@ -7,7 +7,7 @@ what training pays, since the trackers are driven by threads of their own. `ms/s
 time between consecutive steps (median), with those threads competing for the same cores: what
 a run on a small machine sees, and noisy on a shared one. `close s`: how long the end of the
 run waited for its last reports. MLflow reports to a local server (SQLite backend), started
-here from `PDPPO_TEST_MLFLOW_SERVER` (see tests/tracking/conftest.py) unless `--mlflow-uri`
+here from `PDPPO_TEST_MLFLOW_SERVER` (see tests/support/mlflow.py) unless `--mlflow-uri`
 names one; W&B runs offline.
 
     python bench/tracking_overhead.py                       # 30 steps, every setting, 2 repeats
@@ -33,7 +33,7 @@ def one_run(setting: str, steps: int, mlflow_uri: str | None, root: Path) -> dic
     from core.training import reporting
     from core.training.callbacks import TrainerCallback
     from core.training.trainer import train
-    from tests.core.trainer_runs import small_config
+    from tests.support.trainer_runs import small_config
 
     trackers = {"none": [], "all": ["tensorboard", "mlflow", "wandb"]}.get(setting, [setting])
     config = small_config(steps=steps, checkpoint_every=0, report_to=trackers)
@@ -89,7 +89,7 @@ def main() -> None:
     server = None
     uri = args.mlflow_uri
     if uri is None and any(s in ("mlflow", "all") for s in settings):
-        from tests.tracking.conftest import start_mlflow
+        from tests.support.mlflow import start_mlflow
 
         server = start_mlflow(root / "mlflow")
         uri = server.url

@@ -348,7 +348,17 @@ def run_task(task: str, root: Path, model_dir: Path, a: argparse.Namespace) -> d
     ctx = mp.get_context("spawn")
     rows: list[Row] = []
     try:
-        base = Setup("", task, model_dir, data_path, root, total, a.lr, a.seed, a.device)
+        base = Setup(
+            row="",
+            task=task,
+            model_dir=model_dir,
+            data_path=data_path,
+            out_dir=root,
+            total_steps=total,
+            lr=a.lr,
+            seed=a.seed,
+            device=a.device,
+        )
         for name in a.rows:
             setup = replace(base, row=name, out_dir=root / f"{task}-{name}")
             parent, child = ctx.Pipe()

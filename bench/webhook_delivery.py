@@ -33,8 +33,9 @@ sys.path.insert(0, str(REPO))
 from standardwebhooks import Webhook  # noqa: E402
 
 from pdppo.webhooks import DEFAULT_SCHEDULE, parse_schedule  # noqa: E402
-from tests.integration.stack import RedisServer, Service, smoke_spec  # noqa: E402
-from tests.integration.webhook_receiver import Receiver  # noqa: E402
+from tests.support.specs import smoke_spec  # noqa: E402
+from tests.support.stack import RedisServer, Service  # noqa: E402
+from tests.support.webhook_receiver import Receiver  # noqa: E402
 
 ENDS = ["job.succeeded", "job.failed", "job.cancelled"]
 

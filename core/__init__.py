@@ -29,7 +29,9 @@ from core.extras import MissingExtra
 
 __all__ = [
     "BehaviorView",
+    "MaskDecision",
     "PolicyLossOutput",
+    "TrustRegion",
     "divergence",
     "fused_policy_loss",
     "policy_loss",
@@ -43,11 +45,13 @@ __all__ = [
 # and each `pdppo status` included, which never use it.
 _WHERE = {
     "BehaviorView": "core.objective.behavior",
+    "MaskDecision": "core.objective.masks",
     "PolicyLossOutput": "core.objective.loss",
-    "divergence": "core.objective.divergence",
-    "fused_policy_loss": "core.objective.fused",
+    "TrustRegion": "core.objective.masks",
+    "divergence": "core.objective.estimators",
+    "fused_policy_loss": "core.objective.loss",
     "policy_loss": "core.objective.loss",
-    "predicted_change": "core.objective.divergence",
+    "predicted_change": "core.objective.estimators",
     "trust_region": "core.objective.masks",
     "trust_region_mask": "core.objective.masks",
 }
@@ -70,7 +74,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from core.objective.behavior import BehaviorView
-    from core.objective.divergence import divergence, predicted_change
-    from core.objective.fused import fused_policy_loss
-    from core.objective.loss import PolicyLossOutput, policy_loss
-    from core.objective.masks import trust_region, trust_region_mask
+    from core.objective.estimators import divergence, predicted_change
+    from core.objective.loss import PolicyLossOutput, fused_policy_loss, policy_loss
+    from core.objective.masks import MaskDecision, TrustRegion, trust_region, trust_region_mask

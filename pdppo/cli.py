@@ -3,10 +3,15 @@
 Each subcommand lives in `pdppo.commands.<name>` and imports its heavy dependencies (torch,
 FastAPI, Celery) only when run, so `pdppo --help` stays fast. Failures are reported once, here
 (`pdppo.commands.errors`): a message and exit status 2 for the user's mistakes, 1 for the
-server's, a traceback only with `--debug`.
+server's, a traceback only with `--debug`; a reader that leaves early (`| head -1`) ends the
+command quietly, with the status of a tool killed by SIGPIPE (141).
 """
 
-from typing import Any
+import os
+import select
+import signal
+import sys
+from typing import Any, NoReturn
 
 import click
 
@@ -24,16 +29,48 @@ from pdppo.commands import (
     worker,
 )
 
+SIGPIPE_STATUS = 128 + signal.SIGPIPE
+"""What a shell reports for a tool that its reader left (`pdppo status ID | head -1`)."""
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (Linux flags its end with POLLERR, some
+    kernels with POLLHUP): a BrokenPipeError from a socket is another failure, reported as
+    such. Without poll() there is no telling: stdout is the likely pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced, closed, or not a file
+        return False
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _reader_gone() -> NoReturn:
+    """stdout's reader has closed the pipe: stop as a Unix tool killed by SIGPIPE does, without a
+    word. stdout is pointed at /dev/null first, so that the interpreter's last flush of what is
+    still buffered fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise SystemExit(SIGPIPE_STATUS)
+
 
 class _Main(click.Group):
     """The top group: whatever a subcommand lets through becomes one line on stderr."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader gone before the last lines is seen here, not at exit
+            return result
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
+            if isinstance(exc, BrokenPipeError) and _stdout_broken():
+                _reader_gone()
             if ctx.params.get("debug"):
                 raise
             from pdppo.commands.errors import explain

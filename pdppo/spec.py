@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.config import TrainConfig
+from core.config.names import explained
 from core.config.types import FINITE, NO_CONTROL_CHARS
 from pdppo.queues import MAX_DEVICES, job_queue
 
@@ -90,13 +91,15 @@ class SpecError(ValueError):
 
 
 def format_validation_error(exc: ValidationError) -> str:
+    """Every error of a spec, one per line: where, what is wrong, and the value given (unless
+    the message shows it already); an unknown key with the close field (`core.config.names`)."""
     lines = []
-    for err in exc.errors():
+    for err in explained(exc.errors(), JobSpec):
         loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        shown = "" if isinstance(value, dict) or "(got " in msg else f" (got {value!r})"
-        lines.append(f"{loc}: {msg}{shown}")
+        said = isinstance(value, dict) or "(got " in msg or repr(value) in msg
+        lines.append(f"{loc}: {msg}" if said else f"{loc}: {msg} (got {value!r})")
     return "\n".join(lines)
 
 

@@ -90,6 +90,7 @@ def _on_worker_ready(**_: Any) -> None:
         timing=DispatchTiming.from_settings(settings),
         outage_hold=settings.lease_seconds,
         heartbeat=Heartbeat(settings.worker_heartbeat_dir, worker_name(), client=store.redis),
+        lease_seconds=settings.lease_seconds,
     )
     start_retention(JobStore(redis_client()), settings)  # old artifacts, interrupted deletes
 

@@ -28,6 +28,7 @@ from api.jobs.publisher import TaskPublisher
 from api.jobs.submission import submit
 from api.routes.storage import refuse_over_quota
 from api.schemas import Progress
+from core.config.names import explained
 from core.experiments import ExperimentSpec, arms, child_spec, seed_list
 from pdppo.settings import Settings
 from pdppo.spec import JobSpec
@@ -70,7 +71,8 @@ def children(spec: ExperimentSpec) -> list[Child]:
                 job = JobSpec.model_validate(raw)
             except ValidationError as exc:
                 problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+                    f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                    for e in explained(exc.errors(), JobSpec)
                 )
                 raise HTTPException(
                     422, detail=f"{_where(arm.name, seed)}: not a valid job spec: {problems}"
@@ -164,10 +166,10 @@ async def create(
             request,
             kid.spec,
             tenant,
-            store,
-            settings,
-            publisher,
-            child_idempotency(experiment_id, kid.arm_index, kid.seed),
+            store=store,
+            settings=settings,
+            publisher=publisher,
+            idempotency_key=child_idempotency(experiment_id, kid.arm_index, kid.seed),
             experiment=experiment_id,
             admitted=True,
         )

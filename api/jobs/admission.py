@@ -3,8 +3,10 @@
 
 Beyond the spec's schema (FastAPI, from `JobSpec`): the local paths it names (`api.storage.paths`),
 the uploaded files and earlier job's model it names (the tenant's own only), the server's timeout,
-device and rollout-engine limits, and its budget (`core.budget`: memory, parameters and tokens
-against the queue's `PDPPO_MAX_*` limits), so that one spec cannot take a shared worker down.
+device and rollout-engine limits, a reasoning-gym task's config values (where this process has
+the `reasoning` extra: `task_problems`), and its budget (`core.budget`: memory, parameters and
+tokens against the queue's `PDPPO_MAX_*` limits), so that one spec cannot take a shared worker
+down.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import anyio
 from api.schemas import SpecProblem
 from api.storage.paths import forbidden_paths
 from core.budget import Budget, Limits, check, estimate
+from core.config import TaskConfig
 from core.config.graders import OpenAIGrader
-from core.graders.hosted import source_problems
+from core.extras import missing
 from core.graders.openai import refusals
 from pdppo.files import spec_file_ids
 from pdppo.job_models import FIELD as JOB_MODEL_FIELD
@@ -92,8 +95,8 @@ def admission(
             for where, why in refusals(
                 grader.grader, "train.task.grader.grader", settings.grader_options()
             )
-            + source_problems(grader.grader, "train.task.grader.grader")
         ]
+    problems += task_problems(spec.train.task)
     problems += [
         SpecProblem(field=p.field, kind=p.kind, message=str(p), estimate=p.estimate, limit=p.limit)
         for p in check(budget, limits)
@@ -101,15 +104,38 @@ def admission(
     return budget, limits, problems
 
 
+def task_problems(task: TaskConfig) -> list[SpecProblem]:
+    """What a reasoning-gym dataset's own config class refuses (a range, fields that disagree),
+    which the schema cannot know: checked here when this process has the `reasoning` extra
+    (the images install it), building each config without generating a row. Without it the
+    schema's checks stand alone (names, keys, value types: `core.config.reasoning_gym`) and the
+    worker refuses such a value when the job starts. The first import of reasoning-gym takes
+    seconds: `admit` runs this in a worker thread."""
+    if task.name != "reasoning_gym" or missing(("reasoning_gym",)) is not None:
+        return []
+    from core.tasks.reasoning_gym import check_values
+
+    try:
+        check_values(task)
+    except ValueError as e:
+        message = str(e)
+        return [
+            SpecProblem(field="train." + message.split(":", 1)[0], kind="task", message=message)
+        ]
+    return []
+
+
 async def admit(
     spec: JobSpec, settings: Settings, tenant: str, store: AsyncJobStore
 ) -> tuple[Budget, Limits, list[SpecProblem]]:
     """`admission`, in a worker thread when it may read files (a local model's headers, a
-    dataset's prompts), so that a slow disk never stalls the event loop; and the uploaded files
-    and the earlier job's model (`job:<id>`) the spec names, which must be the tenant's own."""
+    dataset's prompts, reasoning-gym's modules), so that a slow disk never stalls the event loop;
+    and the uploaded files and the earlier job's model (`job:<id>`) the spec names, which must be
+    the tenant's own."""
     task = spec.train.task
     model_dir, model_problems = await _job_model(spec, settings, tenant, store)
-    if spec.train.model.name.startswith("hf:") or task.path or task.validation_path or model_dir:
+    reads = task.path or task.validation_path or task.name == "reasoning_gym"
+    if spec.train.model.name.startswith("hf:") or reads or model_dir:
         budget, limits, problems = await anyio.to_thread.run_sync(
             admission, spec, settings, model_dir
         )

@@ -112,24 +112,27 @@ async def create_fine_tuning_job(
         if known is not None and known.openai is not None and known.openai["request"] == asked:
             response.headers["Idempotent-Replayed"] = "true"
             return to_openai_job(known)
-    training = await store.files.get(tenant, body.training_file)
-    if training is None:
-        raise Refused(
-            f"training_file: file {body.training_file!r} not found; upload it first "
-            "(client.files.create)",
-            "training_file",
-        )
-    spec, resolved = to_spec(body, training.records)
+    records = None
+    if body.training_file is not None:
+        training = await store.files.get(tenant, body.training_file)
+        if training is None:
+            raise Refused(
+                f"training_file: file {body.training_file!r} not found; upload it first "
+                "(client.files.create)",
+                "training_file",
+            )
+        records = training.records
+    spec, resolved = to_spec(body, records)
     made = {"request": asked, "hyperparameters": resolved}
     try:
         submitted = await submit(
             request,
             spec,
             tenant,
-            store,
-            settings.model_copy(update={"idempotency_ttl_seconds": ttl}),
-            publisher,
-            idempotency_key,
+            store=store,
+            settings=settings.model_copy(update={"idempotency_ttl_seconds": ttl}),
+            publisher=publisher,
+            idempotency_key=idempotency_key,
             openai_json=json.dumps(made),
             metadata=body.metadata,
         )

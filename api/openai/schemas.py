@@ -51,7 +51,13 @@ class ReinforcementHyperparameters(BaseModel):
 class ReinforcementMethod(BaseModel):
     model_config = _STRICT
 
-    grader: OpenAIGraderConfig
+    grader: OpenAIGraderConfig | None = Field(
+        default=None,
+        description=(
+            "required, except for a reasoning_gym task (pdppo.train.task), which the dataset's "
+            "own score_answer scores"
+        ),
+    )
     hyperparameters: ReinforcementHyperparameters | None = None
 
 
@@ -75,8 +81,12 @@ class FineTuningJobCreate(BaseModel):
             "earlier job (job:<id>)"
         )
     )
-    training_file: Annotated[str, Field(pattern=r"^file-[0-9a-f]{32}$")] = Field(
-        description="an uploaded file id (client.files.create)"
+    training_file: Annotated[str, Field(pattern=r"^file-[0-9a-f]{32}$")] | None = Field(
+        default=None,
+        description=(
+            "an uploaded file id (client.files.create); required, except for a reasoning_gym "
+            "task (pdppo.train.task), which generates its rows"
+        ),
     )
     validation_file: Annotated[str, Field(pattern=r"^file-[0-9a-f]{32}$")] | None = None
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None

@@ -17,6 +17,11 @@ The mapping of a reinforcement create (README's table, "Coming from OpenAI's fin
 | `eval_interval` (auto: the last step, with a validation file) | `train.eval_every` |
 | `eval_samples` | `train.eval_samples` |
 | `pdppo` (extension) | merged over all of the above |
+
+A reasoning-gym task (`pdppo: {train: {task: {name: reasoning_gym, dataset: ...}}}`) generates its
+rows and scores them with the dataset's own `score_answer`: its create names no `training_file`,
+`validation_file` or grader, and `n_epochs` counts its `task.size` rows (1000 by default); the
+held-out rows are evaluated at the last step unless `eval_interval` says otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from api.openai.schemas import (
     FineTuningJobExtension,
     Hyperparameters,
 )
+from core.config.reasoning_gym import DEFAULT_SIZE
 from core.training.steering import merge_patch
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord
@@ -88,9 +94,60 @@ def _param(loc: tuple[Any, ...]) -> str:
     return f"pdppo.{path}"
 
 
-def to_spec(body: FineTuningJobCreate, training_records: int) -> tuple[JobSpec, dict[str, Any]]:
+def generates_rows(body: FineTuningJobCreate) -> bool:
+    """Whether the create's pdppo extension names a reasoning_gym task: no training file then."""
+    train = (body.pdppo or {}).get("train")
+    task = train.get("task") if isinstance(train, dict) else None
+    return isinstance(task, dict) and task.get("name") == "reasoning_gym"
+
+
+def _task(body: FineTuningJobCreate) -> dict[str, Any]:
+    """The task the OpenAI fields say: a JSONL file and its grader; nothing for a reasoning_gym
+    task (the extension holds it all), which takes neither."""
+    assert body.method is not None and body.method.reinforcement is not None
+    grader = body.method.reinforcement.grader
+    if generates_rows(body):
+        given = {
+            "training_file": body.training_file,
+            "validation_file": body.validation_file,
+            "method.reinforcement.grader": grader,
+        }
+        for param, value in given.items():
+            if value is not None:
+                raise Refused(
+                    f"{param}: a reasoning_gym task (pdppo.train.task) generates its rows and "
+                    "scores them with the dataset's score_answer; leave it out",
+                    param,
+                )
+        return {}
+    if body.training_file is None:
+        raise Refused(
+            "training_file: required (an uploaded file id), unless pdppo.train.task is a "
+            "reasoning_gym task",
+            "training_file",
+        )
+    if grader is None:
+        raise Refused(
+            "method.reinforcement.grader: required, unless pdppo.train.task is a reasoning_gym "
+            "task",
+            "method.reinforcement.grader",
+        )
+    task: dict[str, Any] = {
+        "name": "jsonl",
+        "file": body.training_file,
+        "grader": {"type": "openai", "grader": grader.model_dump(mode="json", exclude_none=True)},
+    }
+    if body.validation_file is not None:
+        task["validation_file"] = body.validation_file
+    return task
+
+
+def to_spec(
+    body: FineTuningJobCreate, training_records: int | None
+) -> tuple[JobSpec, dict[str, Any]]:
     """The job spec a reinforcement create asks for, and the hyperparameters it resolved to
-    (what the job object shows); `Refused` for what pdppo does not train."""
+    (what the job object shows); `Refused` for what pdppo does not train. `training_records`:
+    the training file's records (None for a reasoning_gym task, which counts its task.size)."""
     method = body.method
     if method is None or method.type != "reinforcement" or method.reinforcement is None:
         kind = "supervised (the default)" if method is None else method.type
@@ -108,17 +165,7 @@ def to_spec(body: FineTuningJobCreate, training_records: int) -> tuple[JobSpec, 
     if body.integrations:
         raise Refused("integrations are not supported by pdppo", "integrations")
     hp = method.reinforcement.hyperparameters
-    grader = method.reinforcement.grader.model_dump(mode="json", exclude_none=True)
-    train: dict[str, Any] = {
-        "model": {"name": body.model},
-        "task": {
-            "name": "jsonl",
-            "file": body.training_file,
-            "grader": {"type": "openai", "grader": grader},
-        },
-    }
-    if body.validation_file is not None:
-        train["task"]["validation_file"] = body.validation_file
+    train: dict[str, Any] = {"model": {"name": body.model}, "task": _task(body)}
     if body.seed is not None:
         train["seed"] = body.seed
     spec: dict[str, Any] = {"train": train}
@@ -141,13 +188,15 @@ def to_spec(body: FineTuningJobCreate, training_records: int) -> tuple[JobSpec, 
     epochs = hp.n_epochs if hp is not None and isinstance(hp.n_epochs, int) else 1
     validated = _validated(merged)
     per_step = validated.train.rollout.prompts_per_step
+    task = validated.train.task
+    held_out = body.validation_file is not None
+    if task.name == "reasoning_gym":
+        training_records = task.size if task.size is not None else DEFAULT_SIZE
+        held_out = task.validation_size != 0
+    assert training_records is not None  # a JSONL task names its file (`_task`)
     if "steps" not in own:
         merged["train"]["steps"] = max(1, math.ceil(epochs * training_records / per_step))
-    if (
-        "eval_every" not in own
-        and body.validation_file is not None
-        and not (hp is not None and _given(hp.eval_interval))
-    ):
+    if "eval_every" not in own and held_out and not (hp is not None and _given(hp.eval_interval)):
         merged["train"]["eval_every"] = merged["train"].get("steps", validated.train.steps)
     multiplier = hp.learning_rate_multiplier if hp is not None else None
     if _given(multiplier) and "lr" not in own.get("optim", {}):

@@ -129,7 +129,13 @@ async def create_experiment(
     each other), so it never holds up the tenant's other work, nor waits behind it."""
     idempotent_retry(request, RETRY_OUTCOME)
     record, replayed = await ops.create(
-        request, spec, tenant, store, settings, publisher, idempotency_key
+        request,
+        spec,
+        tenant,
+        store=store,
+        settings=settings,
+        publisher=publisher,
+        idempotency_key=idempotency_key,
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"

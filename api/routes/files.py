@@ -198,7 +198,9 @@ async def upload_file(
             return _invalid_file(inspection).response()
         await refuse_over_quota(files.redis, settings, tenant, incoming=upload.writer.size)
         pending_write(request, "file", file_id_of(upload.sha256), "storing this upload")
-        record, created = await _store(upload, inspection, storage, files, tenant, settings)
+        record, created = await _store(
+            upload, inspection, storage, files=files, tenant=tenant, settings=settings
+        )
     except FileBusy as exc:
         raise _busy(exc) from exc
     finally:

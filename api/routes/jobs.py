@@ -88,7 +88,15 @@ async def create_job(
     The job is written and queued as `api.jobs.submission` says (the same path as
     `POST /v1/fine_tuning/jobs`): a job this returns always runs."""
     idempotent_retry(request, "returns that job, never a second")
-    submitted = await submit(request, spec, tenant, store, settings, publisher, idempotency_key)
+    submitted = await submit(
+        request,
+        spec,
+        tenant,
+        store=store,
+        settings=settings,
+        publisher=publisher,
+        idempotency_key=idempotency_key,
+    )
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return to_job(submitted.record)

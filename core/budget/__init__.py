@@ -37,11 +37,12 @@ from core.budget.memory import (
     MemoryItem,
     Phase,
     Queue,
-    _batch_field,
-    _memory,
-    _model_field,
-    _peak,
+    batch_field,
     job_device,
+    memory_items,
+    model_field,
+    peak_of,
+    runs_fused_loss,
 )
 from core.budget.report import describe as describe
 from core.budget.report import format_bytes, format_count, render, render_limits
@@ -53,10 +54,10 @@ from core.budget.shapes import read_safetensors_header as read_safetensors_heade
 from core.budget.tokens import HF_SPECIAL_TOKENS as HF_SPECIAL_TOKENS
 from core.budget.tokens import MAX_SCAN_BYTES as MAX_SCAN_BYTES
 from core.budget.tokens import UNKNOWN_SEQ_LEN as UNKNOWN_SEQ_LEN
-from core.budget.tokens import _builtin_answer_chars, prompt_tokens
+from core.budget.tokens import builtin_answer_chars, prompt_tokens
 from core.budget.units import GIB as GIB
 from core.budget.units import MIB as MIB
-from core.config import TrainConfig
+from core.config import BUILTIN_TASKS, TrainConfig
 
 # The names above imported "as" themselves are re-exported: importable from here, as before the
 # split, though not in `__all__`.
@@ -103,6 +104,7 @@ class Budget:
     memory: tuple[MemoryItem, ...]  # empty when the model is unknown
     peak_memory_bytes: int | None
     peak_phases: tuple[Phase, ...]  # the phases whose memory adds up to the peak
+    fused_loss: bool  # the loss the trainer will run: fused (no [tokens, vocabulary] logits)
     model_field: str  # the field naming the model (for a parameter limit)
     tokens_field: str  # the field that makes tokens per step large
     total_tokens_field: str  # ... and the run's total
@@ -182,7 +184,7 @@ def estimate(
     sequences = r.prompts_per_step * r.group_size
     seq = prompt + r.max_new_tokens
     tokens = sequences * seq
-    batch_f, batch_ratio = _batch_field(cfg)
+    batch_f, batch_ratio = batch_field(cfg)
     notes: list[str] = []
     if prompt_note:
         notes.append(prompt_note)
@@ -194,9 +196,9 @@ def estimate(
     elif not shape.hidden or not shape.layers or not shape.vocab:
         notes.append(f"no memory estimate: {shape.source} (config.json lacks the model's shape)")
     else:
-        items = _memory(cfg, shape, prompt, device, devices)
-        peak, peak_phases = _peak(items, device)
-    if cfg.task.warmup_steps and cfg.task.name != "jsonl":
+        items = memory_items(cfg, shape, prompt, device, devices)
+        peak, peak_phases = peak_of(items)
+    if cfg.task.warmup_steps and cfg.task.name in BUILTIN_TASKS:
         notes.append(
             f"the warm-up adds about {format_count(_warmup_tokens(cfg, prompt))} tokens "
             "(not in total_tokens)"
@@ -217,7 +219,8 @@ def estimate(
         memory=tuple(items),
         peak_memory_bytes=peak,
         peak_phases=peak_phases,
-        model_field=_model_field(cfg),
+        fused_loss=runs_fused_loss(cfg, shape),
+        model_field=model_field(cfg),
         tokens_field=batch_f,
         total_tokens_field=batch_f if batch_ratio > cfg.steps / _STEPS_DEFAULT else "train.steps",
         notes=tuple(notes),
@@ -226,7 +229,7 @@ def estimate(
 
 def _warmup_tokens(cfg: TrainConfig, prompt: int) -> int:
     t = cfg.task
-    return t.warmup_steps * t.warmup_batch_size * (prompt + _builtin_answer_chars(t) + 1)
+    return t.warmup_steps * t.warmup_batch_size * (prompt + builtin_answer_chars(t) + 1)
 
 
 # -- checking ---------------------------------------------------------------------------------

@@ -74,6 +74,12 @@ def render(data: dict[str, Any]) -> Iterator[str]:
             )
         if not all(item.get("at_peak") for item in data.get("memory", [])):
             yield "  (- : not counted in the peak: freed before it)"
+    if "fused_loss" in data:  # a server older than the field does not send it
+        yield (
+            "loss             fused (the [tokens x vocabulary] logits are never held)"
+            if data["fused_loss"]
+            else "loss             unfused (the [tokens x vocabulary] logits are held)"
+        )
     for note in data.get("notes", []):
         yield f"note: {note}"
 

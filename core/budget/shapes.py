@@ -16,8 +16,11 @@ whichever family it was saved.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import math
+import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +33,11 @@ from core.disk.safe_files import open_regular_file
 
 # The byte tokenizer of builtin:tiny (core/models/tiny.py): 4 specials + 256 bytes + 252 reserved.
 TINY_VOCAB = 512
+# `core.models.hf.SHARED_PREFIX_MODEL_TYPES`, restated (this package imports no torch; tests check
+# that the two agree): the architectures whose training forward runs each distinct prompt once.
+SHARED_PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# A tensor of one of the repeated blocks (`model.layers.3.`, GPT-2's `transformer.h.3.`)
+_BLOCK = re.compile(r"\.(layers|h|blocks)\.\d+\.")
 # Safetensors headers are JSON text; refuse to read a "header" larger than this.
 MAX_HEADER_BYTES = 100 * MIB
 
@@ -49,6 +57,11 @@ class ModelShape:
     intermediate: int | None = None
     max_seq_len: int | None = None
     tiny: bool = False
+    model_type: str | None = None  # config.json's (an `hf:` model's architecture)
+    shares_prefix: bool = False  # a training forward runs each distinct prompt once
+    # parameters outside the repeated blocks (embeddings, final norm, output layer): the unit
+    # that FSDP keeps gathered through a forward and backward (`core.parallel.sharding`)
+    root_params: int | None = None
 
 
 def tiny_param_count(d_model: int, n_layers: int, max_seq_len: int, vocab: int = TINY_VOCAB) -> int:
@@ -76,6 +89,8 @@ def _tiny_shape(t: TinyModelConfig, name: str = "builtin:tiny") -> ModelShape:
         intermediate=4 * t.d_model,
         max_seq_len=t.max_seq_len,
         tiny=True,
+        shares_prefix=True,
+        root_params=params - t.n_layers * (12 * t.d_model**2 + 13 * t.d_model),
     )
 
 
@@ -287,6 +302,7 @@ def _folder_shape(
     if not tensors:
         return unknown
     base = sum(math.prod(shape) for _, shape in tensors)
+    root = sum(math.prod(shape) for name, shape in tensors if not _BLOCK.search(name))
     lora = cfg.model.lora
     adapters = lora_param_count(tensors, lora) if lora is not None else 0
     hidden = _get(c, "hidden_size", "n_embd", "d_model")
@@ -296,6 +312,7 @@ def _folder_shape(
     return ModelShape(
         source=f"{source}: {how}",
         params=base + adapters,
+        root_params=root,
         trainable=adapters if lora is not None else base,
         vocab=_get(c, "vocab_size"),
         hidden=hidden,
@@ -304,7 +321,37 @@ def _folder_shape(
         kv_dim=kv_heads * head_dim if kv_heads and head_dim else hidden,
         intermediate=_get(c, "intermediate_size", "n_inner") or (4 * hidden if hidden else None),
         max_seq_len=_get(c, "max_position_embeddings", "n_positions"),
+        # the top level's, as transformers' loader reads it (not a nested text_config's)
+        model_type=_model_type(config),
+        shares_prefix=_model_type(config) in SHARED_PREFIX_MODEL_TYPES
+        and not _sliding(c)
+        and _transformers_major() >= 5,
     )
+
+
+def _model_type(config: Any) -> str | None:
+    value = config.get("model_type") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _sliding(c: dict[str, Any]) -> bool:
+    """A sliding window on some layer: their caches are not the full ones that prefix sharing
+    expands (`core.models.hf_cache.expandable`)."""
+    layer_types = c.get("layer_types")
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        return True
+    return bool(c.get("use_sliding_window"))
+
+
+@functools.cache
+def _transformers_major() -> int:
+    """The major version of the transformers installed here, without importing it (0: none).
+    Prefix sharing needs its per-layer caches (5 and later); the worker estimates again with
+    its own before it loads the model."""
+    try:
+        return int(importlib.metadata.version("transformers").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return 0
 
 
 def _job_shape(cfg: TrainConfig, model_dir: Path | None) -> ModelShape:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.budget.shapes import ModelShape
 from core.budget.units import MIB
-from core.config import TaskConfig, TrainConfig
+from core.config import BUILTIN_TASKS, TaskConfig, TrainConfig
 from core.disk.safe_files import iter_lines
 
 # Special tokens a Hugging Face tokenizer may add around a prompt (BOS, a SentencePiece prefix
@@ -34,7 +34,7 @@ def _builtin_prompt_chars(task: TaskConfig) -> int:
     return len(task.name) + 2 + task.max_len
 
 
-def _builtin_answer_chars(task: TaskConfig) -> int:
+def builtin_answer_chars(task: TaskConfig) -> int:
     return task.max_len + 1 if task.name == "arithmetic" else task.max_len
 
 
@@ -64,13 +64,21 @@ def prompt_tokens(
     Built-in tasks: the longest prompt (task.max_len digits) in bytes, +1 for BOS with the byte
     tokenizer of builtin:tiny, + HF_SPECIAL_TOKENS otherwise (at most one token per byte).
     jsonl: the longest prompt of the file when it is readable here, else the model's sequence
-    length less the response."""
+    length less the response; reasoning_gym: that bound too (its rows do not exist yet)."""
     specials = 1 if shape.tiny else HF_SPECIAL_TOKENS
-    if cfg.task.name != "jsonl":
+    if cfg.task.name in BUILTIN_TASKS:
         return _builtin_prompt_chars(cfg.task) + specials, None
     seq = shape.max_seq_len or UNKNOWN_SEQ_LEN
     bound = max(1, seq - cfg.rollout.max_new_tokens)
     longest = None
+    if cfg.task.name == "reasoning_gym":
+        note = (
+            "task.name='reasoning_gym': its prompts are generated when the job starts, so "
+            f"they are assumed as long as the model's sequence allows ({bound} tokens)"
+        )
+        if shape.max_seq_len is None:
+            note += f"; the model's sequence length is unknown, {UNKNOWN_SEQ_LEN} assumed"
+        return bound, note
     if read_files and cfg.task.path is not None:
         longest = _longest_jsonl_prompt(Path(cfg.task.path).expanduser(), data_roots)
     if longest is None:

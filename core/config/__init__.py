@@ -34,6 +34,7 @@ from core.config.model import JOB_ID_RE as JOB_ID_RE
 from core.config.model import LoraConfig as LoraConfig
 from core.config.model import ModelConfig as ModelConfig
 from core.config.model import TinyModelConfig as TinyModelConfig
+from core.config.task import BUILTIN_TASKS as BUILTIN_TASKS
 from core.config.task import FILE_ID_RE as FILE_ID_RE
 from core.config.task import MAX_PATH_CHARS as MAX_PATH_CHARS
 from core.config.task import TaskConfig as TaskConfig
@@ -424,14 +425,17 @@ class TrainConfig(Strict):
         self._check_sharding()
         t = self.task
         held_out = t.validation_path or t.validation_file or t.validation_fraction
+        if t.name == "reasoning_gym":  # 100 held-out rows unless validation_size says 0
+            held_out = t.validation_size != 0
         if self.eval_every and not held_out:
             raise ValueError(
                 f"eval_every={self.eval_every} needs held-out data: task.validation_file, "
-                "task.validation_path or task.validation_fraction"
+                "task.validation_path or task.validation_fraction (task.validation_size for "
+                "reasoning_gym)"
             )
         needed = self.task.max_len * 2 + 16 + self.rollout.max_new_tokens
         tiny = self.model.name == "builtin:tiny"
-        if tiny and self.task.name != "jsonl" and self.model.tiny.max_seq_len < needed:
+        if tiny and self.task.name in BUILTIN_TASKS and self.model.tiny.max_seq_len < needed:
             raise ValueError(
                 f"model.tiny.max_seq_len={self.model.tiny.max_seq_len} is too short for prompts "
                 f"of task.max_len={self.task.max_len} plus rollout.max_new_tokens="

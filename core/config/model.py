@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from core.config.task import MAX_PATH_CHARS
-from core.config.types import CleanStr, FiniteFloat, Strict, _no_control_chars
+from core.config.types import CleanStr, FiniteFloat, Strict, no_control_chars
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What `job:<id>` accepts as an id (the API's ids are 24 hex digits)."""
@@ -85,7 +85,7 @@ class LoraConfig(Strict):
                         "entry {i} must have 1 to 200 characters, not {n}",
                         {"i": i, "n": len(name)},
                     )
-                _no_control_chars(name, f"entry {i} ")
+                no_control_chars(name, f"entry {i} ")
         return value
 
 

@@ -16,9 +16,18 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 """`{{ namespace.path }}`: what a template substitutes."""
@@ -32,8 +41,6 @@ SAMPLE_PATHS = ("output_text", "output_json")
 
 FORMULA_FUNCTIONS = ("min", "max", "abs", "floor", "ceil", "exp", "sqrt", "log")
 """What `calculate_output` may call, besides + - * / ^ and parentheses (OpenAI's list)."""
-
-Template = Annotated[str, Field(max_length=10_000)]
 
 SubGraderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_]\w*$")]
 """A sub-grader's name in `multi`: an identifier, since `calculate_output` names it."""
@@ -68,6 +75,15 @@ def template_paths(template: str) -> list[str]:
     return paths
 
 
+def _template(value: str) -> str:
+    template_paths(value)
+    return value
+
+
+Template = Annotated[str, Field(max_length=10_000), AfterValidator(_template)]
+"""Text with `{{...}}` substitutions, each checked (`template_paths`) where the spec says it."""
+
+
 class OpenAIStringCheck(_OpenAIGrader):
     """1 when the rendered `input` and `reference` pass `operation`, else 0: `eq` equal, `ne`
     different, `like` the input contains the reference, `ilike` the same ignoring case."""
@@ -76,12 +92,6 @@ class OpenAIStringCheck(_OpenAIGrader):
     input: Template = Field(description="What is checked, usually {{sample.output_text}}.")
     reference: Template = Field(description="What it is checked against, e.g. {{item.answer}}.")
     operation: Literal["eq", "ne", "like", "ilike"]
-
-    @field_validator("input", "reference")
-    @classmethod
-    def _templates(cls, value: str) -> str:
-        template_paths(value)
-        return value
 
 
 class OpenAITextSimilarity(_OpenAIGrader):
@@ -110,12 +120,6 @@ class OpenAITextSimilarity(_OpenAIGrader):
         default=None, description="When set, the score is 1 at or above it and 0 below."
     )
 
-    @field_validator("input", "reference")
-    @classmethod
-    def _templates(cls, value: str) -> str:
-        template_paths(value)
-        return value
-
     @field_validator("evaluation_metric")
     @classmethod
     def _supported(cls, metric: str) -> str:
@@ -124,6 +128,24 @@ class OpenAITextSimilarity(_OpenAIGrader):
         if metric == "cosine":
             raise ValueError("cosine needs an embedding model, which pdppo does not run")
         return metric
+
+
+def parse_source(source: str) -> ast.Module:
+    """A python grader's code, parsed (never run); a ValueError when it is not python or
+    defines no top-level `grade` function. Parsing at validation refuses what the worker could
+    not load, and keeps the parser's own failures on code nested past its limits (MemoryError,
+    RecursionError) out of the API, as a 422 rather than a 500."""
+    try:
+        tree = ast.parse(source, "<source>")
+    except SyntaxError as e:
+        raise ValueError(f"not python: {e.msg} (line {e.lineno})") from None
+    except (MemoryError, RecursionError):
+        raise ValueError("not python: nested too deeply to parse") from None
+    except ValueError as e:  # a NUL byte (Python 3.11)
+        raise ValueError(f"not python: {e}") from None
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "grade" for n in tree.body):
+        raise ValueError("defines no function grade(sample, item)")
+    return tree
 
 
 class OpenAIPython(_OpenAIGrader):
@@ -141,6 +163,12 @@ class OpenAIPython(_OpenAIGrader):
         default=None, description="When set, the score is 1 at or above it and 0 below."
     )
 
+    @field_validator("source")
+    @classmethod
+    def _parses(cls, source: str) -> str:
+        parse_source(source)
+        return source
+
 
 class OpenAITextPart(BaseModel):
     """One text part of a message's content."""
@@ -150,11 +178,11 @@ class OpenAITextPart(BaseModel):
     type: Literal["input_text", "output_text"]
     text: Template
 
-    @field_validator("text")
-    @classmethod
-    def _templates(cls, value: str) -> str:
-        template_paths(value)
-        return value
+
+def _content_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "text"
+    return "parts" if isinstance(value, list) else "part"
 
 
 class OpenAIMessage(BaseModel):
@@ -165,16 +193,14 @@ class OpenAIMessage(BaseModel):
 
     type: Literal["message"] | None = None
     role: Literal["system", "developer", "user", "assistant"]
-    content: Template | OpenAITextPart | list[OpenAITextPart]
-
-    @field_validator("content")
-    @classmethod
-    def _templates(
-        cls, value: str | OpenAITextPart | list[OpenAITextPart]
-    ) -> str | OpenAITextPart | list[OpenAITextPart]:
-        if isinstance(value, str):
-            template_paths(value)
-        return value
+    # chosen by the value's JSON type, so that a mistake is told for the branch the user wrote
+    # (`content.parts.0.text: template ...`), not for all three
+    content: Annotated[
+        Annotated[Template, Tag("text")]
+        | Annotated[OpenAITextPart, Tag("part")]
+        | Annotated[list[OpenAITextPart], Tag("parts")],
+        Discriminator(_content_kind),
+    ]
 
     def text(self) -> str:
         """The content as one text (parts joined by blank lines)."""
@@ -335,5 +361,6 @@ __all__ = [
     "OpenAITextSimilarity",
     "formula_names",
     "parse_formula",
+    "parse_source",
     "template_paths",
 ]

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from core.config.graders import GraderConfig
+from core.config.reasoning_gym import DatasetConfig, DatasetName, WeightedDataset, check_dataset
 from core.config.types import FINITE, NO_CONTROL_CHARS, FiniteFloat, Strict
 
 MAX_PATH_CHARS = 4096
@@ -21,13 +22,22 @@ FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
 """An uploaded file's id: `file-` and the first 32 hex digits of its sha256."""
 
 
-TaskName = Literal["arithmetic", "sort", "copy", "reverse", "jsonl"]
+TaskName = Literal["arithmetic", "sort", "copy", "reverse", "jsonl", "reasoning_gym"]
+
+BUILTIN_TASKS = ("arithmetic", "sort", "copy", "reverse")
+"""The digit tasks of `core.tasks.builtin`: prompts of a known format, no data."""
+
+REASONING_GYM_FIELDS = ("dataset", "config", "datasets", "size", "seed", "validation_size")
+"""The fields only `name: reasoning_gym` reads (`system_prompt` too)."""
 
 
 class TaskConfig(Strict):
     name: TaskName = Field(
         default="reverse",
-        description="Built-in verifiable task, or 'jsonl' for a dataset of {prompt, answer}.",
+        description=(
+            "Built-in verifiable task, 'jsonl' for a dataset of {prompt, answer}, or "
+            "'reasoning_gym' for rows a reasoning-gym dataset generates (the `reasoning` extra)."
+        ),
     )
     min_len: int = Field(
         default=2,
@@ -96,6 +106,46 @@ class TaskConfig(Strict):
     numeric_tolerance: FiniteFloat = Field(
         default=1e-6, ge=0, le=1e12, description="Absolute tolerance for 'numeric'."
     )
+    dataset: DatasetName | None = Field(
+        default=None,
+        description="reasoning_gym: the dataset (e.g. basic_arithmetic); or task.datasets.",
+    )
+    config: DatasetConfig | None = Field(
+        default=None,
+        description="reasoning_gym: the dataset's config keys (its config class's fields).",
+    )
+    datasets: Annotated[list[WeightedDataset], Field(min_length=1, max_length=64)] | None = Field(
+        default=None,
+        description=(
+            "reasoning_gym: several datasets, [{name, weight, config}], rows drawn by weight "
+            "(reasoning-gym's CompositeDataset); instead of task.dataset."
+        ),
+    )
+    size: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="reasoning_gym: training rows generated when the job starts (default 1000).",
+    )
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**31 - 1,
+        description="reasoning_gym: the training rows' seed (default: the run's train.seed).",
+    )
+    validation_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description=(
+            "reasoning_gym: held-out rows for evaluation (default 100), generated with another "
+            "seed, none of them a training row's question."
+        ),
+    )
+    system_prompt: Annotated[str, Field(min_length=1, max_length=20_000)] | None = Field(
+        default=None,
+        description="reasoning_gym: a system turn before each question (chat models).",
+    )
     warmup_steps: int = Field(
         default=0,
         ge=0,
@@ -142,7 +192,10 @@ class TaskConfig(Strict):
                     raise ValueError(f"task.{name} is only used when task.name='jsonl'")
             if self.validation_fraction:
                 raise ValueError("task.validation_fraction is only used when task.name='jsonl'")
-        if self.name == "jsonl" and self.warmup_steps and self.warmup_target == "format":
+        self._check_reasoning_gym()
+        if self.name in ("jsonl", "reasoning_gym") and (
+            self.warmup_steps and self.warmup_target == "format"
+        ):
             raise ValueError(
                 f"task.warmup_steps={self.warmup_steps} with task.warmup_target='format': a "
                 "dataset has no answer shape to imitate; use warmup_target='answer' (records "
@@ -151,3 +204,34 @@ class TaskConfig(Strict):
         if self.name != "jsonl" and self.path:
             raise ValueError(f"task.path={self.path!r} is only used when task.name='jsonl'")
         return self
+
+    def _check_reasoning_gym(self) -> None:
+        """The datasets and config keys by name (`core.config.reasoning_gym`); their values'
+        own rules need the package (`core.tasks.reasoning_gym.check_values`)."""
+        if self.name != "reasoning_gym":
+            for name in (*REASONING_GYM_FIELDS, "system_prompt"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"task.{name} is only used when task.name='reasoning_gym'")
+            return
+        if (self.dataset is None) == (self.datasets is None):
+            raise ValueError(
+                "task.name='reasoning_gym' needs exactly one of task.dataset (one dataset, its "
+                "keys in task.config) and task.datasets (several, weighted)"
+            )
+        if self.datasets is not None:
+            if self.config is not None:
+                raise ValueError(
+                    "task.config goes with task.dataset; with task.datasets each entry has its "
+                    "own config"
+                )
+            names = [d.name for d in self.datasets]
+            for i, entry in enumerate(self.datasets):
+                check_dataset(entry.name, entry.config, f"task.datasets[{i}]")
+                if entry.name in names[:i]:
+                    raise ValueError(
+                        f"task.datasets[{i}].name={entry.name!r} is named twice; a dataset is "
+                        "listed once (reasoning-gym's CompositeDataset)"
+                    )
+        else:
+            assert self.dataset is not None
+            check_dataset(self.dataset, self.config or {}, "task")

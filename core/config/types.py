@@ -46,7 +46,7 @@ FiniteFloat = Annotated[float, FINITE]
 """A float that is never NaN or infinite (an int is accepted and becomes a float)."""
 
 
-def _no_control_chars(value: str, what: str = "") -> str:
+def no_control_chars(value: str, what: str = "") -> str:
     """Control characters (C0 incl. NUL, tab and newlines, DEL, C1) have no business in a name or
     a path: they forge log lines, truncate C strings and make file names unreadable."""
     for i, char in enumerate(value):
@@ -59,7 +59,7 @@ def _no_control_chars(value: str, what: str = "") -> str:
     return value
 
 
-NO_CONTROL_CHARS = AfterValidator(_no_control_chars)
+NO_CONTROL_CHARS = AfterValidator(no_control_chars)
 """The control-character check alone, for a length limit inside an Optional: `Annotated[str,
 Field(max_length=9), NO_CONTROL_CHARS] | None` (limit first, or its message speaks of "items")."""
 

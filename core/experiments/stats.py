@@ -187,10 +187,10 @@ def report(
                     fin,
                     finals[baseline],
                     masked[name],
-                    masked[baseline],
-                    paired,
-                    resamples,
-                    rng_seed,
+                    base_mask=masked[baseline],
+                    paired=paired,
+                    resamples=resamples,
+                    rng_seed=rng_seed,
                 ),
             }
         )

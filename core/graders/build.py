@@ -31,16 +31,17 @@ def build_grader(
     options: GraderOptions | None = None,
 ) -> Grader:
     """The grader `cfg` declares; a ValueError naming the spec field (`where`) when it cannot
-    be built: a pattern that does not compile, a schema that is not one, a plugin that is not
-    installed. Plugins are only imported with `load_plugins` (the grading server does that;
-    the trainer's process only checks their names), and so is a python grader's code.
-    `options`: what the operator lets OpenAI graders do (None: no python, no score_model)."""
+    be built here: a plugin that is not installed, a grader the operator has not allowed (a
+    pattern, schema, template, formula or code that does not compile never validated).
+    Plugins are only imported with `load_plugins` (the grading server does that; the
+    trainer's process only checks their names), and so is a python grader's code. `options`:
+    what the operator lets OpenAI graders do (None: no python, no score_model)."""
     if isinstance(cfg, StringCheckGrader):
         return StringCheck(cfg)
     if isinstance(cfg, RegexGrader):
-        return Regex(cfg, where)
+        return Regex(cfg)
     if isinstance(cfg, NumericGrader):
-        return Numeric(cfg, where)
+        return Numeric(cfg)
     if isinstance(cfg, MathGrader):
         return Math(cfg, where)
     if isinstance(cfg, JsonSchemaGrader):

@@ -7,11 +7,12 @@ never the job.
 The python grader is not a security sandbox: its code runs in the grading server's process (whose
 environment lacks the service's `PDPPO_*` settings), with the worker's user, files and network,
 which is why it is off unless the operator turns it on.
-Only the grading server executes it (`load=True`); the trainer's process and the API compile it,
-to refuse a syntax error at submission, and never run it. Its top level runs once, when the server
-loads it: an exception there (or the process ending) is a `GraderLoadError` naming the grader and
-the exception's last line, and the server's parent bounds that run (`LOADING`: it is told when
-each top level starts), so a worker refuses the job before training and graders.run answers 400.
+Only the grading server executes it (`load=True`); the config parses it (`parse_source`), to
+refuse a syntax error at submission, and nothing else runs it. Its top level runs once, when the
+server loads it: an exception there (or the process ending) is a `GraderLoadError` naming the
+grader and the exception's last line, and the server's parent bounds that run (`LOADING`: it is
+told when each top level starts), so a worker refuses the job before training and graders.run
+answers 400.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from core.config.openai_graders import (
     OpenAIMulti,
     OpenAIPython,
     OpenAIScoreModel,
+    parse_source,
     template_paths,
 )
 from core.graders.base import Grader, GraderLoadError, Record
@@ -76,38 +78,10 @@ def _threshold(value: float, threshold: float | None) -> float:
     return value if threshold is None else float(value >= threshold)
 
 
-def parse_source(source: str, where: str) -> ast.Module:
-    """The python grader's code, parsed (never run); a ValueError naming `where` when it is not
-    python or defines no top-level `grade` function."""
-    try:
-        tree = ast.parse(source, f"<{where}.source>")
-    except SyntaxError as e:
-        raise ValueError(f"{where}.source is not python: {e.msg} (line {e.lineno})") from None
-    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-    if "grade" not in defined:
-        raise ValueError(f"{where}.source defines no function grade(sample, item)")
-    return tree
-
-
 def holds_python(cfg: OpenAIGraderConfig) -> bool:
     """Whether `cfg` holds a python grader (alone or in a multi): a tenant's code to run."""
     leaves = cfg.graders.values() if isinstance(cfg, OpenAIMulti) else [cfg]
     return any(isinstance(leaf, OpenAIPython) for leaf in leaves)
-
-
-def source_problems(cfg: OpenAIGraderConfig, where: str) -> list[tuple[str, str]]:
-    """(where, why) for each python grader of `cfg` whose code does not parse (the API's check
-    at submission: it never runs the code)."""
-    leaves = cfg.graders.items() if isinstance(cfg, OpenAIMulti) else [("", cfg)]
-    out = []
-    for name, leaf in leaves:
-        at = f"{where}.graders.{name}" if name else where
-        if isinstance(leaf, OpenAIPython):
-            try:
-                parse_source(leaf.source, at)
-            except ValueError as e:
-                out.append((f"{at}.source", str(e)))
-    return out
 
 
 class Python(Grader):
@@ -117,11 +91,11 @@ class Python(Grader):
     (`grader_timeouts`)."""
 
     def __init__(self, cfg: OpenAIPython, where: str, *, load: bool) -> None:
-        """`load=False` compiles the source and checks that it defines `grade`; `load=True`
-        (the grading server) also runs it, once, to define the function."""
+        """`load=False` (the trainer's process) only parses the source; `load=True` (the
+        grading server) also runs it, once, to define the function."""
         self.name = cfg.name
         self.threshold = cfg.pass_threshold
-        tree = parse_source(cfg.source, where)
+        tree = parse_source(cfg.source)  # parses and defines grade: the config checked it
         self.fn: Callable[..., Any] | None = None
         if load:
             self.fn = self._load(tree, where)

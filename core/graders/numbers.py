@@ -47,19 +47,10 @@ class Numeric(Grader):
     `extract`. Without `extract` the work is linear and runs in the trainer's process; a custom
     `extract` is a regex, which can backtrack without bound, so it runs in the grading server."""
 
-    def __init__(self, cfg: NumericGrader, where: str) -> None:
+    def __init__(self, cfg: NumericGrader) -> None:
         self.cfg = cfg
-        self.extract: re.Pattern[str] | None = None
-        if cfg.extract is not None:
-            try:
-                self.extract = re.compile(cfg.extract)
-            except re.error as e:
-                raise ValueError(f"{where}.extract={cfg.extract!r} is not a regex ({e})") from None
-            if self.extract.groups != 1:
-                raise ValueError(
-                    f"{where}.extract={cfg.extract!r} must have exactly one group (the answer), "
-                    f"not {self.extract.groups}"
-                )
+        # compiles, with its one group: the config checked it (`NumericGrader._one_group`)
+        self.extract = None if cfg.extract is None else re.compile(cfg.extract)
         self.isolated = self.extract is not None
 
     def check(self, record: Record) -> None:

@@ -6,7 +6,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from core.config.graders import JsonSchemaGrader
+from core.config.graders import JsonSchemaGrader, schema_problem
 from core.extras import require
 from core.graders.base import Grader, Record, field_value
 
@@ -26,12 +26,10 @@ class JsonSchema(Grader):
     def __init__(self, cfg: JsonSchemaGrader, where: str) -> None:
         require(f"{where} (json_schema)", "jsonschema", ("jsonschema",))
         self.field = cfg.field
+        # a fixed schema is one: the config checked it (`schema_problem`), with jsonschema
+        # installed, as it is here
         self.fixed = cfg.json_schema
         self._validators: OrderedDict[str, Any] = OrderedDict()
-        if self.fixed is not None:
-            problem = schema_problem(self.fixed)
-            if problem:
-                raise ValueError(f"{where}.schema is not a valid JSON schema: {problem}")
 
     def check(self, record: Record) -> None:
         if self.fixed is None:
@@ -62,18 +60,3 @@ class JsonSchema(Grader):
         else:
             self._validators.move_to_end(key)
         return validator
-
-
-def schema_problem(schema: Any) -> str | None:
-    """Why `schema` is not a JSON schema (checked against its draft's metaschema), or None."""
-    if not isinstance(schema, dict | bool):
-        return f"a schema is an object (or true/false), not {type(schema).__name__}"
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
-
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path)
-        return f"{e.message[:300]} (at '/{where}')"
-    return None

@@ -48,18 +48,27 @@ class Tokenizer(Protocol):
         ...
 
 
+def renders_chat(tok: Tokenizer, example: Example) -> bool:
+    """Whether `example` is encoded as chat turns: it has some, and either needs them or the
+    model has a chat template (`Example.chat_optional`; builtin:tiny has none)."""
+    if example.messages is None:
+        return False
+    return not example.chat_optional or bool(getattr(tok, "has_chat_template", False))
+
+
 def encode_example(tok: Tokenizer, example: Example) -> list[int]:
-    """The prompt ids of a task example: its chat turns when it has them, else its text."""
-    if example.messages is not None:
+    """The prompt ids of a task example: its chat turns when it is rendered as chat
+    (`renders_chat`), else its text."""
+    if example.messages is not None and renders_chat(tok, example):
         return tok.encode_chat(example.messages)
     return tok.encode_prompt(example.prompt)
 
 
 def check_chat_prompts(tok: Tokenizer, examples: Iterable[Example]) -> None:
-    """Renders the first example that has chat turns, so that a model which cannot (no chat
+    """Renders the first example that is rendered as chat, so that a model which cannot (no chat
     template, or one that refuses these turns) fails when the run is set up, with the
     template's own message, instead of after the warm-up at the first step that draws one."""
-    first = next((e for e in examples if e.messages is not None), None)
+    first = next((e for e in examples if renders_chat(tok, e)), None)
     if first is not None and first.messages is not None:
         tok.encode_chat(first.messages)
 

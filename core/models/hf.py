@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from core.config import ModelConfig
+from core.config.fused import PROJECTED_MODEL_TYPES
 from core.disk.safe_files import UnsafeFileError, check_model_dir, is_hub_id
 from core.extras import require
 from core.models.base import CausalLM
@@ -29,13 +30,6 @@ SHARED_PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 (`CausalLM.shares_prefix`): the Llama family, with rotary positions from `position_ids` and a
 cache of full-attention layers; tests/core/test_shared_prefix.py checks each one's gradients
 against the full forward. Any other `model_type` runs every row in full."""
-
-PROJECTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-"""Architectures whose logits are exactly `lm_head(decoder(...).last_hidden_state)`, no scaling
-or soft-capping (Gemma's and Cohere's are not): the fused loss (`core.objective.fused`) computes
-them chunk by chunk from the decoder's states (`HFLM.output_projection`);
-tests/core/test_fused_trainer.py checks each one's loss and gradients against the unfused
-path."""
 
 NO_CHAT_TEMPLATE = (
     "this model's tokenizer has no chat template, so records with 'messages' cannot be "
@@ -281,8 +275,10 @@ class HFLM(CausalLM):
         return True  # forward_hidden runs the decoder, not the model with its lm_head
 
     def output_projection(self) -> tuple[Tensor, Tensor | None] | None:
-        """`lm_head` of the `PROJECTED_MODEL_TYPES`, when it is a plain linear layer (LoRA
-        leaves it so unless `target_modules` names it; it is then frozen)."""
+        """`lm_head` of the `PROJECTED_MODEL_TYPES` (`core.config.fused`: the fused loss
+        computes their logits chunk by chunk from the decoder's states), when it is a plain
+        linear layer (LoRA leaves it so unless `target_modules` names it, and it is then
+        frozen: `core.config.fused.adapts_output_layer`, the memory estimate's rule)."""
         base = self._base_model()
         if getattr(base.config, "model_type", None) not in PROJECTED_MODEL_TYPES:
             return None

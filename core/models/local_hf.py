@@ -85,34 +85,80 @@ class LlamaShape:
     max_positions: int = 256
 
 
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "gpt2")
+"""The families `model_config` builds: the Llama-style ones the fused loss projects
+(`core.config.fused.PROJECTED_MODEL_TYPES`) and GPT-2, which it does not."""
+
+
 def save_llama(
     path: Path, tokenizer: Any, shape: LlamaShape, seed: int, dtype: torch.dtype | None = None
 ) -> Any:
     """Random Llama weights for `tokenizer`'s vocabulary (in `dtype`, else float32), both saved
     into `path`; returns the model (bench/gpu_check.py counts its parameters)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    return save_model(path, tokenizer, shape, seed=seed, dtype=dtype)
+
+
+def save_model(
+    path: Path,
+    tokenizer: Any,
+    shape: LlamaShape,
+    *,
+    model_type: str = "llama",
+    tied: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """`save_llama` for any of `MODEL_TYPES`, its output layer tied to the input embedding
+    or not; returns the model."""
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=shape.max_positions,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(model_config(tokenizer, shape, model_type, tied=tied))
     if dtype is not None:
         torch.nn.Module.to(model, dtype)  # in place (transformers types its .to oddly)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
     return model
+
+
+def model_config(
+    tokenizer: Any, shape: LlamaShape, model_type: str = "llama", *, tied: bool = False
+) -> Any:
+    """The transformers config of `save_model`'s model, alone: what the memory estimate reads
+    (`core.budget`), without the weights (bench/gpu_check.py sizes its 0.8B model so)."""
+    from transformers import AutoConfig
+
+    ids = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "tie_word_embeddings": tied,
+    }
+    if model_type == "gpt2":
+        return AutoConfig.for_model(
+            "gpt2",
+            n_embd=shape.hidden,
+            n_layer=shape.layers,
+            n_head=shape.heads,
+            n_inner=shape.intermediate,
+            n_positions=shape.max_positions,
+            **ids,
+        )
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not one of {MODEL_TYPES}")
+    return AutoConfig.for_model(
+        model_type,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.hidden // shape.heads,  # Qwen3's default is 128, whatever the width
+        max_position_embeddings=shape.max_positions,
+        **ids,
+    )
 
 
 def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:

@@ -216,7 +216,7 @@ class TinyLM(CausalLM):
         use_cache: bool = True,
     ) -> tuple[Tensor, Any]:
         logits, new_cache = self.module(
-            input_ids, attention_mask, position_ids, cache, keep_last, use_cache
+            input_ids, attention_mask, position_ids, cache, keep_last=keep_last, use_cache=use_cache
         )
         return logits, new_cache
 
@@ -230,7 +230,13 @@ class TinyLM(CausalLM):
         use_cache: bool = True,
     ) -> tuple[Tensor, Any]:
         hidden, new_cache = self.module(
-            input_ids, attention_mask, position_ids, cache, keep_last, use_cache, hidden_only=True
+            input_ids,
+            attention_mask,
+            position_ids,
+            cache,
+            keep_last=keep_last,
+            use_cache=use_cache,
+            hidden_only=True,
         )
         return hidden, new_cache
 

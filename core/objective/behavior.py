@@ -2,7 +2,7 @@
 
 Production engines (vLLM `SamplingParams(logprobs=K)`, SGLang `top_logprobs_num=K`) return only
 the top-K log-probs plus the sampled token's. The trainer has the full current policy, so every
-estimator in `core.objective.divergence` works from this truncated view of the behavior policy `mu`.
+estimator in `core.objective.estimators` works from this truncated view of the behavior policy `mu`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class BehaviorView:
     """The behavior policy as seen by the trainer, for N generated tokens.
 
     `topk_ids` must contain the sampled token in each row (engines replace the K-th entry by it
-    when it is missing); `core.objective.divergence` still copes when it does not. Log-probs may be
+    when it is missing); `core.objective.estimators` still copes when it does not. Log-probs may be
     -inf for tokens the engine could not sample (top-p): every estimator floors them.
     """
 

@@ -1,5 +1,5 @@
 """The full-vocabulary divergence terms of one chunk of rows: the `exact` and `topk_tail` pass of
-`core.objective.divergence`, from probabilities held in three reused scratch buffers.
+`core.objective.estimators`, from probabilities held in three reused scratch buffers.
 
 The straightforward pass (a `log_softmax`, then about twenty op-by-op expressions, each into a
 fresh (C, V) tensor) cost 8-11 log_softmaxes: most of it was faulting in new pages for every
@@ -9,7 +9,7 @@ an in-place op on those buffers followed by a row `sum`: TV needs `|p - m|`, `si
 and the squares, never a log. The KL kinds need log-probabilities, built (clamped at the floor)
 in the third buffer. All row sums are `sum`s (cascaded), over the terms themselves: no total
 minus a part, so the sampled token's own rate near pi_a = 1 keeps the cancellation-free forms
-of `core.objective.divergence`'s docstring.
+of `core.objective.estimators`'s docstring.
 
 Imports: torch only.
 """
@@ -116,12 +116,12 @@ def tv_terms(s: Scratch, a: Tensor, adv: Tensor | None) -> tuple[Tensor, Tensor 
 
 
 def kl_terms(
-    s: Scratch, z: Tensor, logm: Tensor, a: Tensor, adv: Tensor | None, kind: str
+    s: Scratch, z: Tensor, logm: Tensor, a: Tensor, adv: Tensor | None, *, kind: str
 ) -> tuple[Tensor, Tensor | None]:
     """KL(mu || pi) (`kl`) or KL(pi || mu) (`kl_reverse`) and its change, given p in `s.p` and
     m = exp(logm) in `s.m` (both overwritten): log-probs clamped at the floor as the
     straightforward pass had them. Where pi is floored KL(mu || pi)'s term -m dlogp is dropped
-    (`divergence._category_terms`)."""
+    (`estimators._category_terms`)."""
     rates = None if adv is None else _rates(s.p, a, s.t)
     logp = log_probs_into(z, s.p, s.t)
     if kind == "kl":

@@ -1,17 +1,18 @@
-"""The policy loss from hidden states and the output projection, one chunk of logits at a time.
+"""The fused loss's passes over the vocabulary: from hidden states and the output projection, one
+chunk of logits at a time (`core.objective.loss.fused_policy_loss` is the loss they make).
 
 At the vocabularies of current models (128k-152k) the fp32 logits of a minibatch, with their
 gradient and cross-entropy's log-softmax, are the largest tensors of an RL update. The loss needs
-far less of them (`core.objective.divergence`): per row the log-partition function, the entropy, the
+far less of them (`core.objective.estimators`): per row the log-partition function, the entropy, the
 mass and squares of everything but the sampled token (and but the behavior view's ids), and the
 logits of those few ids. All of it accumulates over vocabulary chunks of `hidden @ weight.T`, so
-`fused_policy_loss` never holds more than one (rows x columns) chunk, `CHUNK_ELEMENTS` entries:
+the fused loss never holds more than one (rows x columns) chunk, `CHUNK_ELEMENTS` entries:
 
 1. one no-grad pass over the chunks (`projected_stats`) with an online maximum: running sums
    are rescaled by exp(old max - new max), squares by its square, and the sums that exclude
    columns (the sampled token's, the view's) are summed directly over the rest with those
    columns zeroed in the chunk, never as a total minus a part (the precision traps of
-   `core.objective.divergence`, kept here); the same chunks give the logits of the columns the
+   `core.objective.estimators`, kept here); the same chunks give the logits of the columns the
    estimators read (`GatheredLogits`);
 2. the trust region from those (`core.objective.masks.trust_region`, unchanged);
 3. log pi(a) through `TokenLogProb`, an autograd function whose backward recomputes each chunk
@@ -21,8 +22,7 @@ logits of those few ids. All of it accumulates over vocabulary chunks of `hidden
    The token's own entry 1 - pi_a is the stats pass's sum over the other tokens: written as
    1 - pi_a it is rounding near pi_a = 1 (1e-3 relative at 0.9999, in cross-entropy's
    gradient too), and the most confident tokens are most of a language model's;
-4. the loss arithmetic from log pi(a) on, shared with `core.objective.loss.policy_loss`
-   (`core.objective.loss_terms`).
+4. the loss arithmetic from log pi(a) on, shared with `core.objective.loss.policy_loss`.
 
 Everything is fp32 whatever the dtype of the hidden states and the projection (a bf16 model's):
 each chunk of the projection is cast before its matmul, and its gradient accumulated in fp32
@@ -42,11 +42,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from core.objective.behavior import BehaviorView
-from core.objective.divergence import Estimator, Kind, SoftmaxStats
+from core.objective.estimators import SoftmaxStats
 from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
-from core.objective.loss_terms import PolicyLossOutput, check_loss_inputs, loss_from_logprobs
-from core.objective.masks import Mask, trust_region
 
 CHUNK_ELEMENTS = 1 << 22
 """Most logits (rows x columns) held at once: 16 MiB in fp32, a few such buffers in all."""
@@ -112,7 +109,7 @@ def projected_stats(
     sums: bool = True,
     top_k: int | None = None,
 ) -> tuple[SoftmaxStats, GatheredLogits]:
-    """`core.objective.divergence.softmax_stats` of the projected logits, chunk by chunk, given the
+    """`core.objective.estimators.softmax_stats` of the projected logits, chunk by chunk, given the
     sampled `tokens` (N,) (and the view's `view_ids` (N, K): the bucket R's sums), plus the logits
     at the view's ids and the token (`GatheredLogits`, the token's column last).
 
@@ -275,10 +272,10 @@ def projected_token_logprobs(proj: ProjectedLogits, tokens: Tensor) -> Tensor:
     projection: cross-entropy's `-F.cross_entropy(logits, tokens, reduction="none")` without
     the logits (the warm-up's loss; the reference policy's log-probs under no_grad)."""
     stats, columns = projected_stats(proj, tokens, sums=False)
-    return _token_logprob(proj, tokens, stats, columns)
+    return token_logprob(proj, tokens, stats, columns)
 
 
-def _token_logprob(
+def token_logprob(
     proj: ProjectedLogits, tokens: Tensor, stats: SoftmaxStats, columns: GatheredLogits
 ) -> Tensor:
     assert stats.rest_mass is not None
@@ -295,73 +292,3 @@ def _token_logprob(
     )
     assert isinstance(out, Tensor)
     return out
-
-
-def fused_policy_loss(
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    tokens: Tensor,
-    behavior: BehaviorView,
-    advantages: Tensor,
-    response_mask: Tensor | None = None,
-    mask: Mask = "predictive",
-    kind: Kind = "tv",
-    estimator: Estimator = "topk",
-    delta_low: float = 0.15,
-    delta_high: float = 0.15,
-    is_cap: float = 1e4,
-    ref_logprobs: Tensor | None = None,
-    kl_beta: float = 0.0,
-    normalizer: float | Tensor | None = None,
-    temperature: float = 1.0,
-) -> PolicyLossOutput:
-    """`core.objective.loss.policy_loss` of the logits `(hidden @ weight.T + bias) / temperature`,
-    with hidden states (N, H) and the output projection (V, H) (bias (V,) or None) in place of the
-    logits, none of which need be fp32: the same loss, statistics and gradients (in `hidden`,
-    `weight` and `bias`, where they require one), without ever holding the (N, V) logits.
-
-    Estimators `binary` and `topk` only: `exact` and `topk_tail` raise ValueError (use
-    `policy_loss` with the logits)."""
-    if estimator not in FUSED_ESTIMATORS:
-        raise ValueError(
-            f"the fused loss covers the estimators {FUSED_ESTIMATORS}, not {estimator!r}, which "
-            "needs the whole distribution: use the unfused path (policy_loss with the logits)"
-        )
-    proj = ProjectedLogits(hidden, weight, bias, temperature)
-    if hidden.shape[0] != tokens.shape[0]:
-        raise ValueError(f"hidden has {hidden.shape[0]} rows, tokens {tokens.shape[0]}")
-    rmask = check_loss_inputs(tokens, response_mask, is_cap, kl_beta, ref_logprobs, normalizer)
-    advantages = advantages.float()
-    view_ids = behavior.topk_ids if estimator == "topk" else None
-    stats, columns = projected_stats(proj, tokens, view_ids, entropy=True, top_k=behavior.k)
-    assert stats.kth_logit is not None
-    outside = columns.values[:, -1] < stats.kth_logit  # (N,) a outside pi's top-K
-    region = trust_region(
-        columns,
-        behavior,
-        tokens,
-        advantages,
-        mask,
-        kind,
-        estimator,
-        delta_low,
-        delta_high,
-        always_estimate=True,
-        stats=stats,
-    )
-    logp_a = _token_logprob(proj, tokens, stats, columns)  # (N,) with grad
-    return loss_from_logprobs(
-        logp_a,
-        region,
-        stats,
-        advantages,
-        rmask,
-        delta_low,
-        delta_high,
-        is_cap,
-        ref_logprobs,
-        kl_beta,
-        normalizer,
-        outside,
-    )

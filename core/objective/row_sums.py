@@ -1,5 +1,5 @@
 """Per-row sums of one chunk of logits, from ATen's fused softmax kernel: the statistics pass of
-`core.objective.divergence.softmax_stats` is made of these, one chunk of rows at a time.
+`core.objective.estimators.softmax_stats` is made of these, one chunk of rows at a time.
 
 The kernel (max, exponentials and their sum in one sweep over each row while it is in cache) is
 three times cheaper than `exp` over a chunk taken op by op, and writing the probabilities into
@@ -82,7 +82,7 @@ def chunk_sums(
     the bit whichever columns a caller excludes (a ppo_clip ratio, a binary or a top-K view).
     The sums that exclude columns are summed directly over the rest, with those columns zeroed
     in the scratch, and the larger ones assembled from those parts, all positive: never a
-    total minus a part (`core.objective.divergence`'s docstring). (Row sums stay `sum`s: a
+    total minus a part (`core.objective.estimators`'s docstring). (Row sums stay `sum`s: a
     batched-matmul dot product accumulated 3e-5 relative error over 32k entries, and
     `vector_norm` 1.4e-5 over 152k.)"""
     zmax = z.amax(dim=-1)
@@ -103,7 +103,16 @@ def chunk_sums(
         ez = units(shifted.mul_(e).nan_to_num_(nan=0.0).sum(dim=-1))
     if tokens is None:
         sum_sq = units(e.square_().sum(dim=-1), squared=True)
-        return ChunkSums(zmax, total, sum_sq, ez, None, None, None, None)
+        return ChunkSums(
+            zmax=zmax,
+            total=total,
+            sum_sq=sum_sq,
+            ez=ez,
+            rest=None,
+            rest_sq=None,
+            tail=None,
+            tail_sq=None,
+        )
     e_a = _take_out(e, tokens).squeeze(-1)  # everything but the sampled token is left
     tail = tail_sq = None
     if view_ids is not None:
@@ -114,12 +123,12 @@ def chunk_sums(
     else:
         rest, rest_sq = e.sum(dim=-1), e.square_().sum(dim=-1)
     return ChunkSums(
-        zmax,
-        total,
-        units(rest_sq + e_a * e_a, squared=True),
-        ez,
-        units(rest),
-        units(rest_sq, squared=True),
-        None if tail is None else units(tail),
-        None if tail_sq is None else units(tail_sq, squared=True),
+        zmax=zmax,
+        total=total,
+        sum_sq=units(rest_sq + e_a * e_a, squared=True),
+        ez=ez,
+        rest=units(rest),
+        rest_sq=units(rest_sq, squared=True),
+        tail=None if tail is None else units(tail),
+        tail_sq=None if tail_sq is None else units(tail_sq, squared=True),
     )

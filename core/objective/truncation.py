@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from core.objective.divergence import CHUNK_ELEMENTS
+from core.objective.estimators import CHUNK_ELEMENTS
 
 
 @torch.no_grad()

@@ -6,7 +6,8 @@ torch's threads spin while they wait for each other: on a loaded 2-core machine 
 steps took 38-51 s with the default and 1.6-3.8 s with one thread, and two ranks were slower
 than one (issue 37). So the cores this process may use (its CPU affinity: a container's cpuset
 or a `taskset`, not the machine's count) are split between the jobs that run on them at once and
-then between each job's processes, at least one thread each.
+then between each job's processes, at least one thread each. A worker counts those jobs itself,
+across every worker on its host (`workers.job.cores`), unless its operator says how many.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ThreadShare:
     jobs: int | None  # jobs that run at once on these cores (a worker's); None: a local run
     ranks: int  # processes of one job
     setting: str | None = None  # the setting that chose `threads`, when one did
+    counted: bool = False  # `jobs` are the jobs counted running on the host, not a setting
 
     def describe(self) -> str:
         """The job's log line that says what it was given and why."""
@@ -49,7 +51,8 @@ class ThreadShare:
             return f"torch threads: {self.threads} per process ({self.setting})"
         why = [f"{self.cores} core{'s' * (self.cores != 1)}"]
         if self.jobs is not None:
-            why.append(f"{self.jobs} job{'s' * (self.jobs != 1)} at once")
+            where = "running on this host" if self.counted else "at once"
+            why.append(f"{self.jobs} job{'s' * (self.jobs != 1)} {where}")
         if self.ranks != 1:
             why.append(f"{self.ranks} processes")
         return f"torch threads: {self.threads} per process ({', '.join(why)})"
@@ -61,11 +64,12 @@ def share_cores(
     ranks: int = 1,
     asked: int | None = None,
     setting: str = "PDPPO_JOB_THREADS",
+    counted: bool = False,
 ) -> ThreadShare:
     """`asked` (an operator's `setting`) when given, else `cores` split between `jobs` (a
-    worker's; None for a local run: 1) and then between each job's `ranks` (rounded down, at
-    least 1)."""
+    worker's, `counted` on its host or set by its operator; None for a local run: 1) and then
+    between each job's `ranks` (rounded down, at least 1)."""
     if asked:
         return ThreadShare(asked, cores, jobs, ranks, setting)
     per_job = cores // max(1, jobs or 1)
-    return ThreadShare(max(1, per_job // max(1, ranks)), cores, jobs, ranks)
+    return ThreadShare(max(1, per_job // max(1, ranks)), cores, jobs, ranks, counted=counted)

@@ -95,12 +95,12 @@ class RolloutBatch:
         # rows must be sorted so that behavior rows stay in row-major order
         rows = rows.sort().values
         return RolloutBatch(
-            self.input_ids[rows],
-            self.attention_mask[rows],
-            self.prompt_len,
-            self.response_mask[rows],
-            self.behavior.select(keep),
-            [self.completions[int(i)] for i in rows],
+            input_ids=self.input_ids[rows],
+            attention_mask=self.attention_mask[rows],
+            prompt_len=self.prompt_len,
+            response_mask=self.response_mask[rows],
+            behavior=self.behavior.select(keep),
+            completions=[self.completions[int(i)] for i in rows],
         )
 
 
@@ -199,9 +199,17 @@ def generate(
     ids, mask = left_pad(prompts, tok.pad_id, device)  # (B, P)
     b, p = ids.shape
     pos = position_ids(mask)
-    logits, cache, droppable = _prefill(lm, prompts, ids, mask, pos, max_new_tokens)
+    logits, cache, droppable = _prefill(lm, prompts, ids, mask=mask, pos=pos, room=max_new_tokens)
     record_full = keep_full and not greedy
-    rec = _Record(b, max_new_tokens, logits.shape[-1], top_k, record_full, tok.pad_id, device)
+    rec = _Record(
+        b=b,
+        t=max_new_tokens,
+        vocab=logits.shape[-1],
+        top_k=top_k,
+        keep_full=record_full,
+        pad=tok.pad_id,
+        device=device,
+    )
     finished = torch.zeros(b, dtype=torch.bool, device=device)
     active: Tensor | None = None  # rows still decoded, None: all of them
     dec_mask = torch.zeros((b, p + max_new_tokens), dtype=torch.bool, device=device)
@@ -223,7 +231,7 @@ def generate(
             a = sample_tokens(logp, u if active is None else u[active])
         a = torch.where(done, torch.full_like(a, tok.pad_id), a)
         alive = ~done  # this token is real (EOS included), a key for the next ones
-        rec.write(t, active, a, alive, logp, top_k)
+        rec.write(t, active, a, alive=alive, logp=logp, top_k=top_k)
         dec_mask[:, p + t] = alive
         done = done | (a == tok.eos_id)
         if active is None:
@@ -346,7 +354,7 @@ class _Record:
                 self.top_lp[:, :t][rmask],
                 None if self.full is None else self.full[:, :t][rmask],
             )
-        return RolloutBatch.assemble(ids, mask, resp, rmask, view, eos)
+        return RolloutBatch.assemble(ids, mask, resp, response_mask=rmask, behavior=view, eos=eos)
 
 
 def response_logits(
@@ -397,10 +405,10 @@ def _response_outputs(
             lm,
             batch.input_ids,
             batch.attention_mask,
-            p,
-            batch.response_mask,
-            first,
-            rows,
+            prompt_len=p,
+            response_mask=batch.response_mask,
+            first=first,
+            rows=rows,
             hidden=hidden,
         )
     # column P - 1 + j predicts response token j: the last response token predicts nothing

@@ -185,7 +185,12 @@ def _to_batch(
         torch.tensor(top_lp, dtype=torch.float32, device=device).reshape(-1, k),
     )
     return RolloutBatch.assemble(
-        prompt_ids, prompt_mask, resp.to(device), rmask.to(device), view, eos_id
+        prompt_ids,
+        prompt_mask,
+        resp.to(device),
+        response_mask=rmask.to(device),
+        behavior=view,
+        eos=eos_id,
     )
 
 

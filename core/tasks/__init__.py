@@ -1,7 +1,9 @@
-"""Tasks with verifiable rewards in [0, 1]: built-in digit tasks and JSONL datasets.
+"""Tasks with verifiable rewards in [0, 1]: built-in digit tasks, JSONL datasets and
+reasoning-gym's procedural datasets.
 
 Imports: `core.config`, `core.disk` (a dataset file read safely), `core.graders` (a JSONL task's
-grader).
+grader), `core.extras` (reasoning-gym is the `reasoning` extra, imported when such a task is
+built).
 """
 
 from __future__ import annotations
@@ -14,8 +16,17 @@ from core.graders import GraderOptions
 from core.tasks.base import Example, Grades, Task, positional_credit
 from core.tasks.builtin import ArithmeticTask, DigitStringTask
 from core.tasks.jsonl import JsonlTask
+from core.tasks.reasoning_gym import ReasoningGymTask
 
-__all__ = ["Example", "Grades", "JsonlTask", "Task", "make_task", "positional_credit"]
+__all__ = [
+    "Example",
+    "Grades",
+    "JsonlTask",
+    "ReasoningGymTask",
+    "Task",
+    "make_task",
+    "positional_credit",
+]
 
 
 def make_task(
@@ -32,7 +43,8 @@ def make_task(
     files the spec names (`task.file`, `task.validation_file`), by file id; they come from the
     artifact store, not from the data roots; a file id missing from it is a ValueError. `seed`
     (the run's): which records `task.validation_fraction` holds out. `grader_options`: what the
-    operator lets OpenAI graders do (None: no python, no score_model).
+    operator lets OpenAI graders do (None: no python, no score_model); a reasoning_gym task
+    without `task.seed` generates its rows with `seed`.
 
     A JSONL task with a grader that runs in the grading server holds a child process once it
     has graded: call its `close()` when the run ends (it is also stopped at exit)."""
@@ -40,6 +52,8 @@ def make_task(
         return JsonlTask.from_config(
             cfg, data_roots, file_paths, seed=seed, grader_options=grader_options
         )
+    if cfg.name == "reasoning_gym":
+        return ReasoningGymTask(cfg, run_seed=seed)
     if cfg.name == "arithmetic":
         return ArithmeticTask(cfg.min_len, cfg.max_len)
     return DigitStringTask(cfg.name, cfg.min_len, cfg.max_len)

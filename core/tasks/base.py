@@ -16,12 +16,17 @@ Message = Mapping[str, str]
 class Example:
     """One prompt: plain text (`prompt`) or chat turns (`messages`, rendered with the model's chat
     template), its reference `answer` when the task has one, and the whole dataset record, which
-    graders read (test cases, a JSON schema, anything the dataset carries)."""
+    graders read (test cases, a JSON schema, anything the dataset carries).
+
+    `chat_optional`: the turns are rendered only by a model that has a chat template, and any
+    other model gets `prompt` (a generated task asks its question either way); without it, a
+    model with no template cannot take the turns (a dataset's chat records need one)."""
 
     prompt: str
     answer: str = ""
     messages: tuple[Message, ...] | None = None
     record: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    chat_optional: bool = False
 
 
 @dataclass

@@ -119,16 +119,23 @@ class JsonlTask(Task):
     ) -> JsonlTask:
         """The task of a `task.name='jsonl'` spec; a ValueError when it names an uploaded file
         that `file_paths` does not hold."""
-        source = _source(cfg.path, cfg.file, "path", "file", data_roots, file_paths)
+        source = _source(
+            cfg.path,
+            cfg.file,
+            "path",
+            file_field="file",
+            data_roots=data_roots,
+            file_paths=file_paths,
+        )
         if source is None:
             raise ValueError("task.name='jsonl' needs task.path or task.file")
         validation = _source(
             cfg.validation_path,
             cfg.validation_file,
             "validation_path",
-            "validation_file",
-            data_roots,
-            file_paths,
+            file_field="validation_file",
+            data_roots=data_roots,
+            file_paths=file_paths,
         )
         return cls(
             source,

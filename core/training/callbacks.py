@@ -1,11 +1,13 @@
-"""The hooks a caller of `core.training.trainer.train` gets: progress, checkpoints, logs,
-evaluations, samples, and the stop question asked inside every step."""
+"""The hooks a caller of `core.training.trainer.train` gets (progress, checkpoints, logs,
+evaluations, samples, steering), and the stop protocol that the loop, the update and the caller
+share (`Stop`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from core.parallel.distributed import World
 from core.training.evaluation import Sample
 
 
@@ -38,19 +40,15 @@ class TrainerCallback:
         """A few prompt/completion/reward triples of step `step`'s rollout, after `on_step`."""
 
     def should_stop(self) -> bool:
-        """True ends the run cleanly. Asked between steps, between warm-up steps, before every
-        generated token and before every minibatch update, so it must be cheap (no network
-        round trip). A stop between steps or during a rollout checkpoints the last completed
-        step, one during the warm-up checkpoints the warm-up steps done (a resumed run goes on
-        from there), and one in the middle of a step's updates lets the step finish and
-        checkpoints it, unless `stop_keeps_work` says False."""
+        """Whether a stop is requested (`Stop`): True ends the run cleanly. Asked between
+        steps, between warm-up steps, before every generated token and before every minibatch
+        update, so it must be cheap (no network round trip)."""
         return False
 
     def stop_keeps_work(self) -> bool:
-        """Asked when `should_stop` said True between two minibatch updates of a step: True
-        (the default: a pause, a shutdown) finishes the step's remaining minibatches so that
-        the stop checkpoints the step and nothing is trained twice; False (a cancel, which
-        keeps nothing) stops at once and discards the step's partial update."""
+        """Whether a requested stop keeps work (`Stop`): True (the default: a pause, a
+        shutdown) finishes a step whose updates have begun and checkpoints it; False (a cancel,
+        which keeps nothing) discards the step's partial update."""
         return True
 
     def config_update(self) -> tuple[int, dict[str, Any]] | None:
@@ -86,3 +84,54 @@ class Phases:
             return
         self.name = name
         self.callback.on_phase(name, done, total)
+
+
+class Stop:
+    """A stop of the run, in the words the loop, the update and a caller (a worker) share.
+
+    - requested: the caller's `TrainerCallback.should_stop` says True (a pause, a cancel, a
+      worker's shutdown, a store gone away);
+    - keeps work: `TrainerCallback.stop_keeps_work`. A stop keeps the work done: between steps
+      or during a rollout (rewound to the step boundary before it) the last completed step is
+      checkpointed, during the warm-up the warm-up steps done are; between two minibatch updates
+      the step is finished first and checkpointed, unless the stop keeps no work (a cancel: the
+      partial update is discarded, the latest checkpoint kept);
+    - heard: a request that keeps work, taken note of between two minibatch updates: the step
+      finishes and the run stops at its end.
+
+    One process acts on a request inside a step at once. The ranks of a data-parallel run must
+    stop together, so inside a step the callback is still asked (a worker hears the request at
+    once and waits for the checkpoint instead of killing the job) but the stop waits for the
+    step boundary, where they agree on it."""
+
+    def __init__(self, callback: TrainerCallback, world: World) -> None:
+        self.callback = callback
+        self.world = world
+        self.heard = False
+        # the weights hold part of an unfinished step's update (from its first optimizer step)
+        self.partial = False
+
+    def at_boundary(self) -> bool:
+        """Between steps (and warm-up steps): requested, or heard during the last step; every
+        rank gives the same answer."""
+        return self.world.agree(self.callback.should_stop() or self.heard)
+
+    def in_step(self) -> bool:
+        """Inside a step, before every generated token: requested, and acted on now."""
+        requested = self.callback.should_stop()
+        return requested and not self.world.parallel
+
+    def between_minibatches(self) -> bool:
+        """Between a step's minibatch updates: True for a request that keeps no work (the
+        update stops at once); a request that keeps work is heard, and the step goes on."""
+        if not self.callback.should_stop() or self.world.parallel:
+            return False
+        if self.callback.stop_keeps_work():
+            self.heard = True
+            return False
+        return True
+
+    def update_begins(self) -> None:
+        """Before each optimizer step of a step: from now on its partial update is in the
+        weights."""
+        self.partial = True

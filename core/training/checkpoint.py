@@ -33,7 +33,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.disk.atomic_dir import discard_dir, replace_dir
-from core.disk.storage import checkpoint_bytes, remove_stale_temps, require_free, writing
+from core.disk.storage import (
+    StorageFull,
+    checkpoint_bytes,
+    remove_stale_temps,
+    require_free,
+    writing,
+)
 from core.models.base import CausalLM
 from core.parallel.sharding import DCP_DIR, is_sharded, load_sharded, save_sharded
 
@@ -82,6 +88,7 @@ def save_checkpoint(
     step: int,
     lm: CausalLM,
     optimizer: torch.optim.Optimizer,
+    *,
     state: dict[str, Any],
     meta: dict[str, Any],
     keep: int | None = None,
@@ -94,7 +101,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
         save_file(weights, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        return _complete(tmp, out_dir, step, state, meta, keep)
+        return _complete(tmp, out_dir, step, state=state, meta=meta, keep=keep)
 
 
 def _make_room(
@@ -136,6 +143,7 @@ def save_sharded_checkpoint(
     step: int,
     lm: CausalLM,
     optimizer: torch.optim.Optimizer,
+    *,
     state: dict[str, Any],
     meta: dict[str, Any],
     keep: int | None = None,
@@ -149,19 +157,52 @@ def save_sharded_checkpoint(
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     rank = dist.get_rank()
+    needed = _room_on_every_rank(out_dir, step, lm, optimizer)
     if rank != 0:
         dist.barrier()
         save_sharded(tmp, lm.module, optimizer)
         dist.barrier()  # every shard written
         return None
-    # rank 0 checks for the whole: a refusal fails the job like any rank's error
-    needed = _make_room(out_dir, step, [p for _, p in lm.trainable()], optimizer)
     with writing(tmp, needed):
         tmp.mkdir(parents=True)
         dist.barrier()
         save_sharded(tmp, lm.module, optimizer)
         dist.barrier()  # every shard written
-        return _complete(tmp, out_dir, step, state, meta, keep)
+        return _complete(tmp, out_dir, step, state=state, meta=meta, keep=keep)
+
+
+def _room_on_every_rank(
+    out_dir: Path, step: int, lm: CausalLM, optimizer: torch.optim.Optimizer
+) -> int:
+    """Every rank checks its own disk before a sharded checkpoint: rank 0 for the whole (it
+    completes the folder, and on one machine every shard lands on its disk), each other rank for
+    its shard. Then they agree: one refusal is every rank's StorageFull, naming the rank that
+    had no room, before any of them writes. Returns rank 0's estimate (0 elsewhere)."""
+    import torch.distributed as dist
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    weights: list[torch.Tensor] = [p for _, p in lm.trainable()]
+    root = Path(out_dir) / "checkpoints"
+    refused: StorageFull | None = None
+    needed = 0
+    try:
+        if rank == 0:
+            needed = _make_room(out_dir, step, weights, optimizer)
+        else:
+            share = -(-checkpoint_bytes(None, weights, optimizer) // size)  # its part, rounded up
+            require_free(root, share, f"rank {rank}'s shard of the checkpoint of step {step}")
+    except StorageFull as full:
+        refused = full
+    said: list[tuple[str, int, int] | None] = [None] * size
+    mine = None if refused is None else (str(refused), refused.free, refused.needed)
+    dist.all_gather_object(said, mine)
+    if refused is not None:
+        raise refused
+    for other, why in enumerate(said):
+        if why is not None:
+            message, free, wanted = why
+            raise StorageFull(f"rank {other} of {size}: {message}", root, free, wanted)
+    return needed
 
 
 def load_checkpoint(

@@ -24,7 +24,7 @@ def build_optimizer(
     Python loop over the tensors on CPU, 3.7 ms a step for the 0.5M-parameter example Llama
     against 0.8 fused, bench/step_breakdown.py), `foreach` elsewhere. The same update rule; a
     resumed run builds the same optimizer, so it stays equal to an uninterrupted one."""
-    kernel = _adamw_kernel(device)
+    kernel = adamw_kernel(device)
     return torch.optim.AdamW(
         params,
         lr=o.peak_lr,
@@ -36,7 +36,7 @@ def build_optimizer(
     )
 
 
-def _adamw_kernel(device: torch.device) -> dict[str, bool | None]:
+def adamw_kernel(device: torch.device) -> dict[str, bool | None]:
     """`fused` where torch has the kernel, else `foreach`; also re-applied after a checkpoint
     loads, whose param groups carry the flags of the machine that wrote it."""
     if device.type in ("cpu", "cuda"):

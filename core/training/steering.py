@@ -14,13 +14,13 @@ model, and the number of steps.
 
 from __future__ import annotations
 
-import difflib
 import json
 from typing import Any
 
 from pydantic import BaseModel
 
 from core.config import TrainConfig
+from core.config.names import did_you_mean
 
 STEERABLE = (
     "optim.lr",
@@ -88,13 +88,10 @@ def check_change(patch: dict[str, Any], start: TrainConfig) -> None:
     with), or a KL coefficient for a run that started without a reference model."""
     for path, value in leaves(patch).items():
         if path not in STEERABLE and not _is_field(start, path):
-            close = difflib.get_close_matches(path, STEERABLE, n=1)
-            guess = f"; did you mean {close[0]}?" if close else ""
             raise SteeringError(
                 path,
-                f"unknown field {path}{guess} (these can change while a job runs: "
-                + ", ".join(STEERABLE)
-                + ")",
+                f"unknown field {path}{did_you_mean(path, STEERABLE)} (these can change while "
+                "a job runs: " + ", ".join(STEERABLE) + ")",
             )
         if path not in STEERABLE:
             raise SteeringError(

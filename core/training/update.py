@@ -1,7 +1,7 @@
 """One step's optimizer updates on its rollout batch: GRPO advantages, then epochs x minibatches
 AdamW steps, each minibatch's gradient accumulated over micro-batches.
 
-Apart from the loop (`core.training.trainer`) because it is the part that the knobs of the update
+Apart from the recipe (`core.training.run`) because it is the part that the knobs of the update
 shape: minibatches and epochs (off-policy updates), gradient accumulation
 (`optim.grad_accumulation`) and the KL penalty's reference log-probs (`algorithm.kl_beta`).
 
@@ -29,15 +29,17 @@ holds the [tokens x vocabulary] logits (`core.objective.fused`); so do the refer
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from core.config import LOSS_AGGS, LossAgg, TrainConfig
+from core.config.fused import fused_loss_applies as fused_loss_applies  # the estimate's rule too
 from core.models.base import CausalLM
-from core.objective.fused import FUSED_ESTIMATORS
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.loss import PolicyLossOutput, policy_loss
+from core.objective.masks import TrustRegion
 from core.objective.truncation import truncate_to_nucleus
 from core.parallel.distributed import World
 from core.parallel.sharding import full_norm, is_sharded
@@ -52,6 +54,65 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool) -> T
     if normalize_std:
         adv = adv / (r.std(dim=1, keepdim=True) + 1e-6)
     return adv.reshape(-1)
+
+
+@dataclass
+class UpdateSums:
+    """What one step's update metrics are made of, piece by piece and minibatch by minibatch:
+    each statistic's sum weighted by the tokens it is a mean over, the loss weighted by each
+    minibatch's tokens, gradient norms, and the sampler's distance from the policy that first
+    trains on each token. `metrics` sums them over the ranks and divides."""
+
+    sums: dict[str, float] = field(default_factory=dict)  # count-weighted, this rank's
+    counts: dict[str, float] = field(default_factory=dict)  # the tokens each is over
+    loss_sum: float = 0.0
+    weight_total: float = 0.0  # response tokens trained on, over every rank
+    divergence_max: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)
+    # |log pi(a) - log mu(a)| of every token, measured by the first pass that trains on it
+    # (the first epoch's minibatches partition the batch): how far the sampler was from the
+    # policy each token's own update started from
+    offpolicy_sum: float = 0.0
+    offpolicy_tokens: int = 0
+
+    def add_piece(self, out: PolicyLossOutput, first_epoch: bool) -> None:
+        w = float(len(out.log_ratio))
+        for k, v in out.stats.items():
+            if k != "divergence_max":
+                n = out.counts.get(k, w)
+                self.sums[k] = self.sums.get(k, 0.0) + n * v
+                self.counts[k] = self.counts.get(k, 0.0) + n
+        self.divergence_max = max(self.divergence_max, out.stats["divergence_max"])
+        if first_epoch:
+            self.offpolicy_sum += float(out.log_ratio.abs().sum())
+            self.offpolicy_tokens += len(out.log_ratio)
+
+    def add_minibatch(self, loss: float, tokens: float, grad_norm: float) -> None:
+        """A minibatch's loss (summed over its pieces) and response tokens, both already
+        summed over the ranks."""
+        self.grad_norms.append(grad_norm)
+        self.weight_total += tokens
+        self.loss_sum += tokens * loss
+
+    def metrics(self, world: World) -> dict[str, float]:
+        names = sorted(self.sums)  # the same statistics on every rank
+        *totals, offpolicy_all, offpolicy_count = world.sums(
+            [
+                *(self.sums[k] for k in names),
+                *(self.counts[k] for k in names),
+                self.offpolicy_sum,
+                self.offpolicy_tokens,
+            ]
+        )
+        stat_sums, stat_counts = totals[: len(names)], totals[len(names) :]
+        metrics = {
+            k: v / max(n, 1.0) for k, v, n in zip(names, stat_sums, stat_counts, strict=True)
+        }
+        metrics["loss"] = self.loss_sum / max(self.weight_total, 1.0)
+        metrics["divergence_max"] = world.max(self.divergence_max)
+        metrics["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+        metrics["offpolicy_logratio_abs"] = offpolicy_all / max(offpolicy_count, 1.0)
+        return metrics
 
 
 def update_policy(
@@ -71,11 +132,13 @@ def update_policy(
 
     `should_stop` is asked before every minibatch (True raises `StopRequested`);
     `before_step` is called before every optimizer step (from the first one on, the caller's
-    weights hold part of an unfinished step). `world`: this rank's place when the batch is this
-    rank's share of a data-parallel step (`core.parallel.distributed`); normalizers, gradients and
-    metrics are then the whole batch's."""
+    weights hold part of an unfinished step): the run's `core.training.callbacks.Stop`.
+    `world`: this rank's place when the batch is this rank's share of a data-parallel step
+    (`core.parallel.distributed`); normalizers, gradients and metrics are then the whole
+    batch's."""
     world = world or World()
     a = cfg.algorithm
+    region = TrustRegion.from_config(a)
     accum = cfg.optim.grad_accumulation
     b = batch.input_ids.shape[0]
     per_mb = b // a.minibatches
@@ -89,16 +152,7 @@ def update_policy(
             top_p=cfg.rollout.top_p,
             fused=fused_loss_applies(cfg),
         )
-    sums: dict[str, float] = {}  # count-weighted sums of the loss's statistics, this rank's
-    counts: dict[str, float] = {}  # and the tokens each is over (`PolicyLossOutput.counts`)
-    loss_sum = 0.0
-    weight_total = 0.0  # response tokens trained on, over every rank
-    div_max = 0.0
-    grad_norms: list[float] = []
-    # |log pi(a) - log mu(a)| of every token, measured by the first pass that trains on it
-    # (the first epoch's minibatches partition the batch): how far the sampler was from the
-    # policy each token's own update started from
-    offpolicy_sum, offpolicy_tokens = 0.0, 0
+    sums = UpdateSums()
     params = [p for _, p in lm.trainable()]
     # FSDP reduces the gradients itself, as a mean: see core.parallel.sharding
     sharded = is_sharded(lm)
@@ -111,44 +165,23 @@ def update_policy(
             rows = order[i * per_mb : (i + 1) * per_mb].sort().values
             n_mb = int(batch.response_mask[rows].sum())  # the minibatch's response tokens
             norm = loss_normalizer(
-                a.loss_agg, batch.response_mask, rows, a.minibatches, accum, world
+                a.loss_agg, batch.response_mask, rows, a.minibatches, accum, world=world
             )
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
             for piece in rows.chunk(accum):
-                out = _piece_loss(lm, batch, piece, adv_seq, ref, norm, cfg)
+                out = _piece_loss(lm, batch, piece, cfg, region, adv=adv_seq, ref=ref, norm=norm)
                 (out.loss * scale if sharded else out.loss).backward()
                 mb_loss += float(out.loss.detach())
-                w = float(len(out.log_ratio))
-                for k, v in out.stats.items():
-                    if k != "divergence_max":
-                        n = out.counts.get(k, w)
-                        sums[k] = sums.get(k, 0.0) + n * v
-                        counts[k] = counts.get(k, 0.0) + n
-                div_max = max(div_max, out.stats["divergence_max"])
-                if epoch == 0:
-                    offpolicy_sum += float(out.log_ratio.abs().sum())
-                    offpolicy_tokens += len(out.log_ratio)
+                sums.add_piece(out, first_epoch=epoch == 0)
             if not sharded:
                 world.sum_grads(params)  # each rank's loss has the global denominator: a sum
             gn = full_norm(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
             before_step()
             optimizer.step()
-            grad_norms.append(float(gn))
             mb_loss, n_mb_all = world.sums([mb_loss, float(n_mb)])
-            weight_total += n_mb_all
-            loss_sum += n_mb_all * mb_loss
-    names = sorted(sums)  # the same statistics on every rank
-    *totals, offpolicy_all, offpolicy_count = world.sums(
-        [*(sums[k] for k in names), *(counts[k] for k in names), offpolicy_sum, offpolicy_tokens]
-    )
-    stat_sums, stat_counts = totals[: len(names)], totals[len(names) :]
-    metrics = {k: v / max(n, 1.0) for k, v, n in zip(names, stat_sums, stat_counts, strict=True)}
-    metrics["loss"] = loss_sum / max(weight_total, 1.0)
-    metrics["divergence_max"] = world.max(div_max)
-    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["offpolicy_logratio_abs"] = offpolicy_all / max(offpolicy_count, 1.0)
-    return metrics
+            sums.add_minibatch(mb_loss, n_mb_all, float(gn))
+    return sums.metrics(world)
 
 
 def loss_normalizer(
@@ -186,34 +219,25 @@ def loss_normalizer(
     raise ValueError(f"algorithm.loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
 
 
-def fused_loss_applies(cfg: TrainConfig) -> bool:
-    """`algorithm.fused_loss` where the fused loss computes what the unfused one does: the
-    `binary` and `topk` estimators (`exact` and `topk_tail` need whole rows of mu or pi), and
-    no top-p truncation (the nucleus needs each row's sorted probabilities,
-    `core.objective.truncation`). The model must have a plain output projection too
-    (`CausalLM.output_projection`); where any of it fails the unfused loss runs, with the same
-    results up to fp32 rounding."""
-    a = cfg.algorithm
-    return a.fused_loss and a.estimator in FUSED_ESTIMATORS and cfg.rollout.top_p >= 1.0
-
-
 def _piece_loss(
     lm: CausalLM,
     batch: RolloutBatch,
     rows: Tensor,
-    adv_seq: Tensor,
-    ref: Tensor | None,
-    normalizer: float | Tensor | None,
     cfg: TrainConfig,
+    region: TrustRegion,
+    *,
+    adv: Tensor,
+    ref: Tensor | None,
+    norm: float | Tensor | None,
 ) -> PolicyLossOutput:
-    """The loss of the sequences `rows` (sorted) of `batch`, with its gradient graph;
-    a (B,) `normalizer` is per sequence of the batch (`loss_normalizer`)."""
-    a = cfg.algorithm
+    """The loss of the sequences `rows` (sorted) of `batch`, with its gradient graph; `adv`
+    (B,) and `ref` (B, T) are the whole batch's, and so is a (B,) `norm`, per sequence
+    (`loss_normalizer`)."""
     mb = batch.select(rows)
     keep = mb.response_mask  # (b, T)
-    adv_tok = adv_seq[rows][:, None].expand_as(keep)[keep]  # (N,)
-    if isinstance(normalizer, Tensor):
-        normalizer = normalizer[rows][:, None].expand_as(keep)[keep]  # (N,) per token
+    adv_tok = adv[rows][:, None].expand_as(keep)[keep]  # (N,)
+    if isinstance(norm, Tensor):
+        norm = norm[rows][:, None].expand_as(keep)[keep]  # (N,) per token
     logits: Tensor | ProjectedLogits | None = None
     if fused_loss_applies(cfg):  # hidden states (N, H) and the projection, with grad
         logits = response_projection(lm, mb, cfg.rollout.temperature)
@@ -227,13 +251,7 @@ def _piece_loss(
         tokens=mb.tokens,
         behavior=mb.behavior,
         advantages=adv_tok,
-        mask=a.mask,
-        kind=a.kind,
-        estimator=a.estimator,
-        delta_low=a.delta_low,
-        delta_high=a.delta_high,
-        is_cap=a.is_cap,
+        region=region,
         ref_logprobs=None if ref is None else ref[rows][keep],
-        kl_beta=a.kl_beta,
-        normalizer=normalizer,
+        normalizer=norm,
     )

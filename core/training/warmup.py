@@ -1,6 +1,6 @@
 """The supervised warm-up before RL, run once at the start of a run when the task asks.
 
-Apart from the RL loop (`core.training.trainer`) because it shares nothing with it but the model:
+Apart from the RL loop (`core.training.run`) because it shares nothing with it but the model:
 its own optimizer, its own RNG stream (seed + 3). A stop between two of its steps is checkpointed by
 the run (`core.training.run`) as step 0, with this optimizer in the RL optimizer's place and
 `state()` (the steps done, the RNG) in the run state, so that a resumed run continues the warm-up
@@ -96,7 +96,7 @@ class Warmup:
                 e.answer if t.warmup_target == "answer" else task.warmup_completion(e, self.rng)
                 for e in exs
             ]
-            loss = _step(cfg, lm, prompts, texts, self.optimizer, device)
+            loss = _step(cfg, lm, prompts, texts=texts, opt=self.optimizer, device=device)
             self.done += 1
         cb.on_phase("warm-up", self.total, self.total)
         # its moments (twice the trainable weights) are not needed again: RL has its own

@@ -28,8 +28,8 @@ from httpx_sse import SSEError, connect_sse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdppo.client.errors import ApiError as ApiError
-from pdppo.client.errors import _detail_text as _detail_text
-from pdppo.client.errors import _raise_for_status
+from pdppo.client.errors import detail_text as detail_text
+from pdppo.client.errors import raise_for_status
 from pdppo.client.experiments import ExperimentsMixin
 from pdppo.client.files import FilesMixin
 from pdppo.client.retry import RetryingWrites, merged_in
@@ -38,6 +38,7 @@ from pdppo.client.sampling import SamplingMixin
 from pdppo.client.specs import SpecLike as SpecLike
 from pdppo.client.specs import resolve_spec_paths as resolve_spec_paths
 from pdppo.client.specs import spec_to_dict as spec_to_dict
+from pdppo.client.specs import spec_yaml_dump as spec_yaml_dump
 from pdppo.client.specs import spec_yaml_load as spec_yaml_load
 from pdppo.client.storage import StorageMixin
 from pdppo.client.webhooks import WebhooksMixin
@@ -217,8 +218,8 @@ class Client(
         self.retry_seconds = retry_seconds
         self.max_retry_delay = max_retry_delay
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        # Whether this server has answered anything yet (`follow`: a refusal after that is a
-        # restart to wait out, not a wrong URL).
+        # Whether this server's API has answered anything but a 5xx yet (`follow`: a refusal or
+        # a gateway's 502 after that is a restart to wait out, not a wrong URL or a server down).
         self._answered = False
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -229,7 +230,9 @@ class Client(
         )
 
     def _saw_an_answer(self, response: httpx.Response) -> None:
-        self._answered = True
+        # A 5xx may come from a proxy in front of an API that is down, so it proves nothing.
+        if response.status_code < 500:
+            self._answered = True
 
     def __enter__(self) -> Self:
         return self
@@ -244,7 +247,7 @@ class Client(
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
-        _raise_for_status(response)
+        raise_for_status(response)
         return response
 
     def health(self) -> bool:
@@ -417,7 +420,7 @@ class Client(
         with self._http.stream("GET", url) as response:
             if response.status_code >= 400:
                 response.read()
-                _raise_for_status(response)
+                raise_for_status(response)
             with partial.open("wb") as fh:
                 for chunk in response.iter_bytes():
                     fh.write(chunk)
@@ -435,16 +438,21 @@ class Client(
         `max_reconnects` attempts in a row without a single new event it raises FollowError.
 
         A first connection that cannot be made (refused, or timed out) is raised at once, as
-        httpx's error, as every other call does (`pdppo.client.retry`), unless the server has
-        answered this client before: then it is a restart, waited for (`pdppo submit --follow`
-        across an API restart between its submit and its follow). Otherwise nothing has ever
-        answered, so it is a wrong URL or a server that is down, not a blip worth a minute and
-        a half of reconnects.
+        httpx's error, and a first answer that is a 5xx (a gateway's 502 with the API down
+        behind it) as `ApiError`, as every other call does (`pdppo.client.retry`), unless the API
+        has answered this client before (anything but a 5xx): then it is a restart, waited for
+        (`pdppo submit --follow` across an API restart between its submit and its follow).
+        Otherwise nothing has ever answered, so it is a wrong URL or a server that is down, not
+        a blip worth a minute and a half of reconnects. The reconnects are bounded: doubling
+        from `reconnect_delay` to `max_reconnect_delay`, `max_reconnects` in a row (about 90 s
+        with the defaults); the FollowError then names the URL and what it last answered.
         """
         last = last_event_id
         delay = self.reconnect_delay
         failures = 0
+        started = time.monotonic()
         timeout = httpx.Timeout(self._http.timeout.connect, read=self.stream_read_timeout)
+        url = f"{self.base_url}/v1/jobs/{job_id}/events"
         while True:
             headers = {"Last-Event-ID": last} if last else {}
             reason = "the server closed the stream before `done`"
@@ -459,9 +467,11 @@ class Client(
                     response = source.response
                     if response.status_code >= 400:
                         response.read()
-                        if response.status_code < 500:
-                            _raise_for_status(response)  # 4xx will not heal by retrying
-                        raise _ServerError(response.status_code)
+                        if response.status_code < 500 or not self._answered:
+                            # a 4xx will not heal by retrying, nor is a 5xx from a server
+                            # whose API never answered a restart to wait for
+                            raise_for_status(response)
+                        raise _ServerError(response)
                     for sse in source.iter_sse():
                         if sse.retry is not None:
                             delay = sse.retry / 1000
@@ -480,18 +490,21 @@ class Client(
                 unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if unsent and not self._answered:
                     raise
-                reason = f"{type(exc).__name__}: {exc}"
+                named = isinstance(exc, _ServerError)
+                reason = f"answered {exc}" if named else f"{type(exc).__name__}: {exc}"
             failures += 1
             if failures > self.max_reconnects:
                 raise FollowError(
-                    f"gave up following job {job_id} after {failures - 1} reconnects "
-                    f"(last event id {last!r}; {reason})"
+                    f"gave up following job {job_id} after {failures - 1} reconnects in "
+                    f"{time.monotonic() - started:.0f}s: GET {url}: {reason} "
+                    f"(last event id {last!r})"
                 )
             time.sleep(min(delay * 2 ** (failures - 1), self.max_reconnect_delay))
 
 
 class _ServerError(Exception):
-    """A 5xx on the stream: retried like a dropped connection."""
+    """A 5xx on the stream of an API that has answered before: retried like a dropped
+    connection, and said with its reason phrase (a gateway's 502 is not the API's 500)."""
 
-    def __init__(self, status_code: int) -> None:
-        super().__init__(f"HTTP {status_code}")
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code} {response.reason_phrase}".rstrip())

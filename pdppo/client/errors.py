@@ -31,10 +31,10 @@ class ApiError(Exception):
         self.url = url
         self.may_exist = may_exist or []
         where = f" ({method} {url})" if method else ""
-        super().__init__(f"HTTP {status_code}{where}: {_detail_text(detail)}")
+        super().__init__(f"HTTP {status_code}{where}: {detail_text(detail)}")
 
 
-def _detail_text(detail: Any) -> str:
+def detail_text(detail: Any) -> str:
     """FastAPI validation errors arrive as a list of dicts; make them one readable line each."""
     if isinstance(detail, list):
         parts = []
@@ -48,7 +48,7 @@ def _detail_text(detail: Any) -> str:
     return str(detail)
 
 
-def _raise_for_status(response: httpx.Response) -> None:
+def raise_for_status(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
     try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from pdppo.client.errors import ApiError, _detail_text, _raise_for_status
+from pdppo.client.errors import ApiError, detail_text, raise_for_status
 
 if TYPE_CHECKING:
     from pdppo.client import Job
@@ -148,17 +148,17 @@ class RetryingWrites:
                 return httpx.Response(202, json=body, request=response.request)
         if response.status_code >= 400 and sent.named:
             try:
-                _raise_for_status(response)
+                raise_for_status(response)
             except ApiError as exc:
                 named = ", ".join(sent.named)
                 raise ApiError(
                     exc.status_code,
-                    f"{_detail_text(exc.detail)} (may exist: {named}{hint})",
+                    f"{detail_text(exc.detail)} (may exist: {named}{hint})",
                     exc.method,
                     exc.url,
                     may_exist=sent.named,
                 ) from None
-        _raise_for_status(response)
+        raise_for_status(response)
         return response
 
 

@@ -47,6 +47,29 @@ def spec_yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_spec_loader())
 
 
+@functools.cache
+def _spec_dumper() -> type:
+    import yaml
+
+    class SpecDumper(yaml.SafeDumper):
+        """SafeDumper that quotes what SpecLoader reads as a float (the string "1e5")."""
+
+    SpecDumper.add_implicit_resolver(
+        "tag:yaml.org,2002:float", _YAML12_EXPONENT_FLOAT, list("-+0123456789.")
+    )
+    return SpecDumper
+
+
+def spec_yaml_dump(data: Any) -> str:
+    """`data` as a spec file that `spec_yaml_load` reads back as `data`. PyYAML's own dumper
+    writes the string "1e5" bare, which YAML 1.1 reads as a string and a spec file (YAML 1.2
+    numbers) as the number 100000."""
+    import yaml
+
+    text: str = yaml.dump(data, Dumper=_spec_dumper(), sort_keys=False, allow_unicode=True)
+    return text
+
+
 def _looks_like_path(value: str, base_dir: Path) -> bool:
     if value.startswith((".", "/", "~")):
         return True

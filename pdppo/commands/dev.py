@@ -163,7 +163,15 @@ def dev(
         if port != 0:
             click.echo(f"port {port} is busy; using a free one", err=True)
         port = free_port(host)
-    stack = Stack(data_dir, host, port, free_port(), _dev_key(data_dir), queues, policy)
+    stack = Stack(
+        data_dir=data_dir,
+        host=host,
+        api_port=port,
+        redis_port=free_port(),
+        api_key=_dev_key(data_dir),
+        queues=queues,
+        policy=policy,
+    )
     stack.tenant_keys = {name: _dev_key(data_dir, f"dev-key-{name}") for name in names}
     exit_code = 0
     with _signals_stop():

@@ -32,6 +32,15 @@ class ServerError(click.ClickException):
 
 
 DEBUG_HINT = "run again with --debug (or PDPPO_DEBUG=1) for the traceback"
+
+
+def debugging() -> bool:
+    """Whether `pdppo --debug` (or PDPPO_DEBUG=1) asked for tracebacks: a command that reports
+    a failure itself lets the exception through instead."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and bool(ctx.find_root().params.get("debug"))
+
+
 MAX_BODY_CHARS = 300  # of a non-JSON error page (a proxy's HTML) shown in a message
 
 
@@ -53,9 +62,9 @@ def _one_line(text: str, limit: int = MAX_BODY_CHARS) -> str:
 
 def _api_error(exc: Any) -> click.ClickException:
     """An HTTP error answer: its detail first, then where it came from."""
-    from pdppo.client import _detail_text
+    from pdppo.client import detail_text
 
-    detail = _one_line(_detail_text(exc.detail)) or "(no detail)"
+    detail = _one_line(detail_text(exc.detail)) or "(no detail)"
     where = f" from {exc.method} {exc.url}" if exc.method else ""
     if exc.status_code >= 500:
         return ServerError(f"the server failed: {detail} (HTTP {exc.status_code}{where})")

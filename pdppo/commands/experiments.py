@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pdppo.commands.jobs import _client, _key_option, _url_option
+from pdppo.commands.jobs import key_option, make_client, url_option
 
 if TYPE_CHECKING:
     from pdppo.client import Client
@@ -140,8 +140,8 @@ def _print_report(client: Client, experiment_id: str, **params: Any) -> None:
 @click.option("--name", default=None, help="The experiment's name (children: NAME/ARM/seedS).")
 @click.option("--follow", "-f", is_flag=True, help="Show progress, then the report.")
 @click.option("--idempotency-key", default=None, help="Same key, same experiment: safe to retry.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def experiment(
     spec_path: Path,
     grid_items: tuple[str, ...],
@@ -166,7 +166,7 @@ def experiment(
         body["baseline"] = baseline
     if name is not None:
         body["name"] = name
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         exp = client.create_experiment(body, idempotency_key=idempotency_key)
         if not follow:
             click.echo(exp.id)
@@ -186,11 +186,11 @@ def experiments() -> None:
 
 @experiments.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def list_(as_json: bool, url: str, api_key: str | None) -> None:
     """Your experiments, newest first."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         for exp in client.iter_experiments():
             if as_json:
                 click.echo(json.dumps(exp.model_dump(mode="json")))
@@ -204,11 +204,11 @@ def list_(as_json: bool, url: str, api_key: str | None) -> None:
 @experiments.command()
 @click.argument("experiment_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole experiment as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def show(experiment_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     """One experiment: each arm's children and their progress."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         exp = client.get_experiment(experiment_id)
     if as_json:
         click.echo(json.dumps(exp.model_dump(mode="json"), indent=2))
@@ -229,8 +229,8 @@ def show(experiment_id: str, as_json: bool, url: str, api_key: str | None) -> No
 @click.option("--final-fraction", type=click.FloatRange(0, 1, min_open=True), default=None)
 @click.option("--csv", "as_csv", is_flag=True, help="Print the report as CSV.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def report(
     experiment_id: str,
     metric: str,
@@ -250,7 +250,7 @@ def report(
         "threshold": threshold,
         "final_fraction": final_fraction,
     }
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         if as_csv:
             click.echo(client.experiment_report_csv(experiment_id, **params), nl=False)
         elif as_json:
@@ -262,10 +262,10 @@ def report(
 def _action(name: str, doc: str) -> click.Command:
     @click.command(name, help=doc)
     @click.argument("experiment_id")
-    @_url_option
-    @_key_option
+    @url_option
+    @key_option
     def act(experiment_id: str, url: str, api_key: str | None) -> None:
-        with _client(url, api_key) as client:
+        with make_client(url, api_key) as client:
             exp = getattr(client, f"{name}_experiment")(experiment_id)
         click.echo(f"{exp.id} {exp.status}")
 
@@ -279,11 +279,11 @@ experiments.add_command(_action("resume", "Queue every paused child again."))
 
 @experiments.command()
 @click.argument("experiment_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def delete(experiment_id: str, url: str, api_key: str | None) -> None:
     """Delete an experiment and all its child jobs, once every child has ended."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         client.delete_experiment(experiment_id)
     click.echo(f"{experiment_id} deleted")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pdppo.commands.jobs import _client, _key_option, _url_option
+from pdppo.commands.jobs import key_option, make_client, url_option
 
 if TYPE_CHECKING:
     from pdppo.client.files import File
@@ -34,12 +34,12 @@ def files() -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
 @click.option("--purpose", default=None, help='What it is for, e.g. "train" or "validation".')
 @click.option("--json", "as_json", is_flag=True, help="Print the whole file object as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def upload(path: Path, purpose: str | None, as_json: bool, url: str, api_key: str | None) -> None:
     """Upload a JSONL dataset; print its id. The server refuses it whole, naming the bad lines,
     if one line is not a valid record."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         f = client.upload_file(path, purpose=purpose)
     if as_json:
         click.echo(json.dumps(f.model_dump(mode="json"), indent=2))
@@ -52,22 +52,22 @@ def upload(path: Path, purpose: str | None, as_json: bool, url: str, api_key: st
 @files.command(name="list")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one file per line.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def list_files(limit: int, as_json: bool, url: str, api_key: str | None) -> None:
     """List your files, newest first: id, bytes, records, purpose, name, time."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         for f in itertools.islice(client.iter_files(page_size=min(limit, 100)), limit):
             click.echo(json.dumps(f.model_dump(mode="json")) if as_json else _file_line(f))
 
 
 @files.command()
 @click.argument("file_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def show(file_id: str, url: str, api_key: str | None) -> None:
     """Show one file as JSON."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         f = client.get_file(file_id)
     click.echo(json.dumps(f.model_dump(mode="json", exclude={"created"}), indent=2))
 
@@ -81,11 +81,11 @@ def show(file_id: str, url: str, api_key: str | None) -> None:
     default=None,
     help="Write to this file or folder instead of standard output.",
 )
-@_url_option
-@_key_option
+@url_option
+@key_option
 def download(file_id: str, output: Path | None, url: str, api_key: str | None) -> None:
     """Get a file's content, as uploaded."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         if output is None:
             click.echo(client.file_content(file_id), nl=False)
             return
@@ -95,10 +95,10 @@ def download(file_id: str, output: Path | None, url: str, api_key: str | None) -
 
 @files.command()
 @click.argument("file_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def delete(file_id: str, url: str, api_key: str | None) -> None:
     """Delete a file; refused while queued, running or paused jobs name it."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         client.delete_file(file_id)
     click.echo(f"{file_id} deleted")

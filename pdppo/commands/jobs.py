@@ -33,14 +33,14 @@ PREFERRED_METRICS = {
 MAX_SHOWN_METRICS = 4
 SHOWN_SAMPLES = 3  # triples of a `samples` event a follow prints (`/samples` has all)
 
-_url_option = click.option(
+url_option = click.option(
     "--url",
     envvar="PDPPO_URL",
     default="http://127.0.0.1:8000",
     show_default=True,
     help="API base URL (env PDPPO_URL).",
 )
-_key_option = click.option(
+key_option = click.option(
     "--api-key",
     envvar="PDPPO_API_KEY",
     default=None,
@@ -48,7 +48,7 @@ _key_option = click.option(
 )
 
 
-def _client(url: str, api_key: str | None) -> Client:
+def make_client(url: str, api_key: str | None) -> Client:
     from pdppo.client import Client
 
     if not api_key:
@@ -89,11 +89,14 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
         dynamic_ncols=True,
     )
     phases = PhaseDisplay(bar, label, tty=sys.stderr.isatty())
+    warned: list[str] = []  # the stream's warnings, as printed
     try:
         for event in client.follow(job_id, last_event_id=last_event_id):
             status = _show_event(event, bar, status, phases)
+            if event.event == "log" and _payload_field(event, "level") == "warning":
+                warned.append(str(_payload_field(event, "message")))
             if event.event == "done":
-                for line in _final_warnings(client, job_id):
+                for line in _final_warnings(client, job_id, warned):
                     bar.write(line)
                 break
     finally:
@@ -101,17 +104,26 @@ def follow_job(client: Client, job_id: str, last_event_id: str | None = None) ->
     return status
 
 
-def _final_warnings(client: Client, job_id: str) -> list[str]:
-    """The warnings the job ended with (the record has them once it ends; the stream does
-    not): shown after the stream, but a record that cannot be read now costs only them."""
+def _payload_field(event: Event, name: str) -> Any:
+    payload = _payload(event)
+    return payload.get(name) if isinstance(payload, Mapping) else None
+
+
+def _final_warnings(client: Client, job_id: str, warned: list[str]) -> list[str]:
+    """The warnings the job ended with that the stream has not shown (a worker sends each as a
+    `log` event too, `run finished with a warning (code): message`; the record has them once
+    the job ends): after the stream, each once. A record that cannot be read now costs only
+    those the stream did not show."""
     import httpx
 
     from pdppo.client import ApiError
 
     try:
-        return job_warnings(client.get(job_id))
+        lines = job_warnings(client.get(job_id))
     except (ApiError, httpx.TransportError):
         return []
+    # "warning (code): message" was shown if a warning of the stream holds "(code): message"
+    return [line for line in lines if not any(line[len("warning ") :] in w for w in warned)]
 
 
 def _follow_or_detach(client: Client, job_id: str, last_event_id: str | None = None) -> str:
@@ -226,6 +238,23 @@ def _exit_for(status: str) -> None:
         raise SystemExit(1)
 
 
+LOGS_OK = ("succeeded", "cancelled")
+"""How a job may end for `pdppo logs` to exit 0 once it has replayed the stream: a cancel is
+how someone meant the job to end; a failure is what a script waiting on the job must see (1)."""
+
+
+def _exit_for_logs(status: str | None) -> None:
+    if status not in LOGS_OK:
+        raise SystemExit(1)
+
+
+def _done_status(event: Event) -> str | None:
+    """The status a `done` event ends the job with."""
+    payload = _payload(event)
+    status = payload.get("status") if isinstance(payload, Mapping) else None
+    return status if isinstance(status, str) else None
+
+
 @click.command()
 @click.argument("spec_path", metavar="SPEC.yaml", type=click.Path(exists=True, path_type=Path))
 @click.option("--follow", "-f", is_flag=True, help="Stream progress and metrics until the end.")
@@ -238,8 +267,8 @@ def _exit_for(status: str) -> None:
         "(POST /v1/jobs:validate); exit 1 if it would be refused."
     ),
 )
-@_url_option
-@_key_option
+@url_option
+@key_option
 def submit(
     spec_path: Path,
     follow: bool,
@@ -254,7 +283,7 @@ def submit(
     if dry_run and follow:
         raise click.UsageError("--dry-run submits nothing to follow; drop --follow")
     spec = spec_to_dict(spec_path)
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         if dry_run:
             _exit_for_validation(client, spec)
             return
@@ -290,11 +319,11 @@ def _exit_for_validation(client: Client, spec: dict[str, Any]) -> None:
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole job object as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def status(job_id: str, as_json: bool, url: str, api_key: str | None) -> None:
     """Show one job's status."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.get(job_id)
     if as_json:
         click.echo(json.dumps(job.model_dump(mode="json"), indent=2))
@@ -327,13 +356,13 @@ def status_lines(job: Job) -> list[str]:
 )
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one job per line.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def list_jobs(
     status_filter: str | None, limit: int, as_json: bool, url: str, api_key: str | None
 ) -> None:
     """List your jobs, newest first."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         jobs = _take(client.iter_jobs(status=status_filter, page_size=min(limit, 100)), limit)
     for job in jobs:
         click.echo(json.dumps(job.model_dump(mode="json")) if as_json else _job_line(job))
@@ -350,11 +379,11 @@ def _take(jobs: Iterator[Job], n: int) -> list[Job]:
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def cancel(job_id: str, url: str, api_key: str | None) -> None:
     """Cancel a job: a running one stops at its next step."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.cancel(job_id)
     click.echo(cancel_line(job))
 
@@ -373,13 +402,13 @@ def cancel_line(job: Job) -> str:
 @click.command(name="set")
 @click.argument("job_id")
 @click.argument("settings", nargs=-1, required=True)
-@_url_option
-@_key_option
+@url_option
+@key_option
 def set_settings(job_id: str, settings: tuple[str, ...], url: str, api_key: str | None) -> None:
     """Change a running job's settings: KEY=VALUE pairs, e.g. `optim.lr=1e-4
     algorithm.delta_high=0.2 steps=200` (paths inside `train`; values read as YAML). The job
     applies them at its next step."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.change(job_id, settings_patch(settings))
     click.echo(f"{job.id} {job.status} config_version={job.config_version}")
 
@@ -404,11 +433,11 @@ def settings_patch(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def pause(job_id: str, url: str, api_key: str | None) -> None:
     """Pause a job: a running one checkpoints and releases its worker."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.pause(job_id)
     click.echo(
         f"{job.id} pausing: it stops at the next step boundary (or warm-up step), checkpoints "
@@ -420,11 +449,11 @@ def pause(job_id: str, url: str, api_key: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def resume(job_id: str, url: str, api_key: str | None) -> None:
     """Resume a paused job (or one failed for its disk) from its checkpoint."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         job = client.resume(job_id)
     click.echo(f"{job.id} {job.status}")
 
@@ -433,19 +462,23 @@ def resume(job_id: str, url: str, api_key: str | None) -> None:
 @click.argument("job_id")
 @click.option("--raw", is_flag=True, help="Print every event as `id event data` lines.")
 @click.option("--since", default=None, help="Resume after this event id.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def logs(job_id: str, raw: bool, since: str | None, url: str, api_key: str | None) -> None:
-    """Stream a job's events from the start (or --since) until it ends."""
-    with _client(url, api_key) as client:
+    """Stream a job's events from the start (or --since) until it ends; exit 1 if it failed."""
+    with make_client(url, api_key) as client:
         if not raw:
             final = _follow_or_detach(client, job_id, last_event_id=since)
             click.echo(f"{job_id} {final}")
-            _exit_for(final)
+            _exit_for_logs(final)
             return
+        ended = None
         for event in client.follow(job_id, last_event_id=since):
             click.echo(f"{event.id or '-'} {event.event} {event.data}")
             sys.stdout.flush()
+            if event.event == "done":
+                ended = _done_status(event)
+    _exit_for_logs(ended)
 
 
 COMMANDS: list[click.Command] = [

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from pdppo.commands.jobs import _client, _key_option, _url_option
+from pdppo.commands.jobs import key_option, make_client, url_option
 
 
 @click.command("sample")
@@ -23,8 +23,8 @@ from pdppo.commands.jobs import _client, _key_option, _url_option
 @click.option("--seed", type=click.IntRange(0), default=None, help="Repeatable draws.")
 @click.option("--stop", multiple=True, help="A string that ends a completion (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's answer as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def sample(
     job_id: str,
     prompt: str,
@@ -46,7 +46,7 @@ def sample(
     if chat or system is not None:
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": prompt})
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         out = client.complete(
             job_id,
             None if messages is not None else prompt,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pdppo.commands.jobs import _client, _key_option, _url_option
+from pdppo.commands.jobs import key_option, make_client, url_option
 
 if TYPE_CHECKING:
     from pdppo.client.storage import Usage
@@ -17,23 +17,23 @@ _STATUSES = ("queued", "running", "paused", "succeeded", "failed", "cancelled")
 
 @click.command()
 @click.argument("job_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def delete(job_id: str, url: str, api_key: str | None) -> None:
     """Delete an ended job: its events, metrics, checkpoints and final model. Refused while it is
     queued, running or paused (cancel it first)."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         client.delete_job(job_id)
     click.echo(f"{job_id} deleted")
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the usage object as JSON.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def usage(as_json: bool, url: str, api_key: str | None) -> None:
     """Show your jobs by status, your files, the bytes you keep and your storage quota."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         found = client.usage()
     if as_json:
         click.echo(json.dumps(found.model_dump(mode="json"), indent=2))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pdppo.commands.errors import UserError
+from pdppo.commands.errors import DEBUG_HINT, UserError, debugging, explain
 from pdppo.extras import WORKER_MODULES, need_extra
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ def train(
         spec = load_spec(Path(spec_path))
     except SpecError as exc:
         raise UserError(str(exc)) from exc
+    _check_task_values(spec)
     if dry_run:
         raise SystemExit(_dry_run(spec))
     out = Path(out_dir) if out_dir else Path("runs") / (spec.name or Path(spec_path).stem)
@@ -102,17 +103,49 @@ def train(
         if nproc > 1:
             click.echo(f"training on {nproc} processes")
             result = _data_parallel(
-                spec.train.model_dump_json(), out, resume, quiet, nproc, threads
+                spec.train.model_dump_json(), out, resume, quiet=quiet, nproc=nproc, threads=threads
             )
         else:
             result = _train(spec.train.model_dump_json(), out, resume, quiet)
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
-        # a rank's failure arrives as its traceback: its last line says what went wrong (an
-        # ImportError: a feature's extra is missing, core.extras.MissingExtra)
-        raise click.ClickException(str(exc).strip().splitlines()[-1]) from exc
+        if debugging():
+            raise  # the traceback; a rank's failure holds the rank's own
+        raise _failure(exc) from exc
     click.echo(f"done: step {result.step}, metrics in {out / 'metrics.jsonl'}")
     if result.final_model is not None:
         click.echo(f"final model: {result.final_model}")
+
+
+def _check_task_values(spec: JobSpec) -> None:
+    """A reasoning-gym dataset's config values, as its config class judges them, before any
+    model loads (the schema checked the names: `core.tasks.reasoning_gym.check_values`)."""
+    if spec.train.task.name != "reasoning_gym":
+        return
+    from core.tasks.reasoning_gym import check_values
+
+    try:
+        check_values(spec.train.task)
+    except (ValueError, ImportError) as exc:
+        raise UserError(str(exc)) from exc
+
+
+class RankFailed(RuntimeError):
+    """A rank of a data-parallel run raised or died; the message is what torch reports, the
+    rank's traceback included."""
+
+
+def _failure(exc: Exception) -> click.ClickException:
+    """What a failed run says: a validation error every field of it (a bad PDPPO_* setting),
+    a rank's failure the last line of its traceback (what went wrong), anything else its whole
+    message (an ImportError: a feature's extra is missing, core.extras.MissingExtra)."""
+    from pydantic import ValidationError  # here: `pdppo --help` loads no pydantic
+
+    if isinstance(exc, ValidationError):
+        return explain(exc)
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, RankFailed):
+        return click.ClickException(f"{text.splitlines()[-1]}; {DEBUG_HINT} of the rank")
+    return click.ClickException(text)
 
 
 def _threads(nproc: int) -> int | None:
@@ -181,7 +214,7 @@ def _data_parallel(
             nprocs=nproc,
         )
     except ProcessException as exc:  # a rank raised or died: the others were stopped
-        raise RuntimeError(str(exc)) from exc
+        raise RankFailed(str(exc)) from exc
     return queue.get()
 
 

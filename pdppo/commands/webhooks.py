@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pdppo.commands.jobs import _client, _key_option, _url_option
+from pdppo.commands.jobs import key_option, make_client, url_option
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -97,8 +97,8 @@ def webhooks() -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the endpoint, secret included, as JSON."
 )
-@_url_option
-@_key_option
+@url_option
+@key_option
 def create(
     endpoint_url: str,
     events: tuple[str, ...],
@@ -109,7 +109,7 @@ def create(
 ) -> None:
     """Register URL (https; a public address unless the operator allows its network) for your
     jobs' events; print its id and its secret, shown this once."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         hook = client.create_webhook(endpoint_url, events or None, description)
     if as_json:
         click.echo(json.dumps(hook.model_dump(mode="json"), indent=2))
@@ -121,11 +121,11 @@ def create(
 
 @webhooks.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one endpoint per line.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def list_webhooks(as_json: bool, url: str, api_key: str | None) -> None:
     """List your endpoints, oldest first: id, URL, events, description."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         hooks = client.list_webhooks()
     for hook in hooks:
         click.echo(json.dumps(hook.model_dump(mode="json")) if as_json else webhook_line(hook))
@@ -135,22 +135,22 @@ def list_webhooks(as_json: bool, url: str, api_key: str | None) -> None:
 
 @webhooks.command()
 @click.argument("webhook_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def show(webhook_id: str, url: str, api_key: str | None) -> None:
     """Show one endpoint as JSON (without its secret)."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         hook = client.get_webhook(webhook_id)
     click.echo(json.dumps(hook.model_dump(mode="json", exclude={"secret"}), indent=2))
 
 
 @webhooks.command()
 @click.argument("webhook_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def delete(webhook_id: str, url: str, api_key: str | None) -> None:
     """Delete an endpoint; its pending deliveries are dropped, not sent."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         client.delete_webhook(webhook_id)
     click.echo(f"{webhook_id} deleted")
 
@@ -159,12 +159,12 @@ def delete(webhook_id: str, url: str, api_key: str | None) -> None:
 @click.argument("webhook_id")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one delivery per line.")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def deliveries(webhook_id: str, limit: int, as_json: bool, url: str, api_key: str | None) -> None:
     """The endpoint's deliveries, newest first: id, event type, status, attempts, the last
     attempt's outcome and when a pending one is tried next."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         walk = client.iter_webhook_deliveries(webhook_id, page_size=min(limit, 100))
         found = list(itertools.islice(walk, limit))
     if as_json:
@@ -178,22 +178,22 @@ def deliveries(webhook_id: str, limit: int, as_json: bool, url: str, api_key: st
 @webhooks.command()
 @click.argument("webhook_id")
 @click.argument("delivery_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def redeliver(webhook_id: str, delivery_id: str, url: str, api_key: str | None) -> None:
     """Send a delivery again now, with a fresh round of retries (same webhook-id, so a
     receiver that has it already can ignore it)."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         d = client.redeliver(webhook_id, delivery_id)
     click.echo(f"{d.id} {d.status}: sent again now (pdppo webhooks deliveries {webhook_id})")
 
 
 @webhooks.command(name="test")
 @click.argument("webhook_id")
-@_url_option
-@_key_option
+@url_option
+@key_option
 def test_webhook(webhook_id: str, url: str, api_key: str | None) -> None:
     """Send a webhook.test event now, to check the receiver and its signature check."""
-    with _client(url, api_key) as client:
+    with make_client(url, api_key) as client:
         d = client.test_webhook(webhook_id)
     click.echo(f"{d.id} {d.type} {d.status}: sent now (pdppo webhooks deliveries {webhook_id})")

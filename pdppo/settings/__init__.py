@@ -166,7 +166,8 @@ class Settings(
         ge=1,
         description=(
             "torch threads of each job process (each rank); default: the worker's cores (its "
-            "CPU affinity) divided by PDPPO_WORKER_JOBS_AT_ONCE, then by the job's ranks"
+            "CPU affinity) divided by the jobs running on them (PDPPO_WORKER_JOBS_AT_ONCE), "
+            "then by the job's ranks"
         ),
     )
     worker_torch_threads: int | None = Field(
@@ -174,12 +175,13 @@ class Settings(
         ge=1,
         description="the former name of PDPPO_JOB_THREADS, still read when that is unset",
     )
-    worker_jobs_at_once: int = Field(
-        default=1,
+    worker_jobs_at_once: int | None = Field(
+        default=None,
         ge=1,
         description=(
-            "jobs that run at once on this worker's cores: a worker runs one (`-P solo`); set "
-            "it to the number of workers that share the same cores (deploy/gpu-workers.sh does)"
+            "jobs that run at once on this worker's cores; unset: counted, the jobs running "
+            "now on this host's cores (every worker's, kept up to date), as each job's torch "
+            "threads are the cores over that count (deploy/gpu-workers.sh sets the count)"
         ),
     )
     rollout_engines: list[Literal["hf", "vllm"]] = Field(

@@ -3,7 +3,8 @@ grouped by concern.
 
 - `keys`: key names, job ids, timestamps, digests (and the data layout they name);
 - `retry`: deliberate timeouts and bounded retries through a Redis stall;
-- `jobs/`: a job. `records`: `JobRecord` (the job hash, decoded) and `CreateResult`; `api_side`:
+- `jobs/`: a job. `transitions`: every change of its state, a Lua script each with the typed call
+  that runs it; `records`: `JobRecord` (the job hash, decoded) and `CreateResult`; `api_side`:
   `AsyncJobStore`, what the API does to jobs (create, get, list, cancel, fail); `worker_side`:
   `JobStore`, what workers do to a job they run (claim, publish, finish, requeue); `steering`:
   change, pause, resume; `outbox`: `Outbox`, the queued jobs whose task no worker has claimed
@@ -16,8 +17,9 @@ grouped by concern.
 - `deletion`: deleting an ended job or an unused file, and expiring old jobs' artifacts
   (`AsyncDeletion`, `Retention`; the folders: `pdppo.disk_usage`).
 
-Every state change that must not race is one Lua script next to the method that runs it, so the
-record, the indexes and the event stream never disagree, whoever crashes when. Each process makes
+Every state change that must not race is one Lua script (a job's: `jobs.transitions`; a file's,
+a webhook's...: next to the method that runs it), so the record, the indexes and the event stream
+never disagree, whoever crashes when. Each process makes
 one client; the job store it builds owns it and hands it to the per-resource stores (`.events`),
 whose methods stay reachable from the job store too. New resources (uploaded files, an enqueue
 outbox) go in modules of their own here (in the package of their concern), built the same way

@@ -1,7 +1,8 @@
 """Deleting what a tenant keeps: an ended job (`DELETE /v1/jobs/{id}`), an uploaded file
 (`DELETE /v1/files/{id}`), and an old job's artifacts (retention, `workers.upkeep.retention`).
 
-Each decision is one Lua script, so that what it checks still holds when it acts:
+Each decision is one Lua script, so that what it checks still holds when it acts (a job's is
+`pdppo.store.jobs.transitions.DeleteJob`, with every other change of a job's state):
 
 - an ended job is deleted only when no worker holds its lease any more (a worker finishes a
   job, then gives up its lease: in between it may still write the job's last events), and no
@@ -30,77 +31,21 @@ from typing import cast
 import redis
 import redis.asyncio as aredis
 
+from pdppo.store.jobs.transitions import JOB_KEY_PREFIX, USERS, DeleteJob
 from pdppo.store.keys import (
-    OUTBOX,
     PURGE_SET,
-    RUNNING_SET,
-    eval_key,
-    events_key,
     job_key,
     lease_key,
-    metrics_key,
-    samples_key,
     tenant_active_key,
     tenant_file_bytes_key,
     tenant_file_key,
     tenant_files_key,
-    tenant_jobs_key,
-)
-
-JOB_KEY_PREFIX = job_key("")
-
-# users(active set, job key prefix, file id or '', model name or ''): the sorted ids of the
-# active jobs whose spec names the file (as its dataset or held-out file) or starts from the model.
-_USERS = """
-local function users(active, prefix, file, model)
-  local found = {}
-  for _, id in ipairs(redis.call('SMEMBERS', active)) do
-    local spec = redis.call('HGET', prefix .. id, 'spec')
-    local ok, doc = false, nil
-    if spec then ok, doc = pcall(cjson.decode, spec) end
-    if ok and type(doc) == 'table' and type(doc.train) == 'table' then
-      local task, m = doc.train.task, doc.train.model
-      local hit = false
-      if file ~= '' and type(task) == 'table' then
-        hit = task.file == file or task.validation_file == file
-      end
-      if model ~= '' and type(m) == 'table' and m.name == model then hit = true end
-      if hit then found[#found + 1] = id end
-    end
-  end
-  table.sort(found)
-  return found
-end
-local function ended(st)
-  return st == 'succeeded' or st == 'failed' or st == 'cancelled'
-end
-"""
-
-# KEYS: job, events, metrics, eval, samples, lease, tenant jobs, tenant active, running, outbox,
-# purge; ARGV: id, tenant, now (epoch seconds), job key prefix.
-_DELETE_JOB = (
-    _USERS
-    + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if (not st) or redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[2] then return {'missing'} end
-if not ended(st) then return {'active', st} end
-if redis.call('EXISTS', KEYS[6]) == 1 then return {'leased'} end
-local used = users(KEYS[8], ARGV[4], '', 'job:' .. ARGV[1])
-if #used > 0 then table.insert(used, 1, 'used'); return used end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('ZREM', KEYS[7], ARGV[1])
-redis.call('SREM', KEYS[8], ARGV[1])
-redis.call('SREM', KEYS[9], ARGV[1])
-redis.call('ZREM', KEYS[10], ARGV[1])
-redis.call('ZADD', KEYS[11], ARGV[3], ARGV[1])
-return {'deleted'}
-"""
 )
 
 # KEYS: file hash, tenant's files, tenant's byte count, tenant active; ARGV: file id, job key
 # prefix. Returns {'deleted', sha256}, {'used', ids...} or {'missing'}.
 _DELETE_FILE = (
-    _USERS
+    USERS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local used = users(KEYS[4], ARGV[2], ARGV[1], '')
@@ -119,7 +64,7 @@ return {'deleted', sha}
 # submit rather than failing at start). Returns expire (marked now), expired (marked before),
 # missing, active, recent, leased or used.
 _EXPIRE = (
-    _USERS
+    USERS
     + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[2] then return 'missing' end
@@ -160,37 +105,18 @@ def _deletion(reply: list[str]) -> Deletion:
     return Deletion(outcome)
 
 
-def _job_keys(job_id: str, tenant: str) -> list[str]:
-    return [
-        job_key(job_id),
-        events_key(job_id),
-        metrics_key(job_id),
-        eval_key(job_id),
-        samples_key(job_id),
-        lease_key(job_id),
-        tenant_jobs_key(tenant),
-        tenant_active_key(tenant),
-        RUNNING_SET,
-        OUTBOX,
-        PURGE_SET,
-    ]
-
-
 class AsyncDeletion:
     """The API's deletes, over its `redis.asyncio` client (decode_responses=True)."""
 
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
-        self._delete_job = client.register_script(_DELETE_JOB)
         self._delete_file = client.register_script(_DELETE_FILE)
 
     async def delete_job(self, job_id: str, tenant: str) -> Deletion:
         """Removes an ended job's record and everything Redis keeps of it, and enters it in the
         purge set; the caller removes its folder, then calls `purged`."""
-        reply = await self._delete_job(
-            keys=_job_keys(job_id, tenant), args=[job_id, tenant, time.time(), JOB_KEY_PREFIX]
-        )
-        return _deletion(cast(list[str], reply))
+        reply = await DeleteJob(job_id=job_id, tenant=tenant, now=time.time()).arun(self.redis)
+        return _deletion(reply)
 
     async def purged(self, job_id: str) -> None:
         await self.redis.zrem(PURGE_SET, job_id)

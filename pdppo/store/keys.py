@@ -39,6 +39,17 @@ WEBHOOK_DUE = f"{PREFIX}:webhooks:due"  # delivery id -> when to attempt it (sto
 FAIR_PREFIX = f"{PREFIX}:fair:"  # the queued jobs' fair order, per queue (store.jobs.fair)
 FAIR_TURN = f"{FAIR_PREFIX}turn"  # its counter of turns
 FAIR_ARRIVALS = f"{FAIR_PREFIX}arrivals"  # ... and of tenants and experiments come to it
+# Redis's own time at the last lease renewal or reaper pass, and a key that lives for a while
+# after a gap in them: Redis did not answer, so expired leases may have live holders
+# (`pdppo.store.jobs.worker_side`, the requeue script)
+STORE_CLOCK = f"{PREFIX}:clock"
+STALL_SEEN = f"{PREFIX}:clock:stall"
+
+
+def host_jobs_key(host: str) -> str:
+    """The jobs running on the cores of one host (`workers.job.cores`): job id -> when its entry
+    lapses unless renewed."""
+    return f"{PREFIX}:host:{host}:jobs"
 
 
 def job_key(job_id: str) -> str:

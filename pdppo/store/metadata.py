@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import redis.asyncio as aredis
 
-from pdppo.store.jobs.records import JobRecord, _record_or_none
+from pdppo.store.jobs.records import JobRecord, record_or_none
 from pdppo.store.keys import (
     job_key,
     tenant_jobs_key,
@@ -114,7 +114,7 @@ class AsyncMetadataIndex:
             more = False
             for job_id, raw in zip(ids, await pipe.execute(), strict=True):
                 upper = f"({job_id}"
-                record = _record_or_none(raw)
+                record = record_or_none(raw)
                 if record is None:
                     if _id_ms(job_id) < stale_before:
                         gone.append(job_id)

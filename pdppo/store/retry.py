@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError, TryAgainError
 from redis.retry import Retry
 
-from pdppo.store.jobs.events import _log_data
+from pdppo.store.jobs.events import log_data
 from pdppo.store.keys import events_key
 
 if TYPE_CHECKING:
@@ -217,12 +217,12 @@ class StoreRetry:
 def log_fields(message: str) -> dict[str, str]:
     """A `log` entry of a job's event stream, stamped now: build it when the line is written, not
     when a stalled Redis finally takes it."""
-    return {"type": "log", "data": _log_data(message)}
+    return {"type": "log", "data": log_data(message)}
 
 
 # KEYS: events; ARGV: type, data, how many recent entries to look through. An entry already
 # there (same type, same data: the data carries its own `at` timestamp) is not added again.
-_ADD_ONCE = """
+ADD_ONCE = """
 local recent = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[3])
 for _, entry in ipairs(recent) do
   local f = entry[2]
@@ -250,7 +250,7 @@ def add_event_once(
     (it sits in the abandoned connection's buffer), so checking for it before sending it again
     cannot be exact. This script checks and appends in one step, so every copy after the first,
     whenever it runs, finds the entry among the stream's latest and adds nothing."""
-    add = client.register_script(_ADD_ONCE)
+    add = client.register_script(ADD_ONCE)
     keys = [events_key(job_id)]
     args: list[str | int] = [fields["type"], fields["data"], LOG_RECOVERY_WINDOW]
     what = f"add a {fields['type']} event to job {job_id}"

@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from api.app import create_app
 from api.deps import get_tenant, require_metrics_token
 from pdppo.settings import Settings
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 
 ALICE = "alice-key-0123456789abcdef"
 ALICE_SPARE = "alice-spare-0123456789abcdef"  # a tenant may hold several keys

@@ -3,20 +3,13 @@ one removed between the folder's listing and its size is left out, not a 500."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from api.routes import artifacts
 from core.disk.atomic_dir import discard_dir
-from pdppo.store.jobs.records import JobRecord
-
-
-def job(status: str) -> JobRecord:
-    values = {f.name: None for f in fields(JobRecord)}
-    values |= {"id": "j1", "tenant": "t", "status": status, "queue": "cpu", "step": 0}
-    return JobRecord(**values)  # type: ignore[arg-type]
+from tests.support.seed import job
 
 
 def make_run(root: Path) -> None:

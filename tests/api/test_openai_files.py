@@ -16,8 +16,8 @@ from starlette.requests import Request
 
 from api.openai.errors import error_body, unexpected
 from pdppo.settings import Settings
-from tests.api.test_openai_routes import METHOD, SMALL, run
-from tests.api.test_upload_route import KEYS, redis_url, settings  # noqa: F401
+from tests.support.inprocess import KEYS
+from tests.support.openai_inprocess import METHOD, SMALL, run
 
 
 def rows(tag: str, n: int = 2) -> bytes:
@@ -33,7 +33,7 @@ async def upload(sdk: AsyncOpenAI, content: bytes, purpose: str = "fine-tune") -
     return made.id
 
 
-def test_the_sdk_pages_through_files_with_after_and_limit(settings: Settings) -> None:  # noqa: F811
+def test_the_sdk_pages_through_files_with_after_and_limit(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         made = [await upload(sdk, rows(f"p{i}-")) for i in range(5)]
         newest = made[::-1]
@@ -65,7 +65,7 @@ def test_the_sdk_pages_through_files_with_after_and_limit(settings: Settings) ->
 
 
 def test_purpose_keeps_only_the_files_uploaded_with_it_across_pages(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         kinds = ["fine-tune", "batch", "fine-tune", "batch", "batch", "fine-tune", "fine-tune"]
@@ -81,7 +81,7 @@ def test_purpose_keeps_only_the_files_uploaded_with_it_across_pages(
     run(settings, work)
 
 
-def test_delete_answers_openais_object_and_the_file_is_gone(settings: Settings) -> None:  # noqa: F811
+def test_delete_answers_openais_object_and_the_file_is_gone(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         kept, gone = await upload(sdk, rows("kept")), await upload(sdk, rows("gone"))
         deleted = await sdk.files.delete(gone)
@@ -105,7 +105,7 @@ def test_delete_answers_openais_object_and_the_file_is_gone(settings: Settings) 
     run(settings, work)
 
 
-def test_content_retrieve_content_and_wait_for_processing(settings: Settings) -> None:  # noqa: F811
+def test_content_retrieve_content_and_wait_for_processing(settings: Settings) -> None:
     content = rows("c", 3)
 
     async def work(sdk: AsyncOpenAI) -> None:
@@ -119,7 +119,7 @@ def test_content_retrieve_content_and_wait_for_processing(settings: Settings) ->
     run(settings, work)
 
 
-def test_what_pdppo_cannot_do_is_a_refusal_in_openais_shape(settings: Settings) -> None:  # noqa: F811
+def test_what_pdppo_cannot_do_is_a_refusal_in_openais_shape(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         with pytest.raises(openai.UnprocessableEntityError) as expiring:
             await sdk.files.create(
@@ -144,7 +144,7 @@ def test_what_pdppo_cannot_do_is_a_refusal_in_openais_shape(settings: Settings) 
 
 
 def test_a_file_a_queued_job_names_is_a_conflict_the_sdk_does_not_retry(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         file_id = await upload(sdk, rows("busy", 8))
@@ -164,7 +164,7 @@ def test_a_file_a_queued_job_names_is_a_conflict_the_sdk_does_not_retry(
 
 
 def test_two_tenants_with_the_same_bytes_each_list_and_delete_only_their_own(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     shared, own = rows("same"), rows("alice only")
 
@@ -193,7 +193,7 @@ def test_two_tenants_with_the_same_bytes_each_list_and_delete_only_their_own(
     assert run(settings, alice_after) == alices[::-1]  # bob's delete left alice's file
 
 
-def test_the_file_quota_is_insufficient_quota_and_not_retried(settings: Settings) -> None:  # noqa: F811
+def test_the_file_quota_is_insufficient_quota_and_not_retried(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         await upload(sdk, rows("one"))
         with pytest.raises(openai.RateLimitError) as full:

@@ -18,15 +18,14 @@ from pdppo.store.keys import (
     tenant_metadata_key,
     tenant_metadata_ready_key,
 )
-from tests.api.test_openai_routes import create, run
-from tests.api.test_upload_route import redis_url, settings  # noqa: F401
+from tests.support.openai_inprocess import create, run
 
 
 def ids(page: Any) -> list[str]:
     return [j.id for j in page.data]
 
 
-def test_filtered_pages_stop_at_the_limit_and_go_on_after_it(settings: Settings) -> None:  # noqa: F811
+def test_filtered_pages_stop_at_the_limit_and_go_on_after_it(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         made = [await create(sdk, metadata={"set": "x" if i != 1 else "y"}) for i in range(4)]
         xs = [made[3].id, made[2].id, made[0].id]  # newest first, without the "y"
@@ -43,7 +42,7 @@ def test_filtered_pages_stop_at_the_limit_and_go_on_after_it(settings: Settings)
     run(settings, work)
 
 
-def test_every_pair_must_match_not_only_the_one_walked(settings: Settings) -> None:  # noqa: F811
+def test_every_pair_must_match_not_only_the_one_walked(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         pairs = [{"a": "1", "b": "1"}, {"a": "1", "b": "2"}, {"a": "2", "b": "2"}, {"b": "2"}]
         made = [(await create(sdk, metadata=m)).id for m in pairs]
@@ -56,8 +55,8 @@ def test_every_pair_must_match_not_only_the_one_walked(settings: Settings) -> No
 
 
 def test_jobs_made_before_the_index_are_found_once_it_is_built(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
 
@@ -77,8 +76,8 @@ def test_jobs_made_before_the_index_are_found_once_it_is_built(
 
 
 def test_the_first_filtered_listing_adds_every_earlier_job_past_a_batch(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     """More jobs than `ensure` reads at once (500), made before the index: the oldest is found."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -102,8 +101,8 @@ def test_the_first_filtered_listing_adds_every_earlier_job_past_a_batch(
 
 
 def test_entries_without_a_job_are_skipped_and_old_ones_dropped(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     key = tenant_metadata_key("alice", "run", "a")
@@ -123,8 +122,8 @@ def test_entries_without_a_job_are_skipped_and_old_ones_dropped(
 
 
 def test_a_filtered_listing_reads_the_index_not_every_job(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     """A job in the tenant's list with the pair but no entry (which no server writes) is not
     found: the listing did not walk the tenant's jobs (bench/openai_list_metadata.py times it)."""

@@ -11,63 +11,19 @@ import json
 import time
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 import redis
 from openai import AsyncOpenAI
 
-from api.app import create_app
 from api.openai.errors import OpenAIErrors
 from pdppo.settings import Settings
 from pdppo.store.keys import events_key, job_key, metrics_key
-from tests.api.test_openai_translate import GRADER
-from tests.api.test_upload_route import KEYS, redis_url, settings  # noqa: F401
-
-METHOD = {"type": "reinforcement", "reinforcement": {"grader": GRADER}}
-SMALL = {"train": {"steps": 2, "model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2}}}}
-ROWS = b"".join(
-    json.dumps({"messages": [{"role": "user", "content": f"{i}="}], "answer": str(i)}).encode()
-    + b"\n"
-    for i in range(8)
-)
+from tests.support.inprocess import KEYS
+from tests.support.openai_inprocess import GRADER, METHOD, SMALL, create, run, upload
 
 
-def run(settings: Settings, work: Any, api_key: str = KEYS["alice"]) -> Any:  # noqa: F811
-    """`work(sdk)` with an AsyncOpenAI client holding `api_key` (alice's), talking to the app
-    in this process."""
-    app = create_app(settings.model_copy(update={"api_publish_tasks": False}))
-
-    async def main() -> Any:
-        async with app.router.lifespan_context(app):
-            transport = httpx2.ASGITransport(app=app)
-            http = httpx2.AsyncClient(transport=transport, base_url="http://api")
-            async with AsyncOpenAI(
-                base_url="http://api/v1",
-                api_key=api_key,
-                http_client=http,
-                max_retries=0,
-            ) as sdk:
-                return await work(sdk)
-
-    return asyncio.run(main())
-
-
-async def upload(sdk: AsyncOpenAI, content: bytes = ROWS) -> str:
-    return (await sdk.files.create(file=("d.jsonl", content), purpose="fine-tune")).id
-
-
-async def create(sdk: AsyncOpenAI, **extra: Any) -> Any:
-    return await sdk.fine_tuning.jobs.create(
-        model="builtin:tiny",
-        training_file=await upload(sdk),
-        method=METHOD,  # type: ignore[arg-type]
-        extra_body={"pdppo": SMALL},
-        **extra,
-    )
-
-
-def test_listing_pages_at_the_limit_and_filters_on_metadata(settings: Settings) -> None:  # noqa: F811
+def test_listing_pages_at_the_limit_and_filters_on_metadata(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         made = [await create(sdk, metadata={"i": str(i), "set": "x"}) for i in range(3)]
         newest = [j.id for j in reversed(made)]
@@ -86,8 +42,8 @@ def test_listing_pages_at_the_limit_and_filters_on_metadata(settings: Settings) 
 
 
 def test_a_job_shows_its_model_status_and_what_a_native_job_lacks(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
 
@@ -114,8 +70,8 @@ def test_a_job_shows_its_model_status_and_what_a_native_job_lacks(
 
 
 def test_events_page_newest_first_and_checkpoints_carry_their_steps_metrics(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
 
@@ -157,7 +113,7 @@ def test_events_page_newest_first_and_checkpoints_carry_their_steps_metrics(
     run(settings, work)
 
 
-def test_the_sdks_retry_gets_the_job_its_first_attempt_made(settings: Settings) -> None:  # noqa: F811
+def test_the_sdks_retry_gets_the_job_its_first_attempt_made(settings: Settings) -> None:
     async def attempt(sdk: AsyncOpenAI, training: str, count: str) -> str:
         headers = {"x-stainless-retry-count": count}
         job = await sdk.fine_tuning.jobs.create(
@@ -184,7 +140,7 @@ def test_the_sdks_retry_gets_the_job_its_first_attempt_made(settings: Settings) 
     run(settings, work)
 
 
-def test_admission_refusals_name_the_first_problems_param(settings: Settings) -> None:  # noqa: F811
+def test_admission_refusals_name_the_first_problems_param(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         with pytest.raises(openai.BadRequestError) as caught:
             await sdk.fine_tuning.jobs.create(
@@ -200,7 +156,7 @@ def test_admission_refusals_name_the_first_problems_param(settings: Settings) ->
     run(settings, work)
 
 
-def test_errors_say_whether_a_retry_can_help(settings: Settings) -> None:  # noqa: F811
+def test_errors_say_whether_a_retry_can_help(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         job = await create(sdk)
         await sdk.fine_tuning.jobs.cancel(job.id)
@@ -221,7 +177,7 @@ def test_errors_say_whether_a_retry_can_help(settings: Settings) -> None:  # noq
 
 
 def test_a_grader_that_cannot_score_a_sample_gives_zero_and_says_why(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     multi = {
         "type": "multi",
@@ -271,7 +227,7 @@ def test_the_error_middleware_rewrites_only_openai_paths_and_passes_other_scopes
 
 
 def test_a_client_that_is_not_the_sdk_gets_a_new_job_for_each_create(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """No `x-stainless-retry-count`: nothing to tell a retry from a new call, so no key (an
     Idempotency-Key is how such a client asks for one)."""
@@ -306,7 +262,7 @@ def test_a_client_that_is_not_the_sdk_gets_a_new_job_for_each_create(
     run(settings, work)
 
 
-def test_every_openai_route_wants_an_api_key(settings: Settings) -> None:  # noqa: F811
+def test_every_openai_route_wants_an_api_key(settings: Settings) -> None:
     async def work(sdk: AsyncOpenAI) -> None:
         with pytest.raises(openai.AuthenticationError):
             await sdk.fine_tuning.alpha.graders.validate(grader=GRADER)  # type: ignore[arg-type]

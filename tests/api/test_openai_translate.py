@@ -13,16 +13,10 @@ import pytest
 from api.openai.errors import _translated
 from api.openai.schemas import FineTuningJobCreate
 from api.openai.translate import Refused, to_event, to_spec
-from tests.api.test_upload_route import KEYS, call, redis_url, settings  # noqa: F401
+from tests.support.inprocess import KEYS, call
+from tests.support.openai_inprocess import GRADER
 
 FILE = "file-" + "a" * 32
-GRADER = {
-    "type": "string_check",
-    "name": "exact",
-    "input": "{{sample.output_text}}",
-    "reference": "{{item.answer}}",
-    "operation": "eq",
-}
 
 
 def create(**changes: Any) -> FineTuningJobCreate:
@@ -283,7 +277,7 @@ def test_an_error_body_that_is_not_json_becomes_the_message() -> None:
     )
 
 
-def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> None:  # noqa: F811
+def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> None:
     (schema,) = call(settings, ("alice", "/openapi.json", {}))
     paths = schema.json()["paths"]
     openai_paths = [p for p in paths if p.startswith("/v1/fine_tuning")]
@@ -305,8 +299,11 @@ def test_the_openai_routes_publish_openais_errors_and_no_422(settings: Any) -> N
     )
 
 
+SOURCE = "def grade(sample, item):\n    return 1\n"  # valid: only the setting refuses it
+
+
 def test_a_native_spec_with_a_grader_no_worker_runs_is_refused_at_submission(
-    settings: Any,  # noqa: F811
+    settings: Any,
 ) -> None:
     spec = {
         "train": {
@@ -315,7 +312,7 @@ def test_a_native_spec_with_a_grader_no_worker_runs_is_refused_at_submission(
                 "file": FILE,
                 "grader": {
                     "type": "openai",
-                    "grader": {"type": "python", "name": "p", "source": "x = 1"},
+                    "grader": {"type": "python", "name": "p", "source": SOURCE},
                 },
             }
         }
@@ -326,3 +323,77 @@ def test_a_native_spec_with_a_grader_no_worker_runs_is_refused_at_submission(
         "train.task.grader.grader: python graders are off on this service"
     )
     assert KEYS["alice"]
+
+
+RG_TASK = {"name": "reasoning_gym", "dataset": "spell_backward", "size": 40}
+
+
+def _rg(**changes: Any) -> FineTuningJobCreate:
+    body: dict[str, Any] = {
+        "model": "builtin:tiny",
+        "method": {"type": "reinforcement", "reinforcement": {}},
+        "pdppo": {"train": {"task": RG_TASK}},
+    }
+    body.update(changes)
+    return FineTuningJobCreate.model_validate(body)
+
+
+def test_a_reasoning_gym_task_takes_no_file_nor_grader_and_counts_its_rows() -> None:
+    spec, resolved = to_spec(_rg(), training_records=None)
+    task = spec.train.task
+    assert (task.name, task.dataset, task.size, task.file, task.grader) == (
+        "reasoning_gym",
+        "spell_backward",
+        40,
+        None,
+        None,
+    )
+    assert spec.train.steps == 3  # ceil(40 / 16)
+    assert spec.train.eval_every == 3  # its held-out rows, at the last step
+    assert resolved == {"batch_size": 16, "n_epochs": 1, "learning_rate_multiplier": 1.0}
+    no_held_out = _rg(pdppo={"train": {"task": {**RG_TASK, "validation_size": 0}}})
+    assert to_spec(no_held_out, None)[0].train.eval_every == 0
+    default_size = _rg(pdppo={"train": {"task": {**RG_TASK, "size": None}}})
+    assert to_spec(default_size, None)[0].train.steps == 63  # ceil(1000 / 16)
+
+
+@pytest.mark.parametrize(
+    ("changes", "param"),
+    [
+        ({"training_file": FILE}, "training_file"),
+        ({"validation_file": FILE}, "validation_file"),
+        (
+            {"method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}}},
+            "method.reinforcement.grader",
+        ),
+    ],
+)
+def test_a_reasoning_gym_task_refuses_the_fields_it_has_no_use_for(
+    changes: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(Refused) as info:
+        to_spec(_rg(**changes), training_records=10)
+    assert info.value.param == param
+    assert str(info.value) == (
+        f"{param}: a reasoning_gym task (pdppo.train.task) generates its rows and scores them "
+        "with the dataset's score_answer; leave it out"
+    )
+
+
+def test_a_jsonl_task_still_needs_its_file_and_grader() -> None:
+    without_file = FineTuningJobCreate.model_validate(
+        {
+            "model": "builtin:tiny",
+            "method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}},
+        }
+    )
+    with pytest.raises(Refused) as info:
+        to_spec(without_file, training_records=None)
+    assert info.value.param == "training_file"
+    without_grader = create(method={"type": "reinforcement", "reinforcement": {}})
+    with pytest.raises(Refused) as info:
+        to_spec(without_grader, training_records=10)
+    assert info.value.param == "method.reinforcement.grader"
+    assert str(info.value) == (
+        "method.reinforcement.grader: required, unless pdppo.train.task is a reasoning_gym task"
+    )

@@ -12,7 +12,6 @@ as the experiment and OpenAI creates did (the quota and admission ran before the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,29 +19,10 @@ from typing import Any
 import pytest
 
 from pdppo.settings import Settings
-from tests.api.test_upload_route import (  # noqa: F401
-    KEYS,
-    Request,
-    redis_url,
-    send,
-    settings,
-    upload,
-)
-from tests.integration.stack import records, smoke_spec
-
-GRADER = {
-    "type": "string_check",
-    "name": "exact",
-    "input": "{{sample.output_text}}",
-    "reference": "{{item.answer}}",
-    "operation": "eq",
-}
-SMALL = {"train": {"steps": 2, "model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2}}}}
-OPENAI_ROWS = b"".join(
-    json.dumps({"messages": [{"role": "user", "content": f"{i}="}], "answer": str(i)}).encode()
-    + b"\n"
-    for i in range(8)
-)
+from tests.support.inprocess import Request, send, upload
+from tests.support.openai_inprocess import GRADER, SMALL
+from tests.support.openai_inprocess import ROWS as OPENAI_ROWS
+from tests.support.specs import records, smoke_spec
 
 
 @dataclass(frozen=True)
@@ -68,37 +48,37 @@ def _job_spec(file_id: str) -> dict[str, Any]:
 
 ROUTES: dict[str, Route] = {
     "jobs": Route(
-        "/v1/jobs",
-        201,
-        {"storage": 507, "active": 429, "budget": 422, "file": 422},
-        _job_spec,
-        records(8),
-        lambda made: [f"/v1/jobs/{made['id']}/cancel"],
+        path="/v1/jobs",
+        created=201,
+        refused={"storage": 507, "active": 429, "budget": 422, "file": 422},
+        body=_job_spec,
+        content=records(8),
+        cancel=lambda made: [f"/v1/jobs/{made['id']}/cancel"],
     ),
     "experiments": Route(
-        "/v1/experiments",
-        201,
-        {"storage": 507, "active": 429, "budget": 422, "file": 422},
-        lambda file_id: {
+        path="/v1/experiments",
+        created=201,
+        refused={"storage": 507, "active": 429, "budget": 422, "file": 422},
+        body=lambda file_id: {
             "base": _job_spec(file_id),
             "grid": {"algorithm.mask": ["predictive", "dppo"]},
             "seeds": 1,
         },
-        records(8),
-        lambda made: [f"/v1/experiments/{made['id']}/cancel"],
+        content=records(8),
+        cancel=lambda made: [f"/v1/experiments/{made['id']}/cancel"],
     ),
     "openai": Route(
-        "/v1/fine_tuning/jobs",
-        200,
-        {"storage": 507, "active": 429, "budget": 400, "file": 400},
-        lambda file_id: {
+        path="/v1/fine_tuning/jobs",
+        created=200,
+        refused={"storage": 507, "active": 429, "budget": 400, "file": 400},
+        body=lambda file_id: {
             "model": "builtin:tiny",
             "training_file": file_id,
             "method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}},
             "pdppo": SMALL,
         },
-        OPENAI_ROWS,
-        lambda made: [f"/v1/fine_tuning/jobs/{made['id']}/cancel"],
+        content=OPENAI_ROWS,
+        cancel=lambda made: [f"/v1/fine_tuning/jobs/{made['id']}/cancel"],
     ),
 }
 
@@ -136,7 +116,7 @@ ROWS = [(route, check) for route in ROUTES for check in ("storage", "active", "b
 def test_a_retried_create_is_its_replay_whatever_would_refuse_a_new_one(
     route_name: str,
     check: str,
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     route = ROUTES[route_name]
     base = settings.model_copy(update={"api_publish_tasks": False})

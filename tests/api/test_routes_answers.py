@@ -23,24 +23,16 @@ from pdppo.store.keys import (
     tenant_jobs_key,
     tenant_usage_key,
 )
-from tests.api.test_upload_route import (  # noqa: F401
-    KEYS,
-    LINE,
-    native,
-    redis_url,
-    send,
-    settings,
-    upload,
-)
-from tests.integration.stack import smoke_spec
-from tests.store.seed import seed_job
+from tests.support.inprocess import LINE, native, send, upload
+from tests.support.seed import seed_job
+from tests.support.specs import smoke_spec
 
 
-def _client(settings: Settings) -> redis.Redis:  # noqa: F811
+def _client(settings: Settings) -> redis.Redis:
     return redis.Redis.from_url(settings.redis_url, decode_responses=True)
 
 
-def test_evaluations_are_json_unless_csv_is_asked_for(settings: Settings) -> None:  # noqa: F811
+def test_evaluations_are_json_unless_csv_is_asked_for(settings: Settings) -> None:
     """`format` decides; without it, `Accept: text/csv` alone gets CSV and anything else JSON."""
     client = _client(settings)
     seed_job(client, "j-eval", "running", tenant="alice")
@@ -70,7 +62,7 @@ def test_evaluations_are_json_unless_csv_is_asked_for(settings: Settings) -> Non
     assert bobs.status_code == 404
 
 
-def test_pausing_answers_by_the_jobs_state(settings: Settings) -> None:  # noqa: F811
+def test_pausing_answers_by_the_jobs_state(settings: Settings) -> None:
     """A job being cancelled is not paused (409, naming the cancel); an ended one is 409; a
     queued one is paused at once; another tenant's is 404."""
     client = _client(settings)
@@ -98,7 +90,7 @@ def test_pausing_answers_by_the_jobs_state(settings: Settings) -> None:  # noqa:
 
 
 def test_the_job_patchs_openapi_example_is_a_change_the_api_accepts(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """The example a reader copies from /docs is applied as it stands (a bad example, such as a
     negative `lr`, would be a 422)."""
@@ -128,7 +120,7 @@ def _job_id(n: int) -> str:
 
 
 def test_usage_counts_each_tenants_jobs_and_measures_its_bytes_now(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """`GET /v1/usage` counts the caller's jobs by status (a listed id whose record is gone, as
     in a delete racing it, counts as none) and measures its bytes on disk now; the quota check
@@ -172,7 +164,7 @@ def test_usage_counts_each_tenants_jobs_and_measures_its_bytes_now(
     assert (bobs.json()["jobs"], bobs.json()["bytes"]["total"]) == ({**zero, "running": 1}, 0)
 
 
-def test_the_tenants_bytes_limit_when_the_file_is_stored(settings: Settings) -> None:  # noqa: F811
+def test_the_tenants_bytes_limit_when_the_file_is_stored(settings: Settings) -> None:
     """PDPPO_MAX_FILE_BYTES_PER_TENANT is checked before the body is read from its declared
     length less the form's framing, which lets a small file through; the store's own check then
     refuses it (413), and its bytes are not kept. The other tenant's limit is its own."""
@@ -199,7 +191,7 @@ def test_the_tenants_bytes_limit_when_the_file_is_stored(settings: Settings) -> 
 
 
 def test_two_tenants_with_the_same_idempotency_key_get_a_job_each(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """The key is the client's: the same one from two tenants makes two jobs, and a retry
     returns the tenant's own job."""
@@ -225,7 +217,7 @@ def test_two_tenants_with_the_same_idempotency_key_get_a_job_each(
     assert (mine.status_code, theirs.status_code) == (200, 404)
 
 
-def test_samples_are_the_newest_rows_up_to_the_limit(settings: Settings) -> None:  # noqa: F811
+def test_samples_are_the_newest_rows_up_to_the_limit(settings: Settings) -> None:
     client = _client(settings)
     seed_job(client, "j-samples", "running", tenant="alice")
     rows = [
@@ -256,7 +248,7 @@ def test_samples_are_the_newest_rows_up_to_the_limit(settings: Settings) -> None
 
 
 def test_at_a_tenants_limits_an_upload_is_refused_before_its_body_is_read(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """At PDPPO_MAX_FILES_PER_TENANT even the re-upload of a kept file is 429 (its id is not
     known before its bytes are read); at PDPPO_MAX_FILE_BYTES_PER_TENANT any body counts for at
@@ -288,7 +280,7 @@ def test_at_a_tenants_limits_an_upload_is_refused_before_its_body_is_read(
 
 
 def test_a_usage_cache_of_a_second_or_less_is_kept_for_that_long(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """PDPPO_USAGE_CACHE_SECONDS is a float: a measure is kept for any positive value (1 s:
     1000 ms), not only for whole seconds past one. Read right after the answer; on a machine too

@@ -22,9 +22,9 @@ from api.routes.results import _format_from
 from pdppo.settings import Settings
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.jobs.worker_side import JobStore
-from tests.api.test_upload_route import KEYS, call, redis_url, settings  # noqa: F401
-from tests.integration.stack import smoke_spec
-from tests.store.seed import seed_job
+from tests.support.inprocess import KEYS, call
+from tests.support.seed import seed_job
+from tests.support.specs import smoke_spec
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_results_answer_csv_only_when_asked_for_it_alone(accept: str | None, cho
     assert _format_from(accept) == chosen
 
 
-def test_liveness_and_readiness(settings: Settings) -> None:  # noqa: F811
+def test_liveness_and_readiness(settings: Settings) -> None:
     healthy, ready = call(settings, ("alice", "/healthz", {}), ("alice", "/readyz", {}))
     assert (healthy.status_code, healthy.json()) == (200, {"status": "ok", "detail": None})
     assert (ready.status_code, ready.json()) == (200, {"status": "ok", "detail": None})
@@ -57,7 +57,7 @@ def test_liveness_and_readiness(settings: Settings) -> None:  # noqa: F811
 
 def test_why_a_job_has_no_final_model() -> None:
     from api.routes.artifacts import _has_final_model, _no_final_model
-    from tests.api.test_checkpoint_listing import job
+    from tests.support.seed import job
 
     said = {s: _no_final_model(job(s)) for s in ("succeeded", "queued", "paused", "failed")}
     assert said == {
@@ -86,8 +86,8 @@ class _ClaimingAtOnce:
 
 
 def test_resume_answers_the_queued_job_it_made_before_a_worker_claims_it(
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
 ) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     seed_job(client, "j-paused", "paused", tenant="alice", spec=json.dumps(smoke_spec()))
@@ -119,7 +119,7 @@ class _Recording:
 
 
 def test_a_new_job_is_published_once_and_a_replay_is_marked_and_not_published_again(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     recording = _Recording()
 
@@ -200,8 +200,8 @@ def test_pause_answers_the_job_as_its_script_left_it(
     state: str,
     between: Callable[[str], None] | None,
     expected: tuple[int, str | None, bool | None],
-    settings: Settings,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    settings: Settings,
+    redis_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the answer says is the moment of the pause, not of a read after it: a worker that

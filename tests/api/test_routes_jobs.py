@@ -17,17 +17,16 @@ import api.jobs.revoke
 from pdppo.settings import Settings
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.keys import events_key, job_key, tenant_active_key
-from tests.api.test_routes_answers import send
-from tests.api.test_upload_route import redis_url, settings  # noqa: F401
-from tests.integration.stack import smoke_spec
-from tests.store.seed import seed_job
+from tests.support.inprocess import send
+from tests.support.seed import seed_job
+from tests.support.specs import smoke_spec
 
 
-def _client(settings: Settings) -> redis.Redis:  # noqa: F811
+def _client(settings: Settings) -> redis.Redis:
     return redis.Redis.from_url(settings.redis_url, decode_responses=True)
 
 
-def test_an_ended_jobs_stream_sends_its_events_then_ends(settings: Settings) -> None:  # noqa: F811
+def test_an_ended_jobs_stream_sends_its_events_then_ends(settings: Settings) -> None:
     """The whole stream, to its `done`, and the response ends cleanly (the app raises nothing:
     the transport would re-raise it here)."""
     client = _client(settings)
@@ -53,7 +52,7 @@ def test_an_ended_jobs_stream_sends_its_events_then_ends(settings: Settings) -> 
 
 
 def test_a_cancel_revokes_the_task_of_a_job_not_running_only(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A queued or paused job is cancelled at once and its task revoked (best effort: a revoke
@@ -99,7 +98,7 @@ def test_a_cancel_revokes_the_task_of_a_job_not_running_only(
 
 
 def test_a_model_asked_of_a_job_without_one_is_404_saying_why(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     client = _client(settings)
     seed_job(client, "j-running", "running", tenant="alice")
@@ -122,7 +121,7 @@ def test_a_model_asked_of_a_job_without_one_is_404_saying_why(
 
 
 def test_a_retry_whose_job_was_deleted_is_404_naming_it(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The Idempotency-Key outlives the job it made: a retry after the job was deleted finds
@@ -147,7 +146,7 @@ def test_a_retry_whose_job_was_deleted_is_404_naming_it(
     assert revoked == [job_id]
 
 
-def test_deleting_answers_by_the_jobs_state(settings: Settings) -> None:  # noqa: F811
+def test_deleting_answers_by_the_jobs_state(settings: Settings) -> None:
     """Only an ended job is deleted; one whose worker still holds it is 409 with Retry-After,
     one that has not ended is 409 naming the cancel; another tenant's is 404."""
     held_id, active_id, ended_id = (f"{n:024x}" for n in (1, 2, 3))  # new_job_id's form
@@ -181,7 +180,7 @@ def test_deleting_answers_by_the_jobs_state(settings: Settings) -> None:  # noqa
 
 
 def test_a_job_failed_for_its_disk_resumes_only_under_the_active_limit(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """Resuming a job that failed for its disk makes it active again: refused (429) while the
     tenant has PDPPO_MAX_ACTIVE_JOBS_PER_TENANT active jobs, which a paused one does not add to
@@ -215,7 +214,7 @@ def test_a_job_failed_for_its_disk_resumes_only_under_the_active_limit(
 
 
 def test_a_change_that_loses_every_race_is_409_after_five_tries(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Another client's change lands before each of ours (its version bumped in the store, as
@@ -246,7 +245,7 @@ def test_a_change_that_loses_every_race_is_409_after_five_tries(
 
 
 def test_a_change_to_a_setting_that_cannot_change_while_running_is_422_naming_it(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     client = _client(settings)
     seed_job(client, "j-fixed", "running", tenant="alice", spec=json.dumps(smoke_spec()))
@@ -274,7 +273,7 @@ def test_a_change_to_a_setting_that_cannot_change_while_running_is_422_naming_it
 
 
 def test_a_change_to_a_queued_job_keeps_its_age_in_the_queue(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """`pdppo_queue_oldest_job_age_seconds` is how long the job has waited since it was queued:
     a PATCH while it waits changes its settings, not its wait. Before, the age was read from
@@ -302,7 +301,7 @@ def test_a_change_to_a_queued_job_keeps_its_age_in_the_queue(
 
 
 def test_a_change_with_if_match_is_made_only_over_the_version_it_names(
-    settings: Settings,  # noqa: F811
+    settings: Settings,
 ) -> None:
     """`If-Match` carries the `config_version` a change was computed from (the job's `ETag`):
     a change over another version is 412 with the version the job is at, and changes nothing;

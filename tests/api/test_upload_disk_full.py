@@ -1,6 +1,6 @@
-"""An upload meeting a full disk, on a real tmpfs (`tests.small_disk`), without the server: the
-write that fails is a 507 with nothing left behind, and the cleanup never raises, even when the
-close it does fails too (flushing what is buffered, onto the full disk)."""
+"""An upload meeting a full disk, on a real tmpfs (`tests.support.small_disk`), without the
+server: the write that fails is a 507 with nothing left behind, and the cleanup never raises, even
+when the close it does fails too (flushing what is buffered, onto the full disk)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pdppo.files import FileStorage
-from tests.api.test_uploads import form, leftovers, refused
-from tests.small_disk import fill, small_disk
+from tests.api.forms import form, leftovers, refused
+from tests.support.small_disk import fill, small_disk
 
 MIB = 1 << 20
 

@@ -27,7 +27,7 @@ from api.storage.uploads import (
     receive_upload,
 )
 from pdppo.files import FileStorage
-from tests.api.test_uploads import BOUNDARY, DATA, form, leftovers, receive, refused
+from tests.api.forms import BOUNDARY, DATA, form, leftovers, receive, refused
 
 PURPOSE_RULE = "must be 1 to 64 letters, digits, '_', '.' or '-' (e.g. train, validation)"
 

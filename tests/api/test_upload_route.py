@@ -5,87 +5,10 @@ the same file name. Faster than a started server, so the mutation runs of
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
-import httpx
-import pytest
-import redis
-
-from api.app import create_app
-from api.openai.errors import error_body, file_error_body
+from api.openai.errors import error_body
 from api.storage.uploads import FORM_OVERHEAD_BYTES
 from pdppo.settings import Settings
-from tests.integration.stack import RedisServer
-
-KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
-LINE = b'{"prompt": "1+1=", "answer": "2"}\n'  # 34 bytes
-MAX_FILE = 34 * 300
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server.url(3)
-    server.stop()
-
-
-@pytest.fixture
-def settings(redis_url: str, tmp_path: Path) -> Settings:
-    redis.Redis.from_url(redis_url).flushdb()
-    return Settings(  # type: ignore[call-arg]
-        redis_url=redis_url,
-        api_keys=",".join(f"{t}:{k}" for t, k in KEYS.items()),
-        artifact_dir=tmp_path,
-        max_file_bytes=MAX_FILE,
-        min_free_bytes=0,
-        _env_file=None,
-    )
-
-
-Request = tuple[str, str, str, dict[str, Any]]
-
-
-def send(settings: Settings, *requests: Request) -> list[httpx.Response]:
-    """Each (tenant, method, path, httpx arguments), in order, to one app; `headers` among the
-    arguments are sent beside the tenant's key."""
-    app = create_app(settings)
-
-    async def run() -> list[httpx.Response]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-                out = []
-                for tenant, method, path, kwargs in requests:
-                    args = {k: v for k, v in kwargs.items() if k != "headers"}
-                    headers = {
-                        "Authorization": f"Bearer {KEYS[tenant]}",
-                        **kwargs.get("headers", {}),
-                    }
-                    out.append(await client.request(method, path, headers=headers, **args))
-                return out
-
-    return asyncio.run(run())
-
-
-def call(settings: Settings, *requests: tuple[str, str, dict[str, Any]]) -> list[httpx.Response]:
-    """Each (tenant, path, httpx arguments) as a POST (a GET when the arguments are empty)."""
-    return send(settings, *((t, "POST" if kw else "GET", path, kw) for t, path, kw in requests))
-
-
-def native(response: httpx.Response) -> dict[str, Any]:
-    """An error body of `/v1/files` less OpenAI's `error` object, which says the same (checked
-    here): what pdppo's own clients read."""
-    body: dict[str, Any] = response.json()
-    error = body.pop("error")
-    assert error == file_error_body(response.status_code, body["detail"], error["param"])["error"]
-    return body
-
-
-def upload(content: bytes, filename: str = "d.jsonl", **data: str) -> dict[str, Any]:
-    return {"files": {"file": (filename, content, "application/x-ndjson")}, "data": data}
+from tests.support.inprocess import LINE, MAX_FILE, call, native, upload
 
 
 def test_the_body_limit_is_the_file_limit_plus_the_form_overhead(settings: Settings) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,17 +17,9 @@ from api.app import create_app
 from api.routes import webhooks as webhook_routes
 from pdppo.settings import Settings
 from pdppo.store.keys import WEBHOOK_DUE
-from tests.api.test_upload_route import KEYS, Request, send
-from tests.integration.stack import RedisServer
+from tests.support.inprocess import KEYS, Request, send
 
 PUBLIC = "https://93.184.216.34/hook"  # an address literal: no DNS needed
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server.url(4)
-    server.stop()
 
 
 @pytest.fixture

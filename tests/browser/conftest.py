@@ -7,7 +7,11 @@ instead of passing.
 Every page runs offline: a request to anywhere but this machine is aborted and recorded, and a
 test fails if there was any (the service must work on a network that reaches nothing else). A
 load that the page's content security policy refused never became a request; those are recorded
-too, and only the one known below is let through."""
+too, and only the one known below is let through.
+
+Each test module gets a redis-server and a service of its own (`redis_server` and `service`,
+module-scoped here over tests/conftest.py's session ones): what one module's jobs leave on the
+dashboard is never on another's."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.stack import RedisServer, Service, running_redis, running_service
 
 
 def chromium_path() -> str | None:
@@ -99,3 +105,15 @@ def page(browser: Any, external: list[str], refused: list[str]) -> Iterator[Any]
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path_factory.mktemp("redis"))
+
+
+@pytest.fixture(scope="module")
+def service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    yield from running_service(redis_server, tmp_path_factory.mktemp("service"))

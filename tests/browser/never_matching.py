@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
 
 ANSWER = "never-the-answer"
 

@@ -10,38 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from tests.browser.dashboard import TIMEOUT_MS, login, long_spec, probe, wait_probe
 from tests.browser.stream_cutter import StreamCutter
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import service as service
-from tests.integration.conftest import wait_for
-from tests.integration.stack import KEYS, REPO, Service, smoke_spec
-
-TIMEOUT_MS = 60_000
-
-
-def probe(page: Any) -> dict[str, Any]:
-    return dict(page.evaluate("() => ({...window.pdppoDashboard})"))
-
-
-def wait_probe(page: Any, condition: str, timeout_ms: int = TIMEOUT_MS) -> dict[str, Any]:
-    page.wait_for_function(
-        f"() => {{ const p = window.pdppoDashboard; return {condition}; }}", timeout=timeout_ms
-    )
-    return probe(page)
-
-
-def login(page: Any, base_url: str, key: str) -> None:
-    page.goto(base_url + "/")  # redirected to /ui/
-    page.fill("#api-key", key)
-    page.click("#login")
-
-
-def long_spec() -> str:
-    spec = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
-    spec["train"].update(steps=3000, checkpoint_every=0)
-    return yaml.safe_dump(spec, sort_keys=False)
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service
+from tests.support.waits import wait_for
 
 
 def test_a_wrong_key_is_refused_and_spec_errors_show_next_to_the_form(

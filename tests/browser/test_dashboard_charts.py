@@ -13,12 +13,10 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.browser.dashboard import TIMEOUT_MS, login, long_spec, wait_probe
 from tests.browser.never_matching import submit_never_matching
-from tests.browser.test_dashboard import TIMEOUT_MS, login, long_spec, wait_probe
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import service as service
-from tests.integration.conftest import wait_for
-from tests.integration.stack import KEYS, Service
+from tests.support.stack import KEYS, Service
+from tests.support.waits import wait_for
 
 # Where each chart's canvas lies on the page, and which of them show fewer than 500 pixels
 # that are not the white of their box in a full-page screenshot (decoded in the page itself: no

@@ -8,10 +8,9 @@ from typing import Any
 
 import httpx
 
-from tests.browser.test_dashboard import login
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import service as service
-from tests.integration.stack import KEYS, Service, smoke_spec
+from tests.browser.dashboard import login
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service
 
 TIMEOUT_MS = 120_000
 

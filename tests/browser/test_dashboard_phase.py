@@ -13,12 +13,10 @@ from typing import Any
 
 import httpx
 
+from tests.browser.dashboard import login, wait_probe
 from tests.browser.never_matching import submit_never_matching
-from tests.browser.test_dashboard import login, wait_probe
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import service as service
-from tests.integration.conftest import wait_for
-from tests.integration.stack import KEYS, Service
+from tests.support.stack import KEYS, Service
+from tests.support.waits import wait_for
 
 PHASE = r"^(loading model|warm-up|training|evaluating|saving)( \d+(/\d+)?)?$"
 TIMEOUT_MS = 60_000

@@ -1,6 +1,6 @@
 """The experiment-tracker runs a job reports to, on its dashboard page: a link to the MLflow
 run's page, TensorBoard's folder as text (it has no page of its own). Needs the `trackers`
-extra and an MLflow server (tests/tracking/conftest.py); skipped without them."""
+extra and an MLflow server (tests/support/mlflow.py); skipped without them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.test_dashboard import login
-from tests.integration.conftest import make_service as make_service
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import wait_for
-from tests.integration.stack import KEYS, Service, smoke_spec
-from tests.tracking.conftest import MlflowServer
-from tests.tracking.conftest import mlflow_server as mlflow_server
+from tests.browser.dashboard import login
+from tests.support.mlflow import MlflowServer
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service
+from tests.support.waits import wait_for
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")

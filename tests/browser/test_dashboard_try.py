@@ -9,11 +9,10 @@ from typing import Any
 
 import httpx
 
-from tests.browser.test_dashboard import login
-from tests.integration.conftest import make_service as make_service
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import wait_for
-from tests.integration.stack import KEYS, Service, smoke_spec
+from tests.browser.dashboard import login
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service
+from tests.support.waits import wait_for
 
 TIMEOUT_MS = 60_000
 

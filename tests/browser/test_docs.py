@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.conftest import redis_server as redis_server
-from tests.integration.conftest import service as service
-from tests.integration.stack import Service
+from tests.support.stack import Service
 
 TIMEOUT_MS = 30_000
 

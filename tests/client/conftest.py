@@ -1,54 +1,40 @@
-"""Client and CLI tests run against the real stack of `tests/integration` (redis-server,
-`pdppo serve`, one `pdppo worker`), through the same fixtures: imported here, they give this
-folder its own session instance, so client jobs never queue behind the service tests' jobs.
+"""Client and CLI tests run against the real stack (redis-server, `pdppo serve`, one `pdppo
+worker`) of tests/conftest.py's fixtures, overridden here: this folder has its own session
+instance, so client jobs never queue behind the service tests' jobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from pdppo.client import Client, Event
-from tests.integration.conftest import redis_server, service  # noqa: F401
-from tests.integration.stack import KEYS, Service, smoke_spec
-
-TENANT = "carol"
+from pdppo.client import Client
+from tests.client.jobs import TENANT, FinishedJob
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, RedisServer, Service, running_redis, running_service
 
 
-@dataclass(frozen=True)
-class FinishedJob:
-    """A job that ran to success, with its whole event stream as read once, uninterrupted."""
-
-    id: str
-    events: list[Event]
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path_factory.mktemp("redis"))
 
 
-def parked_spec(name: str = "parked") -> dict[str, Any]:
-    """No GPU worker runs in the tests: a gpu job stays queued until cancelled."""
-    spec = smoke_spec()
-    spec["name"] = name
-    spec["resources"] = {"device": "gpu"}
-    return spec
-
-
-def write_spec(path: Path, spec: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(spec))
-    return path
+@pytest.fixture(scope="session")
+def service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    yield from running_service(redis_server, tmp_path_factory.mktemp("service"))
 
 
 @pytest.fixture
-def client(service: Service) -> Iterator[Client]:  # noqa: F811
+def client(service: Service) -> Iterator[Client]:
     with Client(service.base_url, KEYS[TENANT], reconnect_delay=0.1) as c:
         yield c
 
 
 @pytest.fixture(scope="session")
-def finished_job(service: Service) -> FinishedJob:  # noqa: F811
+def finished_job(service: Service) -> FinishedJob:
     with Client(service.base_url, KEYS[TENANT]) as c:
         job = c.submit(smoke_spec(steps=4, checkpoint_every=2) | {"name": "finished"})
         events = list(c.follow(job.id))
@@ -56,7 +42,7 @@ def finished_job(service: Service) -> FinishedJob:  # noqa: F811
 
 
 @pytest.fixture
-def cli_env(service: Service) -> dict[str, str]:  # noqa: F811
+def cli_env(service: Service) -> dict[str, str]:
     return {"PDPPO_URL": service.base_url, "PDPPO_API_KEY": KEYS[TENANT]}
 
 

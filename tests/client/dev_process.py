@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.integration.stack import pdppo_command
+from tests.support.stack import pdppo_command
 
 
 class DevProcess:

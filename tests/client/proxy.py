@@ -12,7 +12,7 @@ from __future__ import annotations
 import http.server
 import threading
 
-from tests.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy
 
 
 class DroppingProxy(TcpProxy):

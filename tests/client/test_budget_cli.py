@@ -12,8 +12,7 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import ApiError, Client
-from tests.client.conftest import parked_spec, write_spec
-from tests.integration.stack import smoke_spec
+from tests.support.specs import parked_spec, smoke_spec, write_spec
 
 TINY_13B = {"tiny": {"d_model": 4096, "n_layers": 64, "n_heads": 64, "max_seq_len": 8192}}
 
@@ -53,7 +52,7 @@ def test_train_dry_run_exits_1_over_budget(tmp_path: Path) -> None:
     assert code == 1
     assert "parameters       12.9B (12,926,066,688)" in out
     assert err.splitlines() == [
-        "over budget: train.model.tiny: the job would need about 308 GiB of memory "
+        "over budget: train.model.tiny: the job would need about 241 GiB of memory "
         "(limit 12 GiB on cpu workers)",
         "over budget: train.model.tiny: the model has about 12.9B parameters "
         "(limit 1B on cpu workers)",

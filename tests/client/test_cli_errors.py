@@ -23,7 +23,8 @@ import yaml
 
 from pdppo.cli import main
 from tests.client.proxy import BadGateway
-from tests.integration.stack import KEYS, Service, free_port, pdppo_command, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service, free_port, pdppo_command
 
 TENANT = "carol"
 UNKNOWN_JOB = "job-doesnotexist"
@@ -276,3 +277,27 @@ def test_raw_logs_from_a_closed_port_say_cannot_reach_at_once(tmp_path: Path) ->
     assert (done.returncode, needle in done.stderr) == (code, True), done.stderr
     assert "lost the job's event stream" not in done.stderr
     assert took < 20, f"took {took:.1f}s"  # one refused connection; it was 88 s of reconnects
+
+
+def test_raw_logs_from_a_gateway_answering_502_say_so_at_once(
+    gateway: BadGateway, tmp_path: Path
+) -> None:
+    """A gateway whose API is down answers 502: `logs --raw` says so with the URL and the status,
+    as `pdppo status` does. It retried for 88 s, then said "lost the job's event stream"."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PDPPO_")}
+    env |= {"PDPPO_URL": gateway.url, "PDPPO_API_KEY": KEYS[TENANT]}
+    started = time.monotonic()
+    done = subprocess.run(
+        [*pdppo_command(), "logs", "--raw", UNKNOWN_JOB],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    code, needle = EXPECTED["server_error"]
+    assert (done.returncode, needle in done.stderr) == (code, True), done.stderr
+    assert f"from GET {gateway.url}/v1/jobs/{UNKNOWN_JOB}/events" in done.stderr, done.stderr
+    assert "lost the job's event stream" not in done.stderr
+    assert took < 20, f"took {took:.1f}s"  # one answer; it was 88 s of reconnects

@@ -9,13 +9,15 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
 from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import Client
-from tests.client.conftest import FinishedJob, parked_spec, write_spec
+from tests.client.jobs import FinishedJob
 from tests.client.proxy import DroppingProxy
-from tests.integration.stack import pdppo_command, smoke_spec
+from tests.support.specs import parked_spec, smoke_spec, write_spec
+from tests.support.stack import KEYS, Service, pdppo_command
 
 
 def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
@@ -70,8 +72,40 @@ def test_submit_cancel_and_logs_report_cancelled(tmp_path: Path, cli_env: dict[s
     code, out, _ = _run(["cancel", job_id], cli_env)
     assert code == 0 and out.strip() == f"{job_id} cancelled"
     code, out, _ = _run(["logs", job_id], cli_env)
-    assert code == 1  # followed to the end, and the end was not a success
+    assert code == 0  # replayed to its end; a cancel is how the job was meant to end
     assert out.strip().splitlines()[-1] == f"{job_id} cancelled"
+
+
+@pytest.fixture(scope="module")
+def ended(service: Service, finished_job: FinishedJob) -> dict[str, str]:
+    """A job that ended each way: {how it ended: its id}."""
+    with Client(service.base_url, KEYS["carol"]) as client:
+        cancelled = client.submit(parked_spec("logs-cancelled")).id
+        client.cancel(cancelled)
+        spec = smoke_spec()
+        spec["train"]["task"] = {"name": "jsonl", "path": f"{service.data_dir}/none/d.jsonl"}
+        failed = client.submit(spec | {"name": "logs-failed"}).id
+        for _ in client.follow(failed):
+            pass
+    return {"succeeded": finished_job.id, "cancelled": cancelled, "failed": failed}
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["follow", "raw"])
+@pytest.mark.parametrize(("how", "code"), [("succeeded", 0), ("cancelled", 0), ("failed", 1)])
+def test_logs_exit_status_says_whether_the_job_failed(
+    ended: dict[str, str], cli_env: dict[str, str], how: str, code: int, raw: bool
+) -> None:
+    """`pdppo logs` replays the stream to its end: 0 for a job that succeeded or was cancelled
+    (issue 49: a cancelled job's logs exited 1), 1 for one that failed, either way of showing
+    it (a script waiting on a job learns whether it failed)."""
+    job_id = ended[how]
+    got, out, _ = _run(["logs", job_id, *(["--raw"] if raw else [])], cli_env)
+    assert got == code, out
+    last = out.strip().splitlines()[-1]
+    if raw:
+        assert last.split(" ", 2)[1:] == ["done", json.dumps({"status": how})], last
+    else:
+        assert last == f"{job_id} {how}"
 
 
 def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path, cli_env: dict[str, str]) -> None:
@@ -162,3 +196,23 @@ def test_logs_show_a_change_made_while_the_job_runs(
     assert code == 0, (out, err)
     lines = [line for line in (out + err).splitlines() if line.startswith("config 1 after step")]
     assert len(lines) == 1 and lines[0].endswith(": optim.lr=0.0001"), out + err
+
+
+def test_follow_prints_each_warning_the_job_ended_with_once(
+    service: Service, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """The warnings a run ends with arrive twice: as `log` events of level warning on the
+    stream, and in the job's record, which the follow reads at the end (issue 49: each was
+    printed twice). A warning of the record that the stream did not show is still printed."""
+    data = service.data_dir / "never.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}=", "answer": "~~~~"}) + "\n" for i in range(4))
+    )
+    spec = smoke_spec(steps=2, checkpoint_every=0)
+    spec["train"]["task"] = {"name": "jsonl", "path": str(data)}
+    path = write_spec(tmp_path / "never.yaml", spec | {"name": "never-rewarded"})
+    code, out, err = _run(["submit", str(path), "--follow"], cli_env)
+    assert code == 0, (out, err)
+    shown = out + err
+    for code_name in ("rewards_all_zero", "no_reward_variance"):
+        assert shown.count(f"({code_name})") == 1, shown

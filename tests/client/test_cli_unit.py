@@ -113,7 +113,7 @@ def job(**fields: Any) -> Job:
 
 
 def test_status_and_list_lines() -> None:
-    created = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    created = datetime(2026, 12, 5, hour=3, minute=4, second=5, tzinfo=UTC)
     done = job(
         status="failed",
         name="demo",
@@ -180,6 +180,35 @@ def shown(events: list[Event], total: int | None = None) -> tuple[str, list[str]
 
 def ev(name: str, data: str) -> Event:
     return Event(name, data, None)
+
+
+class _Record:
+    """`Client.get` alone, answering one job (`_final_warnings` reads nothing else)."""
+
+    def __init__(self, found: Job) -> None:
+        self.found = found
+
+    def get(self, job_id: str) -> Job:
+        return self.found
+
+
+def test_the_warnings_after_the_stream_are_those_it_did_not_show() -> None:
+    ended = job(
+        status="succeeded",
+        warnings=[
+            {"code": "rewards_all_zero", "message": "every reward was 0"},
+            {"code": "no_reward_variance", "message": "every advantage was 0"},
+        ],
+    )
+    warned = ["run finished with a warning (rewards_all_zero): every reward was 0"]
+    record: Any = _Record(ended)
+    assert jobs._final_warnings(record, "job-1", warned) == [
+        "warning (no_reward_variance): every advantage was 0"
+    ]
+    assert jobs._final_warnings(record, "job-1", []) == [
+        "warning (rewards_all_zero): every reward was 0",
+        "warning (no_reward_variance): every advantage was 0",
+    ]
 
 
 def test_a_followed_jobs_events() -> None:
@@ -249,7 +278,7 @@ def test_file_and_usage_lines() -> None:
     from pdppo.commands.files import _file_line
     from pdppo.commands.storage import usage_lines
 
-    created = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    created = datetime(2026, 12, 5, hour=3, minute=4, second=5, tzinfo=UTC)
     f = File(id="file-1", filename="d.jsonl", bytes=1234, records=7, created_at=created)
     assert _file_line(f) == (
         "file-1          1234         7  -           d.jsonl  2026-12-05 03:04:05"
@@ -397,7 +426,7 @@ def test_train_says_why_the_run_could_not_start_in_one_line(tmp_path: Any) -> No
     from click.testing import CliRunner
 
     from pdppo.cli import main
-    from tests.integration.stack import smoke_spec
+    from tests.support.specs import smoke_spec
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
@@ -408,4 +437,27 @@ def test_train_says_why_the_run_could_not_start_in_one_line(tmp_path: Any) -> No
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == (
         "Error: device='cuda' was requested but CUDA is not available"
+    )
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_reported() -> None:
+    """Only a gone reader of stdout ends a command quietly (tests/client/test_closed_stdout.py):
+    a BrokenPipeError of a socket, stdout being fine, is an error like any other."""
+    from click.testing import CliRunner
+
+    from pdppo.cli import main
+
+    @click.command(name="pipe-test")
+    def pipe_test() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    main.add_command(pipe_test)
+    try:
+        result = CliRunner().invoke(main, ["pipe-test"])
+    finally:
+        main.commands.pop("pipe-test")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: unexpected BrokenPipeError: [Errno 32] Broken pipe "
+        f"(a bug in pdppo? {DEBUG_HINT})\n"
     )

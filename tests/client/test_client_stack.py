@@ -10,9 +10,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from pdppo.client import ApiError, Client
-from tests.client.conftest import TENANT, FinishedJob, parked_spec
+from tests.client.jobs import TENANT, FinishedJob
 from tests.client.proxy import DroppingProxy
-from tests.integration.stack import KEYS, Service, smoke_spec
+from tests.support.specs import parked_spec, smoke_spec
+from tests.support.stack import KEYS, Service
 
 LONG = {"steps": 5000, "checkpoint_every": 0}  # only a cancel ends it
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdppo.client import ApiError, Client, Event, Job, _detail_text
-from pdppo.client.errors import _raise_for_status
+from pdppo.client import ApiError, Client, Event, Job, detail_text
+from pdppo.client.errors import raise_for_status
 from pdppo.client.retry import _detail, _retry_after, send_with_retry
 from pdppo.client.specs import SpecFileError, resolve_spec_paths, spec_to_dict
 from tests.client.scripted import scripted
@@ -37,25 +37,25 @@ def test_validation_details_read_as_one_line_per_problem() -> None:
         {"msg": "no loc"},
         "plain",
     ]
-    assert _detail_text(detail) == "train.steps: must be > 0; bad body; no loc; plain"
-    assert _detail_text("just text") == "just text"
-    assert _detail_text({"a": 1}) == "{'a': 1}"
+    assert detail_text(detail) == "train.steps: must be > 0; bad body; no loc; plain"
+    assert detail_text("just text") == "just text"
+    assert detail_text({"a": 1}) == "{'a': 1}"
 
 
 def test_an_error_answer_becomes_an_api_error_with_its_detail() -> None:
-    _raise_for_status(answer(399, text="fine"))  # below 400: nothing raised
+    raise_for_status(answer(399, text="fine"))  # below 400: nothing raised
     with pytest.raises(ApiError) as plain:
-        _raise_for_status(answer(400, text="<html>oops</html>"))
+        raise_for_status(answer(400, text="<html>oops</html>"))
     assert (plain.value.status_code, plain.value.detail) == (400, "<html>oops</html>")
     assert str(plain.value) == f"HTTP 400 (GET {URL}/v1/x): <html>oops</html>"
 
     with pytest.raises(ApiError) as errors_only:
-        _raise_for_status(answer(422, json={"errors": [{"loc": ["body", "f"], "msg": "bad"}]}))
+        raise_for_status(answer(422, json={"errors": [{"loc": ["body", "f"], "msg": "bad"}]}))
     assert errors_only.value.detail == [{"loc": ["body", "f"], "msg": "bad"}]
     assert str(errors_only.value).endswith(": f: bad")
 
     with pytest.raises(ApiError) as neither:
-        _raise_for_status(answer(500, json={"status": "down"}))
+        raise_for_status(answer(500, json={"status": "down"}))
     assert neither.value.detail == {"status": "down"}
     assert str(ApiError(404, "gone")) == "HTTP 404: gone"
     assert ApiError(404, "gone").may_exist == []

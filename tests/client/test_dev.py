@@ -11,9 +11,8 @@ import httpx
 import pytest
 
 from pdppo.client import Client
-from tests.client.conftest import write_spec
 from tests.client.dev_process import DevProcess, descendants, running
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec, write_spec
 
 pytestmark = pytest.mark.integration
 

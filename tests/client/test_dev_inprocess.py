@@ -14,8 +14,7 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.commands.dev import _tenant_names
-from tests.client.conftest import write_spec
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec, write_spec
 
 pytestmark = pytest.mark.integration
 

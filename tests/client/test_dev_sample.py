@@ -17,9 +17,9 @@ from core.models.tiny import ByteTokenizer
 from core.rollout.completions import complete
 from pdppo.cli import main
 from pdppo.client import ApiError, Client
+from tests.client.dev_env import dev_env_file, wait_for_log
 from tests.client.dev_process import DevProcess
-from tests.client.test_dev_supervision import dev_env_file, wait_for_log
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdppo.client import ApiError, Client
+from tests.client.dev_env import dev_env_file, wait_for_log
 from tests.client.dev_process import (
     DevProcess,
     descendants,
@@ -24,30 +25,12 @@ from tests.client.dev_process import (
     wait_for_start,
     wait_gone,
 )
-from tests.integration.stack import REPO, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import REPO
 
 pytestmark = pytest.mark.integration
 
 EARLIER_RUN = "evidence from an earlier run: this line must survive every start"
-
-
-def dev_env_file(data: Path) -> tuple[str, str]:
-    """PDPPO_URL and PDPPO_API_KEY as a user gets them: `source .pdppo/dev.env`."""
-    values = dict(
-        line.removeprefix("export ").split("=", 1)
-        for line in (data / "dev.env").read_text().splitlines()
-    )
-    return values["PDPPO_URL"], values["PDPPO_API_KEY"]
-
-
-def wait_for_log(log: Path, text: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        content = log.read_text(errors="replace")
-        if text in content:
-            return content
-        time.sleep(0.1)
-    raise AssertionError(f"no {text!r} in {log}:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def test_dev_restarts_a_killed_worker_and_a_job_then_succeeds(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pdppo.client import ApiError, Client
-from tests.client.conftest import parked_spec
 from tests.client.dev_process import DevProcess
+from tests.support.specs import parked_spec
 
 pytestmark = pytest.mark.integration
 

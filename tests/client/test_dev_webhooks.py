@@ -14,9 +14,9 @@ import pytest
 from standardwebhooks import Webhook as Verifier
 
 from pdppo.client import Client
+from tests.client.dev_env import dev_env_file, wait_for_log
 from tests.client.dev_process import DevProcess, descendants, wait_for_start, wait_gone
-from tests.client.test_dev_supervision import dev_env_file, wait_for_log
-from tests.integration.webhook_receiver import Received, Receiver
+from tests.support.webhook_receiver import Received, Receiver
 
 pytestmark = pytest.mark.integration
 

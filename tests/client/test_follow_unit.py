@@ -167,6 +167,40 @@ def test_follow_waits_out_a_refusal_when_the_server_answered_this_client_before(
     assert [r.url.path for r in seen] == ["/readyz", "/v1/jobs/j/events", "/v1/jobs/j/events"]
 
 
+def _bad_gateway(request: httpx.Request) -> httpx.Response:
+    """What a reverse proxy answers while the API behind it is down."""
+    return httpx.Response(502, text="<html><body><h1>502 Bad Gateway</h1></body></html>")
+
+
+def test_follow_raises_a_first_5xx_at_once_when_the_api_never_answered() -> None:
+    """A gateway answering 502 in front of an API that is down is a server that cannot be
+    reached, said at once as `ApiError` (the CLI: "HTTP 502 from GET <url>"), as `pdppo status`
+    says it: it was taken for a restart and retried 20 times (88 s), then "lost the job's event
+    stream"."""
+    transport, seen = scripted([_bad_gateway])
+    with _client(transport) as client, pytest.raises(ApiError) as info:
+        list(client.follow("j"))
+    assert (info.value.status_code, info.value.method) == (502, "GET")
+    assert info.value.url == "http://pdppo.test/v1/jobs/j/events"
+    assert len(seen) == 1
+
+
+def test_follow_gives_up_on_a_gateway_naming_the_url_and_its_answer() -> None:
+    """The API answered before (a submit), then the gateway answers 502 from then on: a restart
+    waited for, `max_reconnects` times, and the error says where and what was answered."""
+    transport, seen = scripted([lambda r: httpx.Response(200), _bad_gateway])
+    with _client(transport, max_reconnects=3) as client:
+        assert client.health()
+        with pytest.raises(FollowError) as info:
+            list(client.follow("j", last_event_id="7-0"))
+    assert str(info.value).startswith("gave up following job j after 3 reconnects in 0s: ")
+    assert str(info.value).endswith(
+        ": GET http://pdppo.test/v1/jobs/j/events: answered HTTP 502 Bad Gateway "
+        "(last event id '7-0')"
+    )
+    assert len(seen) == 5  # the health check, the first try and three reconnects
+
+
 def test_follow_gives_up_when_the_server_stays_away() -> None:
     transport, seen = scripted([_flowing, _refuse])
     with _client(transport, max_reconnects=3) as client, pytest.raises(FollowError):

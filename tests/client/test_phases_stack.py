@@ -14,8 +14,7 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import Client
-from tests.client.conftest import write_spec
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec, write_spec
 
 
 def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import ApiError, Client
-from tests.client.conftest import TENANT, parked_spec
+from tests.client.jobs import TENANT
+from tests.support.specs import parked_spec
 
 
 def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:

@@ -30,14 +30,8 @@ from pdppo.commands.webhooks import (
     delivery_lines,
     webhook_line,
 )
-from tests.integration.stack import (
-    KEYS,
-    REPO,
-    RedisServer,
-    Service,
-    check_compose_healthcheck,
-)
-from tests.integration.webhook_receiver import Received, Receiver
+from tests.support.stack import KEYS, REPO, RedisServer, Service, check_compose_healthcheck
+from tests.support.webhook_receiver import Received, Receiver
 
 ENV = {
     "PDPPO_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
@@ -255,7 +249,7 @@ def test_the_compose_healthcheck_finds_its_own_webhook_worker(hooks: Service) ->
 
 
 def test_created_and_listed_endpoint_lines() -> None:
-    at = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    at = datetime(2026, 12, 5, hour=3, minute=4, second=5, tzinfo=UTC)
     hook = Webhook(
         id="wh_1",
         url="https://e.com/h",
@@ -281,7 +275,7 @@ def delivery(**fields: Any) -> WebhookDelivery:
 
 
 def test_the_deliveries_table() -> None:
-    due = datetime(2026, 12, 5, 3, 4, 5, tzinfo=UTC)
+    due = datetime(2026, 12, 5, hour=3, minute=4, second=5, tzinfo=UTC)
     rows = delivery_lines(
         [
             delivery(attempts=1, last_status_code=204),

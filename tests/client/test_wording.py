@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from pdppo.cli import main
 from pdppo.client import Client
-from tests.client.conftest import parked_spec
-from tests.integration.stack import KEYS, Service, records, smoke_spec
+from tests.support.specs import parked_spec, records, smoke_spec
+from tests.support.stack import KEYS, Service
 
 TENANT = "carol"
 

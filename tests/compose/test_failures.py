@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from tests.compose.stack import TERMINAL, Stack, wait_api, wait_job
-from tests.integration.conftest import metric_steps, read_events
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.waits import metric_steps, read_events
 
 
 def long_spec(steps: int, checkpoint_every: int) -> dict[str, Any]:

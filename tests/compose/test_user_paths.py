@@ -15,9 +15,9 @@ import httpx
 
 from pdppo.client import Client
 from tests.compose.stack import REPO, Stack, default_services, wait_job
-from tests.integration.conftest import metric_steps, read_events
-from tests.integration.stack import records, smoke_spec
-from tests.integration.webhook_receiver import Receiver
+from tests.support.specs import records, smoke_spec
+from tests.support.waits import metric_steps, read_events
+from tests.support.webhook_receiver import Receiver
 
 
 def test_the_smoke_job_submitted_from_the_host_cli_succeeds_streams_and_downloads(

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.integration.stack import KEYS, RedisServer, Service
+from tests.support.stack import KEYS, RedisServer, Service
 
 HERE = Path(__file__).resolve().parent
 

@@ -2,7 +2,7 @@
 
 Written from the definitions in docs/developers/design.md#the-divergence-kinds and
 docs/developers/design.md#the-predicted-direction without reusing any code under test, so a mistake
-in `core.objective.divergence` cannot hide in a shared helper.
+in `core.objective.estimators` cannot hide in a shared helper.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import BUCKET_FLOOR
+from core.objective.estimators import BUCKET_FLOOR
 
 Float64Fn = Callable[[Tensor], Tensor]  # (N, V) logits -> (N,) divergence
 

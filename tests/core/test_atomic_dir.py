@@ -20,7 +20,7 @@ from core.disk.storage import StorageFull
 from core.models.tiny import TinyLM
 from core.training.checkpoint import list_checkpoints, save_checkpoint
 from core.training.trainer import train
-from tests.core.trainer_runs import small_config
+from tests.support.trainer_runs import small_config
 
 
 def _killed_during_final_save(out: str) -> None:
@@ -143,8 +143,8 @@ def test_checkpoints_are_whole_after_every_save(
     lm = TinyLM(small_config().model.tiny)
     opt = torch.optim.AdamW([p for _, p in lm.trainable()])
     for name in before:
-        save_checkpoint(tmp_path, int(name[5:]), lm, opt, {}, {}, keep=2)
-    save_checkpoint(tmp_path, step, lm, opt, {}, {}, keep=2)
+        save_checkpoint(tmp_path, int(name[5:]), lm, opt, state={}, meta={}, keep=2)
+    save_checkpoint(tmp_path, step, lm, opt, state={}, meta={}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == after
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == after
     for path in list_checkpoints(tmp_path):

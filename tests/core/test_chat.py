@@ -199,7 +199,7 @@ def test_answer_warmup_teaches_the_chat_answers_and_where_to_stop(
     """After the warm-up, greedy decoding of each chat prompt (rendered by the template, as
     the rollout renders it) gives exactly the record's answer, then EOS."""
     from core.rollout import generate
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     qa = [("What is 1 + 2?", "3"), ("What is 9 - 4?", "5"), ("What is 7 + 7?", "14")]
     data = _chat_dataset(tmp_path / "d.jsonl", list(qa))

@@ -19,7 +19,7 @@ from core.models.local_hf import make_chat_hf, make_tiny_hf
 from core.models.tiny import TinyLM
 from core.rollout.completions import PromptTooLong, _cut, complete
 from pdppo.settings import Settings, get_settings
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from workers import sampling
 from workers.sample_app import REPLY_TTL_SECONDS, reply_key
 from workers.sampling import ModelCache, answer

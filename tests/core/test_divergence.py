@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from core import BehaviorView, divergence, predicted_change
-from core.objective.divergence import (
+from core.objective.estimators import (
     ESTIMATORS,
     KINDS,
     LOG_FLOOR,
@@ -234,10 +233,7 @@ def test_softmax_stats_over_many_chunks_equal_float64_sums(
     sum asked for, against float64 reductions. The logits require grad, as the loss's do: the
     pass must not record a graph, must not warn (an `out=` of the wrong size resizes with a
     warning instead of failing), and must make no tensor larger than one chunk."""
-    # the module, not `core.objective.divergence` the function that `core` exports under its name
-    monkeypatch.setattr(
-        importlib.import_module("core.objective.divergence"), "CHUNK_ELEMENTS", chunk_elements
-    )
+    monkeypatch.setattr("core.objective.estimators.CHUNK_ELEMENTS", chunk_elements)
     n, v = 11, 50
     p = positions(n, v, k=6, gap=0.5, seed=7)
     logits = p.logits.clone()
@@ -303,12 +299,15 @@ def test_gathered_logits_are_served_only_with_the_fused_pass_stats() -> None:
     ids = torch.cat([p.behavior.topk_ids, p.tokens[:, None]], dim=-1)
     cols = GatheredLogits(ids, p.logits.gather(-1, ids), 30)
     stats = softmax_stats(p.logits, tokens=p.tokens, view_ids=p.behavior.topk_ids)
-    d, _ = divergence_and_change(cols, p.behavior, p.tokens, None, "tv", "topk", stats=stats)
-    want, _ = divergence_and_change(p.logits, p.behavior, p.tokens, None, "tv", "topk")
+    tv = {"kind": "tv", "estimator": "topk"}
+    d, _ = divergence_and_change(cols, p.behavior, p.tokens, None, **tv, stats=stats)
+    want, _ = divergence_and_change(p.logits, p.behavior, p.tokens, None, **tv)
     torch.testing.assert_close(d, want)
     for estimator, given in (("topk", None), ("binary", None), ("exact", stats)):
         with pytest.raises(ValueError, match="gathered logits serve"):
-            divergence_and_change(cols, p.behavior, p.tokens, None, "tv", estimator, stats=given)
+            divergence_and_change(
+                cols, p.behavior, p.tokens, None, kind="tv", estimator=estimator, stats=given
+            )
 
 
 def test_bad_arguments_name_the_problem() -> None:
@@ -408,13 +407,13 @@ def test_stats_without_the_estimators_sums_are_completed(estimator: str) -> None
     caller's plain `softmax_stats`, or `binary`'s sums handed to `topk`) are completed by a pass
     of their own: D and g equal those computed from scratch."""
     p = positions(40, 300, k=8, gap=0.8, seed=9)
-    args = (p.logits, p.behavior, p.tokens, p.advantages, "kl", estimator)
-    want_d, want_g = divergence_and_change(*args)
+    args = (p.logits, p.behavior, p.tokens, p.advantages)
+    want_d, want_g = divergence_and_change(*args, kind="kl", estimator=estimator)
     partial = [softmax_stats(p.logits, entropy=True)]
     if estimator == "topk":
         partial.append(softmax_stats(p.logits, tokens=p.tokens))  # rest sums, no tail
     for stats in partial:
-        d, g = divergence_and_change(*args, stats=stats)
+        d, g = divergence_and_change(*args, kind="kl", estimator=estimator, stats=stats)
         assert torch.equal(d, want_d) and g is not None and want_g is not None
         assert torch.equal(g, want_g)
 
@@ -471,6 +470,8 @@ def test_divergence_and_change_record_no_graph(estimator: str) -> None:
     they must not hold the graph of their full-vocabulary passes."""
     p = positions(12, 50, k=5, seed=3)
     logits = p.logits.clone().requires_grad_()
-    d, g = divergence_and_change(logits, p.behavior, p.tokens, p.advantages, "kl", estimator)
+    d, g = divergence_and_change(
+        logits, p.behavior, p.tokens, p.advantages, kind="kl", estimator=estimator
+    )
     assert g is not None
     assert not d.requires_grad and not g.requires_grad

@@ -14,7 +14,6 @@ import json
 import math
 import shutil
 import time
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-import core.training.run
-from core.config import TaskConfig, TrainConfig
+from core.config import TrainConfig
 from core.models import CausalLM, load_model
 from core.rollout import StopRequested, generate
 from core.tasks.base import Example, Grades
-from core.tasks.builtin import DigitStringTask
 from core.training.evaluation import (
     PASS_REWARD,
     SAMPLE_TEXT_CHARS,
@@ -43,53 +40,10 @@ from core.training.evaluation import (
     truncate_rows,
 )
 from core.training.trainer import TrainerCallback, train
-from tests.core.test_rollout import argmax_decode
+from tests.core.argmax import argmax_decode
+from tests.core.held_out import DIGITS, HeldOutReverse, config, run_config
 
-DIGITS = ["12", "345", "67", "890", "21", "433"]
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time", "eval_time"}
-
-
-class HeldOutReverse(DigitStringTask):
-    """The reverse task with a fixed held-out set, whose grader records what it was shown.
-
-    Rewards come from a hash of the completion (0, 0.5 or 1): a spread of full, partial and no
-    credit from an untrained model, so pass@k sees mixed prompts. The grader's own metric
-    `grader/index` is the mean held-out index of the batch's prompts: its batch-size weighted
-    mean over a whole evaluation is known in advance."""
-
-    def __init__(self) -> None:
-        super().__init__("reverse", 2, 3)
-        self.held = [Example(f"reverse {d}=", d[::-1]) for d in DIGITS]
-        self.graded: list[tuple[int, str, float]] = []  # held-out index, completion, reward
-
-    def held_out(self) -> Sequence[Example]:
-        return self.held
-
-    def grade(self, examples: Sequence[Example], completions: Sequence[str]) -> Grades:
-        rewards = [hash_reward(c) for c in completions]
-        index = [self.held.index(e) if e in self.held else -1 for e in examples]
-        self.graded += zip(index, completions, rewards, strict=True)
-        return Grades(rewards, {"grader/index": sum(index) / len(index)})
-
-
-def hash_reward(text: str) -> float:
-    return [0.0, 0.5, 1.0][zlib.crc32(text.encode()) % 3]
-
-
-def config(**overrides: Any) -> TrainConfig:
-    data: dict[str, Any] = {
-        "model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32}},
-        "task": {"name": "reverse", "min_len": 2, "max_len": 3},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 4},
-        "algorithm": {"top_k": 8, "minibatches": 2},
-        "steps": 4,
-        "checkpoint_every": 2,
-        "seed": 0,
-        "device": "cpu",
-        "eval_samples": 4,
-    }
-    data.update(overrides)
-    return TrainConfig.model_validate(data)
 
 
 def tiny(cfg: TrainConfig) -> CausalLM:
@@ -330,24 +284,6 @@ class Recorder(TrainerCallback):
 
     def should_stop(self) -> bool:
         return self.stop_in_eval_of is not None and self.evaluating == self.stop_in_eval_of
-
-
-@pytest.fixture
-def held_out_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The trainer builds its task from the config; this one has a held-out set without a
-    dataset file (the JSONL task's split is tested with it)."""
-
-    def make(cfg: TaskConfig, *args: object, **kwargs: object) -> Any:
-        return HeldOutReverse()
-
-    monkeypatch.setattr(core.training.run, "make_task", make)
-
-
-def run_config(tmp_path: Path, **overrides: Any) -> TrainConfig:
-    data = tmp_path / "unused.jsonl"  # the config needs a held-out source; the fixture's task
-    data.write_text('{"prompt": "p", "answer": "a"}\n')  # replaces the file's
-    task = {"name": "jsonl", "path": str(data), "validation_fraction": 0.2}
-    return config(task=task, **overrides)
 
 
 def rows(path: Path) -> list[dict[str, Any]]:

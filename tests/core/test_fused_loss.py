@@ -11,7 +11,7 @@ moves, and the sampled token and the view's ids fall in every chunk position.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pytest
@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 import core.objective.fused as fused_module
-from core import PolicyLossOutput, fused_policy_loss, policy_loss
+from core import PolicyLossOutput, TrustRegion, fused_policy_loss, policy_loss
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import KINDS, softmax_stats
+from core.objective.estimators import KINDS, softmax_stats
 from core.objective.fused import projected_stats, projected_token_logprobs
 from core.objective.lazy_logits import GatheredLogits, ProjectedLogits
 from core.objective.masks import MASKS
@@ -130,7 +130,7 @@ def _float64_grads(
     """Gradients of the policy term, -sum_i w_i log pi(a_i) / |response|, with the weights
     w = A * min(ratio, cap) * keep of the unfused output, by float64 autograd (no KL term,
     the default normalizer)."""
-    assert "kl_beta" not in args and "normalizer" not in args
+    assert args["region"].kl_beta == 0.0 and "normalizer" not in args
     trained = (case.hidden, True), (case.weight, not frozen), (case.bias, True)
     leaves = [None if t is None else t.double().requires_grad_(g) for t, g in trained]
     h, w, b = leaves
@@ -158,14 +158,16 @@ def compare(
     the float64 entropies the fused entropy is held to instead; `float64_grads`: hold the
     fused gradients to float64 autograd of the same loss instead (see the callers)."""
     rmask = loss_args.get("response_mask")
+    region = {f.name for f in fields(TrustRegion)}
     args: dict[str, Any] = {
         "tokens": case.tokens,
         "behavior": case.behavior,
         "advantages": case.advantages,
         "response_mask": case.rmask,
-        "delta_low": 0.1,
-        "delta_high": 0.1,
-        **loss_args,
+        "region": TrustRegion(
+            delta_low=0.1, delta_high=0.1, **{k: v for k, v in loss_args.items() if k in region}
+        ),
+        **{k: v for k, v in loss_args.items() if k not in region},
     }
     h, w, b = _leaves(case, frozen)
     proj = ProjectedLogits(h, w, b, case.temperature)
@@ -176,7 +178,7 @@ def compare(
     if float64_grads:
         want = _float64_grads(case, frozen, ref, args)
     h, w, b = _leaves(case, frozen)
-    out = fused_policy_loss(h, w, b, temperature=case.temperature, **args)
+    out = fused_policy_loss(ProjectedLogits(h, w, b, case.temperature), **args)
     out.loss.backward()
     got = _grads(h, w, b)
 
@@ -287,14 +289,11 @@ def test_peaked_rows_keep_their_precision() -> None:
             h, w, b = _leaves(case, frozen=False)
             args = {"tokens": case.tokens, "behavior": case.behavior}
             out = fused_policy_loss(
-                h,
-                w,
-                b,
+                ProjectedLogits(h, w, b, case.temperature),
                 **args,
                 advantages=case.advantages,
+                region=TrustRegion(kind=kind),  # type: ignore[arg-type]
                 response_mask=peaked,
-                kind=kind,
-                temperature=case.temperature,
             )
             assert out.stats["divergence_max"] < 1e-6, (kind, out.stats)
 
@@ -307,7 +306,7 @@ def test_policy_loss_of_projected_logits_is_the_fused_path() -> None:
     proj = ProjectedLogits(case.hidden, case.weight, case.bias, case.temperature)
     via = policy_loss(logits=proj, **args)  # type: ignore[arg-type]
     direct = fused_policy_loss(
-        case.hidden, case.weight, case.bias, temperature=case.temperature, **args
+        ProjectedLogits(case.hidden, case.weight, case.bias, case.temperature), **args
     )
     assert torch.equal(via.loss, direct.loss) and via.stats == direct.stats
 
@@ -317,13 +316,11 @@ def test_full_vocabulary_estimators_are_refused(estimator: str) -> None:
     case = make_case(seed=6)
     with pytest.raises(ValueError, match=f"not '{estimator}'.*unfused path"):
         fused_policy_loss(
-            case.hidden,
-            case.weight,
-            case.bias,
+            ProjectedLogits(case.hidden, case.weight, case.bias),
             case.tokens,
             case.behavior,
             case.advantages,
-            estimator=estimator,  # type: ignore[arg-type]
+            TrustRegion(estimator=estimator),  # type: ignore[arg-type]
         )
 
 
@@ -435,7 +432,10 @@ def test_fused_defaults_are_the_unfused_ones() -> None:
     logmu = torch.tensor([[log_pi_a - math.log(20000.0), 0.0]])
     logmu[0, 1] = math.log1p(-math.exp(float(logmu[0, 0])))
     view = topk_view(logmu, tokens, 2)
-    out = fused_policy_loss(hidden, weight, None, tokens, view, torch.tensor([1.0]), mask="none")
+    none = TrustRegion(mask="none")
+    out = fused_policy_loss(
+        ProjectedLogits(hidden, weight), tokens, view, torch.tensor([1.0]), none
+    )
     assert float(out.loss) == pytest.approx(-1e4 * log_pi_a, rel=1e-6)
     assert torch.equal(ProjectedLogits(hidden, weight).materialize(), torch.tensor([[1.0, 0.0]]))
 
@@ -444,7 +444,10 @@ def test_fused_loss_names_rows_that_do_not_match() -> None:
     case = make_case(seed=2)
     with pytest.raises(ValueError, match=rf"hidden has {N - 1} rows, tokens {N}"):
         fused_policy_loss(
-            case.hidden[:-1], case.weight, case.bias, case.tokens, case.behavior, case.advantages
+            ProjectedLogits(case.hidden[:-1], case.weight, case.bias),
+            case.tokens,
+            case.behavior,
+            case.advantages,
         )
     with pytest.raises(ValueError, match=r"hidden must be \(N, H\)"):
         ProjectedLogits(case.hidden[None], case.weight)

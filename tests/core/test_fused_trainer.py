@@ -20,6 +20,7 @@ from core.models import CausalLM, load_model
 from core.models.local_hf import make_tiny_hf
 from core.models.tiny import TinyLM
 from core.objective.loss import policy_loss
+from core.objective.masks import TrustRegion
 from core.rollout import RolloutBatch, generate, response_logits, response_projection
 from core.training.trainer import train
 from core.training.update import fused_loss_applies
@@ -218,8 +219,7 @@ def _loss_and_grads(
         tokens=batch.tokens,
         behavior=batch.behavior,
         advantages=adv,
-        delta_low=0.02,
-        delta_high=0.02,
+        region=TrustRegion(delta_low=0.02, delta_high=0.02),
     )
     out.loss.backward()
     return out, {n: p.grad.clone() for n, p in lm.trainable() if p.grad is not None}

@@ -336,3 +336,13 @@ def test_multis_own_checks_run_and_a_small_positive_sum_is_enough() -> None:
     assert accepted({"type": "multi", "graders": graders, "weights": {"a": 0.0}})["weights"] == {
         "a": 0.0
     }
+
+
+@pytest.mark.parametrize(
+    ("length", "shown"),
+    [(79, "(" * 79), (80, "(" * 80), (81, "(" * 80 + "…")],
+)
+def test_a_refused_pattern_is_shown_whole_up_to_80_characters(length: int, shown: str) -> None:
+    where, message = refusal({"type": "regex", "pattern": "(" * length})
+    assert where == ("regex", "pattern")
+    assert message.startswith(f"Value error, {shown!r} is not a regex (missing ), ")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 import core.graders.batch
 import core.graders.plugins
@@ -29,6 +29,7 @@ from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GradingServer, build_grader, installed_plugins
 from core.graders.base import Grader, check_unit, text_field
 from core.graders.batch import GradingCounts
+from tests.core.plugins import install_plugins
 
 CONFIG: TypeAdapter[GraderConfig] = TypeAdapter(GraderConfig)
 
@@ -117,20 +118,12 @@ PLUGINS = [
 
 @pytest.fixture(scope="session")
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("plugins")
-    (root / "pdppo_test_graders.py").write_text(PLUGIN_MODULE)
-    info = root / "pdppo_test_graders-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: pdppo-test-graders\nVersion: 0.1\n"
-    )
     functions = {name: name for name in PLUGINS} | {
         "sleep": "sleep_forever",
         "constant": "NOT_A_FUNCTION",
     }
-    entries = "".join(f"{name} = pdppo_test_graders:{fn}\n" for name, fn in functions.items())
-    (info / "entry_points.txt").write_text("[pdppo.graders]\n" + entries)
-    return root
+    root = tmp_path_factory.mktemp("plugins")
+    return install_plugins(root, "pdppo_test_graders", PLUGIN_MODULE, functions)
 
 
 @pytest.fixture
@@ -163,8 +156,9 @@ def test_regex_fixed_or_from_the_record() -> None:
     record = {"answer": "h(i|ello)!?"}
     assert score({"type": "regex"}, "hello!", record) == 1.0
     assert score({"type": "regex"}, "oh hi", record) == 0.0
-    with pytest.raises(ValueError, match=r"task\.grader\.pattern='\(' is not a regex"):
-        build_grader(grader_config({"type": "regex", "pattern": "("}))
+    # a fixed pattern that does not compile never validates (tests/client/test_spec_checks.py)
+    with pytest.raises(ValidationError, match=r"'\(' is not a regex \(missing \)"):
+        grader_config({"type": "regex", "pattern": "("})
     with pytest.raises(ValueError, match="field 'answer' is not a regex"):
         build_grader(grader_config({"type": "regex"})).check({"answer": "(a"})
 
@@ -199,8 +193,8 @@ def test_numeric_tolerances_and_extract() -> None:
     # a completion that states its answer twice (a correction) is graded on the last one
     corrected = "ANSWER: 7, no wait, ANSWER: 9"
     assert [score(extract, corrected, {"answer": n}) for n in (7, 9)] == [0.0, 1.0]
-    with pytest.raises(ValueError, match=r"task\.grader\.extract='\[0-9\]\+' must have exactly"):
-        build_grader(grader_config({"type": "numeric", "extract": "[0-9]+"}))
+    with pytest.raises(ValidationError, match=r"'\[0-9\]\+' must have exactly one group"):
+        grader_config({"type": "numeric", "extract": "[0-9]+"})
     with pytest.raises(ValueError, match=r"field 'answer'='1/2' is not a finite number"):
         build_grader(grader_config({"type": "numeric"})).check({"answer": "1/2"})
     assert not build_grader(grader_config({"type": "numeric"})).isolated
@@ -309,8 +303,8 @@ def test_json_schema() -> None:
     assert score(fixed, "{n: 3}") == 0.0  # not JSON
     assert score(fixed, "[" * 100_000) == 0.0  # too deep for the parser: still just wrong
     assert score({"type": "json_schema"}, "[1, 2]", {"schema": {"type": "array"}}) == 1.0
-    with pytest.raises(ValueError, match=r"task\.grader\.schema is not a valid JSON schema"):
-        build_grader(grader_config({"type": "json_schema", "schema": {"type": 12}}))
+    with pytest.raises(ValidationError, match=r"not a valid JSON schema: 12 is not valid under"):
+        grader_config({"type": "json_schema", "schema": {"type": 12}})
     grader = build_grader(grader_config({"type": "json_schema"}))
     with pytest.raises(ValueError, match=r"field 'schema' is not a valid JSON schema: .*'/type'"):
         grader.check({"schema": {"type": "integr"}})
@@ -733,7 +727,7 @@ def test_a_child_gone_when_the_batch_is_written_is_replaced_once() -> None:
 PARENT = """
 import sys, types
 core = types.ModuleType("core"); core.__path__ = ["core"]; sys.modules["core"] = core  # no torch
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from core.graders import GradingServer
 from core.config.graders import GraderConfig
 cfg = TypeAdapter(GraderConfig).validate_python({"type": "regex", "pattern": "(a+)+$"})

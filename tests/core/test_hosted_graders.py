@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from core.config.graders import GraderConfig, OpenAIGrader
+from core.config.graders import GraderConfig
 from core.graders import BatchGrader, GraderOptions, ModelEndpoint, build_grader
 from core.graders.base import Grader
-from core.graders.hosted import NoScore, normalise, parse_score, sample_of, source_problems
+from core.graders.hosted import NoScore, normalise, parse_score, sample_of
 from pdppo.settings import Settings
 from tests.core.chat_server import Endpoint
 
@@ -146,25 +146,28 @@ def test_outside_the_grading_server_a_python_graders_code_is_parsed_never_run(
 @pytest.mark.parametrize(
     ("source", "says"),
     [
-        ("def grade(sample, item)\n    return 1\n", "grader.source is not python: expected ':'"),
-        ("x = 1\n", "grader.source defines no function grade(sample, item)"),
-        ("grade = 1\n", "grader.source defines no function grade(sample, item)"),
+        ("def grade(sample, item)\n    return 1\n", "not python: expected ':' (line 1)"),
+        ("x = 1\n", "defines no function grade(sample, item)"),
+        ("grade = 1\n", "defines no function grade(sample, item)"),
+        ("x = " + "-" * 99_000 + "1\n", "not python: nested too deeply to parse"),
+        ("x = 1\0\ndef grade(s, i):\n    return 1\n", "not python: source code"),
     ],
 )
 def test_python_that_cannot_grade_is_refused_before_it_runs(source: str, says: str) -> None:
-    with pytest.raises(ValueError) as caught:
-        built(python(source), PYTHON_ON, load=False)
-    assert says in str(caught.value)
-    multi = {
-        "type": "multi",
-        "name": "m",
-        "graders": {"p": python(source)},
-        "calculate_output": "p",
-    }
-    parsed = config(multi)
-    assert isinstance(parsed, OpenAIGrader)
-    problems = source_problems(parsed.grader, "g")
-    assert [where for where, _ in problems] == ["g.graders.p.source"]
+    """Refused by the config, alone or in a multi, so nothing builds it: the API's 422 at
+    submission, never a job that fails on the worker (the parser's own failures on deep nesting
+    included, which were a 500)."""
+    multi = {"type": "multi", "name": "m", "graders": {"p": python(source)}}
+    multi["calculate_output"] = "p"
+    for grader, where in [
+        (python(source), ("openai", "grader", "python", "source")),
+        (multi, ("openai", "grader", "multi", "graders", "p", "python", "source")),
+    ]:
+        with pytest.raises(ValidationError) as caught:
+            config(grader)
+        errors = caught.value.errors()
+        assert [e["loc"] for e in errors] == [where]
+        assert errors[0]["msg"].startswith(f"Value error, {says}"), errors
 
 
 def test_a_python_grader_runs_in_the_grading_server_and_a_loop_is_cut_by_its_deadline() -> None:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from core import policy_loss, trust_region_mask
-from core.objective.loss_terms import DIRECTION_TOLERANCE
+from core import TrustRegion, policy_loss, trust_region_mask
+from core.objective.loss import DIRECTION_TOLERANCE
 from core.objective.masks import MASKS, trust_region
 from core.objective.synthetic import Positions, positions, topk_view
 from core.training.update import loss_normalizer
@@ -25,11 +25,8 @@ def test_gradient_is_the_masked_truncated_policy_gradient(mask: str) -> None:
         tokens=p.tokens,
         behavior=p.behavior,
         advantages=p.advantages,
+        region=TrustRegion(mask=mask, delta_low=0.1, delta_high=0.1, is_cap=cap),  # type: ignore[arg-type]
         response_mask=rmask,
-        mask=mask,  # type: ignore[arg-type]
-        delta_low=0.1,
-        delta_high=0.1,
-        is_cap=cap,
     )
     out.loss.backward()
     assert logits.grad is not None
@@ -39,9 +36,7 @@ def test_gradient_is_the_masked_truncated_policy_gradient(mask: str) -> None:
         p.behavior,
         p.tokens,
         p.advantages,
-        mask,
-        delta_low=0.1,
-        delta_high=0.1,  # type: ignore[arg-type]
+        TrustRegion(mask=mask, delta_low=0.1, delta_high=0.1),  # type: ignore[arg-type]
     )
     assert torch.equal(out.keep, keep)
     pi = torch.softmax(p.logits.double(), -1)
@@ -88,7 +83,9 @@ def test_a_single_response_token_is_its_own_mean() -> None:
     behavior = type(view)(logp, view.topk_ids, view.topk_logprobs)
     only = torch.zeros(8, dtype=torch.bool)
     only[3] = True
-    out = policy_loss(p.logits, p.tokens, behavior, p.advantages, only, mask="none")
+    out = policy_loss(
+        p.logits, p.tokens, behavior, p.advantages, TrustRegion(mask="none"), response_mask=only
+    )
     assert float(out.loss) == pytest.approx(float(-p.advantages[3] * logp[3]), rel=1e-6)
 
 
@@ -112,9 +109,9 @@ def test_negative_kl_beta_and_cap_are_rejected() -> None:
     args = dict(logits=p.logits, tokens=p.tokens, behavior=p.behavior, advantages=p.advantages)
     ref = p.behavior.token_logprobs
     with pytest.raises(ValueError, match=r"kl_beta must be >= 0, got -0\.5"):
-        policy_loss(**args, ref_logprobs=ref, kl_beta=-0.5)  # type: ignore[arg-type]
+        policy_loss(**args, region=TrustRegion(kl_beta=-0.5), ref_logprobs=ref)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"is_cap must be > 0, got 0\.0"):
-        policy_loss(**args, is_cap=0.0)  # type: ignore[arg-type]
+        policy_loss(**args, region=TrustRegion(is_cap=0.0))  # type: ignore[arg-type]
 
 
 def test_a_cap_below_one_is_allowed_and_caps_every_weight() -> None:
@@ -125,7 +122,9 @@ def test_a_cap_below_one_is_allowed_and_caps_every_weight() -> None:
     logp = torch.log_softmax(p.logits, -1).gather(-1, p.tokens[:, None])[:, 0]
     view = p.behavior
     behavior = type(view)(logp - 3.0, view.topk_ids, view.topk_logprobs)  # ratio e^3 > 0.5
-    out = policy_loss(p.logits, p.tokens, behavior, p.advantages, mask="none", is_cap=0.5)
+    out = policy_loss(
+        p.logits, p.tokens, behavior, p.advantages, TrustRegion(mask="none", is_cap=0.5)
+    )
     want = -(0.5 * p.advantages * logp).mean()
     assert float(out.loss) == pytest.approx(float(want), rel=1e-6)
 
@@ -146,9 +145,9 @@ def test_kl_gradient_is_the_closed_form_of_k3() -> None:
         tokens=p.tokens,
         behavior=p.behavior,
         advantages=torch.zeros(64),
+        region=TrustRegion(kl_beta=beta),
         response_mask=rmask,
         ref_logprobs=ref_a,
-        kl_beta=beta,
     )
     out.loss.backward()
     assert logits.grad is not None
@@ -178,16 +177,18 @@ def test_kl_is_zero_at_the_reference_and_beta_zero_changes_nothing(gap: float) -
     plain = policy_loss(logits=plain_logits, **args)
     plain.loss.backward()
     off_logits = p.logits.clone().requires_grad_()
-    off = policy_loss(logits=off_logits, ref_logprobs=own + gap, kl_beta=0.0, **args)
+    off = policy_loss(
+        logits=off_logits, region=TrustRegion(kl_beta=0.0), ref_logprobs=own + gap, **args
+    )
     off.loss.backward()
     assert torch.equal(off.loss, plain.loss)  # beta = 0: bit for bit
     assert off_logits.grad is not None and plain_logits.grad is not None
     assert torch.equal(off_logits.grad, plain_logits.grad)
-    at_ref = policy_loss(logits=p.logits, ref_logprobs=own, kl_beta=1.0, **args)
+    at_ref = policy_loss(logits=p.logits, region=TrustRegion(kl_beta=1.0), ref_logprobs=own, **args)
     assert at_ref.stats["kl_ref"] == pytest.approx(0.0, abs=1e-7)
     assert float(at_ref.loss) == pytest.approx(float(plain.loss.detach()), abs=1e-7)
     with pytest.raises(ValueError, match="kl_beta > 0 needs ref_logprobs"):
-        policy_loss(logits=p.logits, kl_beta=0.1, **args)
+        policy_loss(logits=p.logits, region=TrustRegion(kl_beta=0.1), **args)
 
 
 def test_normalizer_splits_a_batch_into_pieces_with_the_same_gradient() -> None:
@@ -201,8 +202,8 @@ def test_normalizer_splits_a_batch_into_pieces_with_the_same_gradient() -> None:
         tokens=p.tokens,
         behavior=p.behavior,
         advantages=p.advantages,
+        region=TrustRegion(kl_beta=0.2),
         ref_logprobs=ref,
-        kl_beta=0.2,
     )
     whole.loss.backward()
     split_logits = p.logits.clone().requires_grad_()
@@ -215,8 +216,8 @@ def test_normalizer_splits_a_batch_into_pieces_with_the_same_gradient() -> None:
             tokens=p.tokens[idx],
             behavior=p.behavior.select(keep),
             advantages=p.advantages[idx],
+            region=TrustRegion(kl_beta=0.2),
             ref_logprobs=ref[idx],
-            kl_beta=0.2,
             normalizer=48.0,
         )
         part.loss.backward()
@@ -240,8 +241,7 @@ def test_on_policy_positions_compare_no_directions(kind: str, estimator: str) ->
         tokens=p.tokens,
         behavior=p.behavior,
         advantages=p.advantages,
-        kind=kind,  # type: ignore[arg-type]
-        estimator=estimator,  # type: ignore[arg-type]
+        region=TrustRegion(kind=kind, estimator=estimator),  # type: ignore[arg-type]
     )
     s = out.stats
     assert s["divergence_max"] < DIRECTION_TOLERANCE / 50
@@ -252,7 +252,8 @@ def test_on_policy_positions_compare_no_directions(kind: str, estimator: str) ->
 
 def _region(p: Positions, delta: float) -> tuple[torch.Tensor, ...]:
     """D, the two 'moves away' rules and 'far', by hand from the trust region's ingredients."""
-    r = trust_region(p.logits, p.behavior, p.tokens, p.advantages, "none", always_estimate=True)
+    none = TrustRegion(mask="none")
+    r = trust_region(p.logits, p.behavior, p.tokens, p.advantages, none, always_estimate=True)
     assert r.divergence is not None and r.change is not None
     pos, neg = p.advantages > 0, p.advantages < 0
     ratio_away = (pos & (r.log_ratio > 0)) | (neg & (r.log_ratio < 0))
@@ -285,9 +286,7 @@ def test_disagreement_and_mask_differences_have_their_definitions() -> None:
             tokens=p.tokens,
             behavior=p.behavior,
             advantages=p.advantages,
-            mask=mask,  # type: ignore[arg-type]
-            delta_low=delta,
-            delta_high=delta,
+            region=TrustRegion(mask=mask, delta_low=delta, delta_high=delta),  # type: ignore[arg-type]
         )
         for k, v in want.items():
             assert out.stats[k] == pytest.approx(v, abs=1e-7), (mask, k)
@@ -310,7 +309,8 @@ def test_disagreement_tolerance_in_a_hand_built_case() -> None:
     tokens = torch.zeros(3, dtype=torch.long)
     view = topk_view(mu.log().float(), tokens, 3)
     adv = torch.ones(3)
-    r = trust_region(logits, view, tokens, adv, "none", estimator="exact", always_estimate=True)
+    exact = TrustRegion(mask="none", estimator="exact")
+    r = trust_region(logits, view, tokens, adv, exact, always_estimate=True)
     assert r.divergence is not None and r.change is not None
     torch.testing.assert_close(r.divergence.double(), 2 * ts, rtol=1e-4, atol=1e-7)
     # g = A/2 [pi_a (s_a - sbar) - sum_j pi_j^2 (s_j - sbar)], s = sign(pi - mu) = (1, 1, -1),
@@ -325,10 +325,7 @@ def test_disagreement_tolerance_in_a_hand_built_case() -> None:
             tokens=tokens,
             behavior=view,
             advantages=adv,
-            mask=mask,  # type: ignore[arg-type]
-            estimator="exact",
-            delta_low=0.05,
-            delta_high=0.05,
+            region=TrustRegion(mask=mask, estimator="exact", delta_low=0.05, delta_high=0.05),  # type: ignore[arg-type]
         )
         assert out.stats == pytest.approx(
             out.stats
@@ -424,12 +421,14 @@ def test_the_importance_weight_cap_defaults_to_1e4() -> None:
     logits = torch.tensor([[0.0, 0.0]])  # pi(a) = 1/2
     tokens = torch.tensor([0])
     logmu = torch.log(torch.tensor([[0.5 / 20000, 1 - 0.5 / 20000]]))
-    args = {"tokens": tokens, "behavior": topk_view(logmu, tokens, 2), "mask": "none"}
+    args = {"tokens": tokens, "behavior": topk_view(logmu, tokens, 2)}
     adv = torch.tensor([1.0])
-    default = policy_loss(logits=logits, advantages=adv, **args)  # type: ignore[arg-type]
+    none = TrustRegion(mask="none")
+    default = policy_loss(logits=logits, advantages=adv, region=none, **args)  # type: ignore[arg-type]
     assert float(default.log_ratio.exp()) == pytest.approx(20000, rel=1e-4)
     assert float(default.loss) == pytest.approx(1e4 * math.log(2.0), rel=1e-6)
-    other = policy_loss(logits=logits, advantages=adv, is_cap=10001.0, **args)  # type: ignore[arg-type]
+    capped = TrustRegion(mask="none", is_cap=10001.0)
+    other = policy_loss(logits=logits, advantages=adv, region=capped, **args)  # type: ignore[arg-type]
     assert float(other.loss) != pytest.approx(float(default.loss), rel=1e-6)
 
 
@@ -439,6 +438,7 @@ def test_outside_topk_counts_sampled_tokens_below_pis_kth_logit_on_both_paths() 
     The fused path (hidden states times an identity projection: the same logits) agrees."""
     from core import fused_policy_loss
     from core.objective.behavior import BehaviorView
+    from core.objective.lazy_logits import ProjectedLogits
 
     torch.manual_seed(0)
     logits = torch.randn(4, 10).sort(dim=-1, descending=True).values  # column j has rank j
@@ -454,7 +454,7 @@ def test_outside_topk_counts_sampled_tokens_below_pis_kth_logit_on_both_paths() 
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     out = policy_loss(logits, tokens, view, adv)
     assert out.stats["outside_topk"] == 0.5
-    fused = fused_policy_loss(logits, torch.eye(10), None, tokens, view, adv)
+    fused = fused_policy_loss(ProjectedLogits(logits, torch.eye(10)), tokens, view, adv)
     assert fused.stats["outside_topk"] == 0.5
     wider = BehaviorView(view.token_logprobs, order[:, :4].clone(), logp.gather(-1, order[:, :4]))
     assert policy_loss(logits, tokens, wider, adv).stats["outside_topk"] == 0.25  # K = 4
@@ -476,7 +476,8 @@ def test_statistics_over_one_token_and_tokens_without_advantage() -> None:
     mu = torch.full((5, v), -math.log(v))
     view = topk_view(mu, tokens, 3)
     adv = torch.tensor([1.0, 0.0, -1.0, 0.0, -1.0])
-    out = policy_loss(logits, tokens, view, adv, mask="predictive", kind="tv", estimator="binary")
+    binary = TrustRegion(mask="predictive", kind="tv", estimator="binary")
+    out = policy_loss(logits, tokens, view, adv, binary)
     assert out.counts["masked_fraction_pos"] == 1.0
     assert out.counts["masked_fraction_neg"] == 2.0
     assert out.counts["direction_disagreement"] == 3.0

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from core import trust_region_mask
+from core import TrustRegion, trust_region_mask
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import ESTIMATORS, KINDS
+from core.objective.estimators import ESTIMATORS, KINDS
 from core.objective.masks import MASKS, far_from_behavior, ratio_moves_away, trust_region
 from core.objective.synthetic import Positions, positions
 from tests.core.references import (
@@ -42,11 +42,13 @@ def _mask(p: Positions, mask: str, kind: str = "tv", estimator: str = "topk") ->
         behavior=p.behavior,
         tokens=p.tokens,
         advantages=p.advantages,
-        mask=mask,  # type: ignore[arg-type]
-        kind=kind,  # type: ignore[arg-type]
-        estimator=estimator,  # type: ignore[arg-type]
-        delta_low=DELTA_LOW,
-        delta_high=DELTA_HIGH,
+        region=TrustRegion(
+            mask=mask,  # type: ignore[arg-type]
+            kind=kind,  # type: ignore[arg-type]
+            estimator=estimator,  # type: ignore[arg-type]
+            delta_low=DELTA_LOW,
+            delta_high=DELTA_HIGH,
+        ),
     )
 
 
@@ -143,12 +145,19 @@ def test_unknown_mask_and_negative_delta_are_rejected() -> None:
     with pytest.raises(ValueError, match="mask must be one of"):
         _mask(p, "trpo")
     with pytest.raises(ValueError, match=r"delta_low=-0\.1"):
-        trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=-0.1)
+        trust_region_mask(
+            p.logits, p.behavior, p.tokens, p.advantages, TrustRegion(mask="dppo", delta_low=-0.1)
+        )
     # a delta of 0 is a region of width 0, not an error: every token the default masks, and more
     q = positions(400, 60, gap=0.3, seed=11)
-    default = trust_region_mask(q.logits, q.behavior, q.tokens, q.advantages, "dppo")
+    dppo = TrustRegion(mask="dppo")
+    default = trust_region_mask(q.logits, q.behavior, q.tokens, q.advantages, dppo)
     zero = trust_region_mask(
-        q.logits, q.behavior, q.tokens, q.advantages, "dppo", delta_low=0.0, delta_high=0.0
+        q.logits,
+        q.behavior,
+        q.tokens,
+        q.advantages,
+        TrustRegion(mask="dppo", delta_low=0.0, delta_high=0.0),
     )
     assert not (zero & ~default).any()
     assert int((~zero).sum()) > int((~default).sum())
@@ -159,17 +168,26 @@ def test_default_deltas_are_the_documented_0_15() -> None:
     table in docs/developers/design.md#trust-region-masks and the spec's defaults): a changed
     default would silently widen the region of every caller of the public function."""
     p = positions(400, 60, gap=3.0, seed=11)
-    default = trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo")
+    dppo = TrustRegion(mask="dppo")
+    default = trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, dppo)
     explicit = trust_region_mask(
-        p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=0.15, delta_high=0.15
+        p.logits,
+        p.behavior,
+        p.tokens,
+        p.advantages,
+        TrustRegion(mask="dppo", delta_low=0.15, delta_high=0.15),
     )
     wider = trust_region_mask(
-        p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_low=1.15, delta_high=1.15
+        p.logits,
+        p.behavior,
+        p.tokens,
+        p.advantages,
+        TrustRegion(mask="dppo", delta_low=1.15, delta_high=1.15),
     )
     assert torch.equal(default, explicit)
     assert not torch.equal(default, wider)  # the case tells 0.15 from a wider delta
     # and `trust_region`, which the trainer and the fused loss call, defaults alike
-    region = trust_region(p.logits, p.behavior, p.tokens, p.advantages, "dppo")
+    region = trust_region(p.logits, p.behavior, p.tokens, p.advantages, dppo)
     assert torch.equal(region.keep, default)
 
 
@@ -198,7 +216,8 @@ def test_predictive_keeps_a_far_token_whose_step_cannot_move_the_divergence(
     advantages = torch.tensor([1.0, -1.0])
     mu = torch.full((2, v), -math.log(v))
     view = BehaviorView(mu[:, 0].clone(), torch.tensor([[0, 1, 2]] * 2), mu[:, :3].clone(), mu)
-    region = trust_region(logits, view, tokens, advantages, "predictive", kind, estimator)
+    predictive = TrustRegion(mask="predictive", kind=kind, estimator=estimator)  # type: ignore[arg-type]
+    region = trust_region(logits, view, tokens, advantages, predictive)
     assert region.divergence is not None and region.change is not None
     assert (region.divergence > 0.5).all()
     assert region.change.tolist() == [0.0, 0.0]
@@ -214,7 +233,8 @@ def test_far_from_behavior_is_strictly_past_the_threshold_of_the_advantage_sign(
     advantages = torch.tensor([0.0, 0.5, -0.5, 0.5, 0.5, -0.5, -0.5, -0.5, 0.5])
     divergence = torch.tensor([1.0, 1.0, 1.0, 0.25, 0.26, 0.125, 0.13, 0.2, 0.2])
     want = [False, True, True, False, True, False, True, True, False]
-    assert far_from_behavior(divergence, advantages, 0.125, 0.25).tolist() == want
+    deltas = TrustRegion(delta_low=0.125, delta_high=0.25)
+    assert far_from_behavior(divergence, advantages, deltas).tolist() == want
 
 
 def test_ppo_clip_keeps_a_ratio_exactly_at_its_bounds() -> None:
@@ -241,7 +261,11 @@ def test_ppo_clip_keeps_a_ratio_exactly_at_its_bounds() -> None:
     full = torch.log_softmax(logits, -1)
     view = BehaviorView(behavior_lp, tokens[:, None], behavior_lp[:, None], full)
     region = trust_region(
-        logits, view, tokens, advantages, "ppo_clip", delta_low=0.25, delta_high=0.25
+        logits,
+        view,
+        tokens,
+        advantages,
+        TrustRegion(mask="ppo_clip", delta_low=0.25, delta_high=0.25),
     )
     ratio = region.log_ratio.exp()
     assert ratio[:2].tolist() == [1.25, 0.75] and ratio[2] > 1.25 and ratio[3] < 0.75
@@ -256,20 +280,22 @@ def test_trust_region_holds_no_graph_and_computes_d_only_when_asked() -> None:
     p = positions(50, 40, gap=1.0, seed=3)
     logits = p.logits.clone().requires_grad_()
     for mask in MASKS:
-        region = trust_region(logits, p.behavior, p.tokens, p.advantages, mask, "kl")
+        kl = TrustRegion(mask=mask, kind="kl")  # type: ignore[arg-type]
+        region = trust_region(logits, p.behavior, p.tokens, p.advantages, kl)
         assert not region.log_ratio.requires_grad
         estimated = mask in ("dppo", "predictive")
         assert (region.divergence is not None) == estimated, mask
         assert (region.change is not None) == estimated, mask
         if region.divergence is not None and region.change is not None:
             assert not region.divergence.requires_grad and not region.change.requires_grad
-    asked = trust_region(
-        logits, p.behavior, p.tokens, p.advantages, "ppo_clip", "kl", always_estimate=True
-    )
+    clip = TrustRegion(mask="ppo_clip", kind="kl")
+    asked = trust_region(logits, p.behavior, p.tokens, p.advantages, clip, always_estimate=True)
     assert asked.divergence is not None and asked.change is not None
 
 
 def test_a_negative_delta_high_is_rejected_like_a_negative_delta_low() -> None:
     p = positions(4, 30, seed=0)
     with pytest.raises(ValueError, match=r"delta_high=-0\.1"):
-        trust_region_mask(p.logits, p.behavior, p.tokens, p.advantages, "dppo", delta_high=-0.1)
+        trust_region_mask(
+            p.logits, p.behavior, p.tokens, p.advantages, TrustRegion(mask="dppo", delta_high=-0.1)
+        )

@@ -9,11 +9,8 @@ import pytest
 
 from core.training.silence import RunWarning, run_warnings
 from core.training.trainer import TrainerCallback, train
-from tests.core.test_evaluation import held_out_task, run_config
-from tests.core.test_trainer import spread_reward, zero_reward
-from tests.core.trainer_runs import small_config
-
-__all__ = ["held_out_task", "spread_reward", "zero_reward"]  # fixtures, used by name
+from tests.core.held_out import run_config
+from tests.support.trainer_runs import small_config
 
 Event = tuple[object, ...]
 

@@ -22,6 +22,7 @@ from core.rollout import (
     sampling_logprobs,
     topk_view,
 )
+from tests.core.argmax import argmax_decode
 
 
 def tiny(seed: int = 0) -> TinyLM:
@@ -197,7 +198,9 @@ def test_assemble_cuts_each_completion_at_its_eos() -> None:
     responses = torch.tensor([[5, 2, 0], [5, 6, 7], [2, 0, 0]])
     rmask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
     view = BehaviorView(torch.zeros(6), torch.zeros((6, 1), dtype=torch.long), torch.zeros((6, 1)))
-    batch = RolloutBatch.assemble(prompt_ids, prompt_mask, responses, rmask, view, eos)
+    batch = RolloutBatch.assemble(
+        prompt_ids, prompt_mask, responses, response_mask=rmask, behavior=view, eos=eos
+    )
     assert batch.completions == [[5], [5, 6, 7], []]
     assert batch.prompt_len == 2
     assert batch.input_ids.tolist() == [[0, 9, 5, 2, 0], [8, 9, 5, 6, 7], [8, 9, 2, 0, 0]]
@@ -229,25 +232,6 @@ def test_the_projection_multiplies_out_to_the_response_logits() -> None:
     proj = response_projection(lm, batch, 2.0)
     assert proj is not None and proj.hidden.shape == (len(batch.tokens), 32)
     assert torch.allclose(proj.materialize(), response_logits(lm, batch, 2.0), atol=1e-5)
-
-
-def argmax_decode(lm: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy decoding the slow, obvious way, for tests to hold `generate` to: each prompt
-    alone, without padding or the KV cache, the whole sequence run again for every token."""
-    out: list[list[int]] = []
-    with torch.no_grad():
-        for ids in prompts:
-            new: list[int] = []
-            for _ in range(max_new_tokens):
-                seq = torch.tensor([ids + new])
-                mask = torch.ones_like(seq, dtype=torch.bool)
-                logits, _ = lm.forward(seq, mask, torch.arange(seq.shape[1])[None], keep_last=1)
-                nxt = int(logits[0, -1].argmax())
-                if nxt == lm.tokenizer.eos_id:
-                    break
-                new.append(nxt)
-            out.append(new)
-    return out
 
 
 def test_greedy_decoding_is_the_argmax_and_records_no_behavior() -> None:

@@ -19,8 +19,9 @@ import torch
 from core.parallel.distributed import World
 from core.rollout import RolloutBatch, StopRequested, generate
 from core.training.devices import resolve_device
-from core.training.run import _as_random_state, _batch_stats, _Rollout, _Run
-from tests.core.trainer_runs import Recorder, small_config
+from core.training.run import TrainingRun as _Run
+from core.training.run import _as_random_state, _batch_stats, _Rollout
+from tests.support.trainer_runs import Recorder, small_config
 
 
 def _run(tmp_path: Path, **overrides: Any) -> _Run:
@@ -309,7 +310,7 @@ def test_one_process_stops_inside_a_step_and_ranks_at_its_boundary(tmp_path: Pat
         single.rollout()
     ranks_cb = _Asked()
     ranks = _Run(small_config(), tmp_path / "ranks", ranks_cb, world=_TwoRanks(size=2))
-    assert ranks.inner_stop() is False  # heard (asked), kept for the step boundary
+    assert ranks.stop.in_step() is False  # heard (asked), kept for the step boundary
     assert ranks_cb.asked == 1
 
 
@@ -337,7 +338,7 @@ def test_a_stop_during_the_update_rewinds_only_a_step_not_begun(
     before = run.prompt_rng.getstate()
 
     def stopped(*args: Any) -> dict[str, float]:
-        run.dirty = dirty  # True: an optimizer step had been taken
+        run.stop.partial = dirty  # True: an optimizer step had been taken
         raise StopRequested("stop")
 
     monkeypatch.setattr(run, "update", stopped)

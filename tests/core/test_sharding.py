@@ -24,7 +24,7 @@ from core.parallel.distributed import World
 from core.parallel.sharding import gathered, shard
 from core.training.checkpoint import list_checkpoints, load_checkpoint
 from core.training.trainer import build_optimizer
-from tests.core.test_data_parallel import (
+from tests.core.data_parallel_runs import (
     config,
     data_parallel,
     resume_on_two_and_one,
@@ -32,8 +32,8 @@ from tests.core.test_data_parallel import (
     spec_file,
     step,
 )
-from tests.core.trainer_runs import small_config
-from tests.integration.stack import REPO
+from tests.support.stack import REPO
+from tests.support.trainer_runs import small_config
 
 
 @pytest.mark.parametrize(

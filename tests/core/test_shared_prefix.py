@@ -120,12 +120,12 @@ def pack(lm: CausalLM, lengths: list[int], seed: int = 0) -> RolloutBatch:
         torch.zeros(n_tok), torch.zeros(n_tok, 1, dtype=torch.long), torch.zeros(n_tok, 1)
     )
     return RolloutBatch(
-        torch.cat([ids, resp], 1),
-        torch.cat([mask, rmask], 1),
-        ids.shape[1],
-        rmask,
-        view,
-        [[]] * len(prompts),
+        input_ids=torch.cat([ids, resp], 1),
+        attention_mask=torch.cat([mask, rmask], 1),
+        prompt_len=ids.shape[1],
+        response_mask=rmask,
+        behavior=view,
+        completions=[[]] * len(prompts),
     )
 
 
@@ -326,7 +326,8 @@ def test_a_training_step_tokenizes_and_prefills_each_prompt_once(
     group's rows sharing them; and its AdamW runs one fused kernel on CPU."""
     from core.config import TrainConfig
     from core.models.tiny import ByteTokenizer
-    from core.training.trainer import TrainerCallback, _Run
+    from core.training.trainer import TrainerCallback
+    from core.training.trainer import TrainingRun as _Run
 
     cfg = TrainConfig.model_validate(
         {

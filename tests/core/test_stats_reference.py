@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from core import trust_region
+from core import TrustRegion, trust_region
 from core.objective.behavior import BehaviorView
-from core.objective.divergence import Kind, SoftmaxStats, divergence_and_change, softmax_stats
+from core.objective.estimators import Kind, SoftmaxStats, divergence_and_change, softmax_stats
 from core.objective.row_sums import chunk_sums
 from tests.core.references import autograd_change, exact_divergence_fn, lumped_divergence_fn
 
@@ -109,7 +109,7 @@ def test_topk_divergence_change_and_mask_equal_float64_references(
     )
     view = _view(logmu, tokens, ids)
     adv = torch.randn(n, generator=gen)
-    d, g = divergence_and_change(z, view, tokens, adv, kind, "topk")
+    d, g = divergence_and_change(z, view, tokens, adv, kind=kind, estimator="topk")
     assert g is not None
     fn = lumped_divergence_fn(view, tokens, kind, "topk")
     d_ref = fn(z.double())
@@ -119,7 +119,10 @@ def test_topk_divergence_change_and_mask_equal_float64_references(
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-6 * float(adv.abs().max()))
 
     delta = float(d_ref.median())  # half the rows past it: both answers of the proximity test
-    region = trust_region(z, view, tokens, adv, "predictive", kind, "topk", delta, delta)
+    spec = TrustRegion(
+        mask="predictive", kind=kind, estimator="topk", delta_low=delta, delta_high=delta
+    )
+    region = trust_region(z, view, tokens, adv, spec)
     clear = ((d_ref - delta).abs() > 1e-5) & (g_ref.abs() > 1e-5)
     masked = (d_ref > delta) & (g_ref > 0) & (adv != 0)
     assert torch.equal(region.keep[clear], ~masked[clear])
@@ -145,7 +148,7 @@ def test_full_vocabulary_estimators_equal_float64_references(
         logmu[1, 1::3] = float("-inf")  # mu cut outside its nucleus (the rest left unnormalised)
     view = _view(logmu, tokens, ids, full=estimator == "exact")
     adv = torch.randn(n, generator=gen)
-    d, g = divergence_and_change(z, view, tokens, adv, kind, estimator)
+    d, g = divergence_and_change(z, view, tokens, adv, kind=kind, estimator=estimator)
     assert g is not None and d.dtype == torch.float32 and g.dtype == torch.float32
     if estimator == "exact":
         fn = exact_divergence_fn(view, kind)
@@ -156,7 +159,7 @@ def test_full_vocabulary_estimators_equal_float64_references(
     torch.testing.assert_close(d.double(), d_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-6 * float(adv.abs().max()))
     # D without a step is the same pass's D
-    d_only, none = divergence_and_change(z, view, tokens, None, kind, estimator)
+    d_only, none = divergence_and_change(z, view, tokens, None, kind=kind, estimator=estimator)
     assert none is None
     torch.testing.assert_close(d_only, d, rtol=0, atol=0)
 
@@ -180,7 +183,7 @@ def test_the_change_of_a_token_near_probability_1_is_accurate_to_itself(kind: Ki
     ids = torch.arange(5).expand(n, 5)
     view = _view(logmu, tokens, ids, full=True)
     adv = torch.ones(n)
-    _, g = divergence_and_change(z, view, tokens, adv, kind, "exact")
+    _, g = divergence_and_change(z, view, tokens, adv, kind=kind, estimator="exact")
     g_ref = autograd_change(exact_divergence_fn(view, kind), z, tokens, adv)
     assert g is not None
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=0.0)
@@ -204,7 +207,7 @@ def test_kl_drops_the_change_where_pi_is_floored_and_mu_is_not() -> None:
     ids = torch.arange(5).expand(n, 5)
     view = _view(logmu, tokens, ids, full=True)
     adv = torch.tensor([1.0, -1.0])
-    _, g = divergence_and_change(z, view, tokens, adv, "kl", "exact")
+    _, g = divergence_and_change(z, view, tokens, adv, kind="kl", estimator="exact")
     g_ref = autograd_change(exact_divergence_fn(view, "kl"), z, tokens, adv)
     assert g is not None
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-7)
@@ -235,6 +238,11 @@ def test_full_vocabulary_estimators_of_no_rows_are_empty(estimator: str) -> None
         full_logprobs=torch.zeros(0, 11) if estimator == "exact" else None,
     )
     d, g = divergence_and_change(
-        torch.zeros(0, 11), view, torch.zeros(0, dtype=torch.long), torch.zeros(0), "tv", estimator
+        torch.zeros(0, 11),
+        view,
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0),
+        kind="tv",
+        estimator=estimator,
     )
     assert g is not None and d.shape == (0,) and g.shape == (0,)

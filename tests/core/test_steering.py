@@ -18,7 +18,7 @@ from core.training.steering import (
     steered,
 )
 from core.training.trainer import TrainerCallback, train
-from tests.core.trainer_runs import read_metrics, small_config
+from tests.support.trainer_runs import read_metrics, small_config
 
 
 def test_merge_patch_follows_rfc_7396() -> None:

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 import core.training.warmup
 from core.rollout import RolloutBatch
 from core.training.checkpoint import latest_checkpoint
-from core.training.run import _Run
+from core.training.run import TrainingRun as _Run
 from core.training.trainer import TrainerCallback, train
-from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_timing
+from tests.support.trainer_runs import Recorder, read_metrics, small_config, strip_timing
 
 
 @pytest.fixture

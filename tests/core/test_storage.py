@@ -1,5 +1,5 @@
-"""A full disk under a training run, on a real tmpfs (`tests.small_disk`): the checkpoint that
-does not fit is refused before it is written, one that fails mid-write leaves no temporary
+"""A full disk under a training run, on a real tmpfs (`tests.support.small_disk`): the checkpoint
+that does not fit is refused before it is written, one that fails mid-write leaves no temporary
 folder, the earlier checkpoints stay and the run resumes from them once space is back."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from core.disk.storage import (
 )
 from core.training.checkpoint import list_checkpoints
 from core.training.trainer import train
-from tests.core.trainer_runs import small_config
-from tests.small_disk import fill, names, small_disk
+from tests.support.small_disk import fill, names, small_disk
+from tests.support.trainer_runs import small_config
 
 MIB = 1 << 20
 
@@ -169,13 +169,13 @@ def test_a_final_model_that_does_not_fit_is_storage_full_and_leaves_no_folder(
     trainer's RuntimeError; neither leaves final/ or final.tmp."""
     cfg = small_config(steps=1, checkpoint_every=0)
     # the run's last-step checkpoint (weights and optimizer) would not fit either: skip it
-    monkeypatch.setattr(core.training.run._Run, "checkpoint", lambda self: None)
+    monkeypatch.setattr(core.training.run.TrainingRun, "checkpoint", lambda self: None)
     fill(disk, leave=100_000)  # the tiny model's weights take ~200 kB
     with pytest.raises(StorageFull) as raised:
         train(cfg, disk)
     assert "for final/" in str(raised.value)
     assert not {"final", "final.tmp"} & set(names(disk))
-    monkeypatch.setattr(core.training.trainer, "_tensor_bytes", lambda tensors: 0)
+    monkeypatch.setattr(core.training.run, "_tensor_bytes", lambda tensors: 0)
     with pytest.raises(StorageFull) as raised:
         train(cfg, disk)
     assert raised.value.__cause__ is not None

@@ -23,6 +23,13 @@ from core.process.threads import asked_threads, own_cores, share_cores
         (1, 1, 4, None, 1, "torch threads: 1 per process (1 core, 1 job at once, 4 processes)"),
         # the operator's setting wins whatever the cores
         (4, 2, 2, 3, 3, "torch threads: 3 per process (PDPPO_JOB_THREADS)"),
+        # the jobs a worker counted running on its host (`workers.job.cores`)
+        (4, 2, 1, None, 2, "torch threads: 2 per process (4 cores, 2 jobs running on this host)"),
+        (4, 1, 1, None, 4, "torch threads: 4 per process (4 cores, 1 job running on this host)"),
+        (
+            *(2, 3, 2, None, 1),
+            "torch threads: 1 per process (2 cores, 3 jobs running on this host, 2 processes)",
+        ),
         # a local run (`pdppo train --nproc N`): no worker, no jobs at once
         (4, None, 2, None, 2, "torch threads: 2 per process (4 cores, 2 processes)"),
         (4, None, 1, None, 4, "torch threads: 4 per process (4 cores)"),
@@ -31,7 +38,7 @@ from core.process.threads import asked_threads, own_cores, share_cores
 def test_share_cores(
     cores: int, jobs: int | None, ranks: int, asked: int | None, threads: int, line: str
 ) -> None:
-    share = share_cores(cores, jobs, ranks, asked)
+    share = share_cores(cores, jobs, ranks, asked, counted="running on this host" in line)
     assert share.threads == threads
     assert share.describe() == line
 

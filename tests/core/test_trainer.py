@@ -18,11 +18,9 @@ from core.models import load_model
 from core.objective.loss import policy_loss
 from core.training.schedule import lr_at
 from core.training.trainer import TrainerCallback, group_advantages, train
-from tests.core.trainer_runs import (
+from tests.support.trainer_runs import (
     TIMING,
     Recorder,
-    SpreadReward,
-    ZeroReward,
     read_metrics,
     small_config,
     strip_timing,
@@ -153,8 +151,9 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     train(cfg, tmp_path / "now")
 
     def old_call(**kwargs: Any) -> Any:
-        for name in ("ref_logprobs", "kl_beta", "normalizer"):
-            assert kwargs.pop(name) in (None, 0.0)
+        assert kwargs["region"].kl_beta == 0.0
+        for name in ("ref_logprobs", "normalizer"):
+            assert kwargs.pop(name) is None
         return policy_loss(**kwargs)
 
     def no_reference(*_: Any) -> None:
@@ -171,7 +170,7 @@ def test_kl_beta_zero_is_the_unpenalized_path_bit_for_bit(
     b = load_file(str(tmp_path / "old" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     run = _Run(cfg, tmp_path / "run", TrainerCallback())
     assert run.reference is None and run.rollout_lm is run.lm  # no module but the policy
@@ -270,22 +269,6 @@ def test_offpolicy_logratio_covers_every_token_of_the_first_epoch(
     assert row["offpolicy_logratio_abs"] == pytest.approx(float(first_epoch.mean()), rel=1e-6)
     # the first minibatch is on-policy, the second is measured after the first update
     assert float(torch.cat(seen[2:4]).mean()) > 100 * float(torch.cat(seen[:2]).mean())
-
-
-@pytest.fixture
-def spread_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.training.run as run_module
-
-    real = run_module.make_task
-    monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: SpreadReward(real(*a, **kw)))
-
-
-@pytest.fixture
-def zero_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.training.run as run_module
-
-    real = run_module.make_task
-    monkeypatch.setattr(run_module, "make_task", lambda *a, **kw: ZeroReward(real(*a, **kw)))
 
 
 @pytest.mark.usefixtures("zero_reward")
@@ -413,7 +396,7 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tmp_path: Path) -> No
     never trains, so after updates it still gives the loaded model's log-probs."""
     from core.models.hf import make_tiny_hf
     from core.rollout import generate, response_logits
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     hf = make_tiny_hf(tmp_path / "llama")
     cfg = small_config(
@@ -465,7 +448,7 @@ def test_an_unset_lr_follows_the_model(model: dict[str, Any], lr: float) -> None
 
 def test_the_trainer_uses_the_resolved_lr_of_an_hf_model(tmp_path: Path) -> None:
     from core.models.hf import make_tiny_hf
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     hf = make_tiny_hf(tmp_path / "llama")
     data = small_config().model_dump()
@@ -482,7 +465,7 @@ def test_job_model_starts_from_the_saved_final_in_its_family(tmp_path: Path) -> 
     spec's tiny dims) of a builtin:tiny final, a Hugging Face final through HFLM; without a
     folder it says that only a worker can resolve it."""
     from core.models.hf import HFLM, make_tiny_hf
-    from core.training.trainer import _Run
+    from core.training.trainer import TrainingRun as _Run
 
     first = train(small_config(steps=1, checkpoint_every=0), tmp_path / "a")
     assert first.final_model is not None

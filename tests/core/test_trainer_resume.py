@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from core.training.checkpoint import latest_checkpoint, list_checkpoints
 from core.training.schedule import lr_at
 from core.training.trainer import train
-from tests.core.trainer_runs import Recorder, read_metrics, small_config, strip_timing
+from tests.support.trainer_runs import Recorder, read_metrics, small_config, strip_timing
 
 
 @pytest.mark.parametrize(

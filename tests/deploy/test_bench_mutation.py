@@ -113,11 +113,18 @@ def test_annotations_and_signature_markers_are_not_mutated(toy: Path) -> None:
 def test_equivalents_are_subtracted_and_stale_entries_reported(toy: Path) -> None:
     mutants, _ = generate(toy, "toy.py", OPERATORS)
     entry = Equivalent(
-        "toy.py", 10, "ReplaceComparisonOperator_Gt_GtE",
-        "return x if x > low else low", "return x if x >= low else low",
-        "x == low returns low either way",
+        file="toy.py", line=10, operator="ReplaceComparisonOperator_Gt_GtE",
+        code="return x if x > low else low", mutant="return x if x >= low else low",
+        reason="x == low returns low either way",
     )  # fmt: skip
-    stale = Equivalent("toy.py", 99, "NumberReplacer", "gone()", "gone( 1)", "moved away")
+    stale = Equivalent(
+        file="toy.py",
+        line=99,
+        operator="NumberReplacer",
+        code="gone()",
+        mutant="gone( 1)",
+        reason="moved away",
+    )
     kept, matched, unmatched = split_equivalents(toy, mutants, (entry, stale))
     assert [(m.line, e.reason) for m, e in matched] == [(10, "x == low returns low either way")]
     assert unmatched == [stale]
@@ -139,7 +146,12 @@ def test_a_rule_subtracts_the_mutants_its_context_names_and_no_others(toy: Path)
     assert unmatched == [] and len(kept) == len(mutants) - 1
     # an entry takes precedence over a rule for the same mutant: its reason is the one shown
     entry = Equivalent(
-        "toy.py", 18, "ReplaceBinaryOperator_Add_Sub", "return a + 1", "return a - 1", "dead code"
+        file="toy.py",
+        line=18,
+        operator="ReplaceBinaryOperator_Add_Sub",
+        code="return a + 1",
+        mutant="return a - 1",
+        reason="dead code",
     )
     _, matched, _ = split_equivalents(toy, mutants, (entry,), (rule,))
     assert [e.reason for _, e in matched] == ["dead code"]
@@ -417,7 +429,15 @@ def test_a_mutant_that_hangs_one_test_is_a_timeout_after_that_tests_bound(tmp_pa
     [mutant], _ = generate(tmp_path, "hang.py", ("ReplaceBinaryOperator_Sub_Add",))
     tests = ["test_hang.py::test_quick", "test_hang.py::test_countdown"]
     bounds = {tests[0]: 100.0, tests[1]: 3.0}
-    result = run_mutant(tmp_path, mutant, tests, 120, tmp_path / "t", True, test_timeouts=bounds)
+    result = run_mutant(
+        tmp_path,
+        mutant,
+        tests,
+        timeout=120,
+        basetemp=tmp_path / "t",
+        confirm=True,
+        test_timeouts=bounds,
+    )
     assert (result.outcome, result.killer) == (TIMEOUT, tests[1])
     assert result.seconds < 60  # its own 3 s bound: not its mark's 100 s, the other's, the run's
     assert (tmp_path / "runs").read_text() == "run "  # and no confirming rerun

@@ -288,7 +288,7 @@ def test_each_modules_tests_nearest_first(tmp_path: Path) -> None:
 
 
 def mutant(module: str, line: int, operator: str = "NumberReplacer") -> Mutant:
-    return Mutant(module, f"core/{operator}", 0, line, 4, "x = 1")
+    return Mutant(module, f"core/{operator}", 0, line, col=4, code="x = 1")
 
 
 def test_mutants_start_in_a_fixed_order_whatever_order_they_were_made_in() -> None:
@@ -318,7 +318,7 @@ def test_the_budget_runs_the_beginning_of_the_order(deadline: float, ran: int) -
 
     def run(m: Mutant) -> Result:
         now[0] += 10.0  # each mutant takes 10 s
-        return Result(m, KILLED, 10.0, 1, "t", "")
+        return Result(m, KILLED, 10.0, 1, killer="t", detail="")
 
     def no_stop() -> None:
         raise AssertionError("nothing was running at the deadline")
@@ -335,7 +335,9 @@ def test_a_mutant_running_at_the_deadline_is_stopped_and_not_scored() -> None:
 
     def run(m: Mutant) -> Result:
         release.wait(30)
-        return Result(m, KILLED, 0.0, 1, "t", "")  # what an interrupted test run looks like
+        return Result(
+            m, KILLED, 0.0, 1, killer="t", detail=""
+        )  # what an interrupted test run looks like
 
     got = dispatch(todo, 1, run, time.monotonic() + 0.5, stop=release.set)
     assert (got.results, got.stopped, got.not_started) == ([], todo[:1], todo[1:])
@@ -373,7 +375,7 @@ class Clocked:
         def one(m: Mutant) -> Result:
             self.now += 10.0
             self.log.append(f"ran {m.module}:{m.line}")
-            return Result(m, KILLED, 10.0, 1, "t", "")
+            return Result(m, KILLED, 10.0, 1, killer="t", detail="")
 
         def no_stop() -> None:
             raise AssertionError("a fake mutant ends before the clock is read")
@@ -389,9 +391,17 @@ class Clocked:
         share: float = 0.5,
     ) -> Turns:
         return take_turns(
-            plans, tests, self.measure, self.reach, self.run, budget, cap, share,
-            clock=self.clock, say=lambda line: None,
-        )  # fmt: skip
+            plans,
+            tests,
+            measure=self.measure,
+            reach=self.reach,
+            run=self.run,
+            deadline=budget,
+            cap=cap,
+            share=share,
+            clock=self.clock,
+            say=lambda line: None,
+        )
 
 
 def plan(module: str, *lines: int) -> ModulePlan:
@@ -649,23 +659,25 @@ def bump(x: int) -> int:
 SLOW_TESTS = {
     "tests/test_bump.py": "from pdppo.slow import bump\n\n\ndef test_bump() -> None:\n"
     "    assert bump(1) == 2\n",
-    # reaches the same line, after a minute: a test file that outlasts any share of the budget
+    # reaches the same line, after ten minutes: a test file that outlasts any share of the budget
     "tests/test_bump_slowly.py": "import time\n\nfrom pdppo.slow import bump\n\n\n"
-    "def test_bump_slowly() -> None:\n    time.sleep(60)\n    assert bump(2) == 3\n",
+    "def test_bump_slowly() -> None:\n    time.sleep(600)\n    assert bump(2) == 3\n",
 }
 
 
 def test_a_test_file_that_outlasts_its_share_is_stopped_and_the_mutants_run(
     tmp_path: Path,
 ) -> None:
-    """The baseline must not eat the budget: with every file run first, the minute-long file
-    started at once and ran past the 40 s budget, and nothing was scored ("FAIL: none of the 3
-    mutants was scored"). Its module's turn stops it at half the budget, 20 s, and the three
-    mutants of `x + 1` run against the file that was measured, and are killed."""
+    """The baseline must not eat the budget: with every file run first, the slow file started
+    at once and ran past the budget, and nothing was scored ("FAIL: none of the 3 mutants was
+    scored"). Its module's turn stops it at its share of the budget (a quarter of 120 s here),
+    and the three mutants of `x + 1` run against the file that was measured, and are killed.
+    The 90 s left are for a shared machine: with half of a 40 s budget left, 2 of the 3 ran
+    on 2 cores at a load of 6."""
     repo = tmp_path / "repo"
     c1 = commit(repo, {"pdppo/__init__.py": "", "pdppo/slow.py": "", "mutation.toml": CONFIG})
     commit(repo, {"pdppo/slow.py": SLOW, **SLOW_TESTS})
-    done = step(str(repo), "--base", c1, "--budget", "40")
+    done = step(str(repo), "--base", c1, "--budget", "120", "--baseline-share", "0.25")
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "baseline left out tests/test_bump_slowly.py: stopped at its time limit\n" in out

@@ -157,10 +157,10 @@ def test_a_mutant_is_the_module_with_one_lua_body_changed(toy: Path) -> None:
 def test_lua_equivalent_entries_match_by_operator_name(toy: Path) -> None:
     mutants, _ = generate_lua(toy, "toy.py", ALL)
     entry = Equivalent(
-        "toy.py", 10, "Lua_GtE_Gt",
-        "if tonumber(ARGV[2]) >= 3 then redis.call('HINCRBY', KEYS[1], 'n', 1) end",
-        "if tonumber(ARGV[2]) > 3 then redis.call('HINCRBY', KEYS[1], 'n', 1) end",
-        "a reason",
+        file="toy.py", line=10, operator="Lua_GtE_Gt",
+        code="if tonumber(ARGV[2]) >= 3 then redis.call('HINCRBY', KEYS[1], 'n', 1) end",
+        mutant="if tonumber(ARGV[2]) > 3 then redis.call('HINCRBY', KEYS[1], 'n', 1) end",
+        reason="a reason",
     )  # fmt: skip
     kept, matched, stale = split_equivalents(toy, mutants, (entry,))
     assert [(m.line, m.short_operator) for m, _ in matched] == [(10, "Lua_GtE_Gt")]
@@ -214,9 +214,19 @@ def test_a_mutant_with_several_anchors_runs_the_tests_of_each_quickest_first() -
         call={"t::a": 3.0, "t::b": 1.0, "t::c": 2.0, "t::d": 0.5},
         reach={"m.py": {10: {"t::a", "t::b"}, 20: {"t::b", "t::c"}, 30: {"t::d"}}},
     )
-    lua = Mutant("m.py", "lua/Lua_Eq_NotEq", 0, 5, 0, "x", anchors=(10, 20))
+    lua = Mutant(
+        module="m.py",
+        operator="lua/Lua_Eq_NotEq",
+        occurrence=0,
+        line=5,
+        col=0,
+        code="x",
+        anchors=(10, 20),
+    )
     assert reaching(baseline, lua) == ["t::b", "t::c", "t::a"]
-    python = Mutant("m.py", "core/NumberReplacer", 0, 30, 0, "y")  # no anchors: its own line
+    python = Mutant(
+        module="m.py", operator="core/NumberReplacer", occurrence=0, line=30, col=0, code="y"
+    )  # no anchors: its own line
     assert reaching(baseline, python) == ["t::d"]
 
 

@@ -76,7 +76,15 @@ def test_the_pdppo_row_does_the_stated_work(tmp_path: Path) -> None:
     assert {len(tok(r["prompt"])["input_ids"]) for r in short} == {5}
 
     setup = bench.Setup(
-        "pdppo", "long", model_dir, tmp_path / "d.jsonl", tmp_path, 7, 1e-3, 0, "cpu"
+        row="pdppo",
+        task="long",
+        model_dir=model_dir,
+        data_path=tmp_path / "d.jsonl",
+        out_dir=tmp_path,
+        total_steps=7,
+        lr=1e-3,
+        seed=0,
+        device="cpu",
     )
     cfg = bench.pdppo_config(setup)
     r, alg = cfg.rollout, cfg.algorithm

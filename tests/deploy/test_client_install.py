@@ -22,8 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import redis_server, service  # noqa: F401
-from tests.integration.stack import KEYS, Service, free_port, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -154,7 +154,7 @@ def test_a_command_without_its_extra_names_the_install(
 
 def test_the_client_install_drives_a_real_service(
     client_venv: ClientVenv,
-    service: Service,  # noqa: F811
+    service: Service,
     tmp_path: Path,
 ) -> None:
     env = {"PDPPO_URL": service.base_url, "PDPPO_API_KEY": KEYS[TENANT]}
@@ -215,7 +215,7 @@ def test_the_client_install_drives_a_real_service(
 
 def test_the_server_install_serves_without_torch(
     server_venv: ClientVenv,
-    service: Service,  # noqa: F811
+    service: Service,
     tmp_path: Path,
 ) -> None:
     """`pdppo[server]`'s API (no torch, no trainer) in front of the service's Redis database and

@@ -157,7 +157,8 @@ def stale_names(root: Path, pages: list[Path]) -> list[str]:
         for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
             for m in NAMED_PATH.finditer(line):
                 path = m.group(1).split("#")[0].rstrip("/")
-                if path not in NOT_SHIPPED and not (root / path).exists():
+                there = any(root.glob(path)) if "*" in path else (root / path).exists()
+                if path not in NOT_SHIPPED and not there:
                     stale.append(f"{rel}:{number}: {m.group(1)}")
             for m in NAMED_MODULE.finditer(line) if dotted else ():
                 if not module_exists(root, m.group(1)):
@@ -260,6 +261,7 @@ def test_a_stale_path_or_module_is_named(tmp_path: Path) -> None:
         "`core/training/trainer.py`, `core.training.trainer`, `core.training.run.Nope`,\n"
         "`core.training.run.Run.stop`, `core.config_model`\n"
         "`core.training.run.Run.step`, `core/training/run.py#the-run`, `core/training/run.py/`\n"
+        "`core/training/r*.py`, `core/training/x*.py`\n"
     )
     assert stale_names(tmp_path, [page]) == [
         "docs/developers/a.md:3: core/training/trainer.py",
@@ -267,6 +269,7 @@ def test_a_stale_path_or_module_is_named(tmp_path: Path) -> None:
         "docs/developers/a.md:3: core.training.run.Nope",
         "docs/developers/a.md:4: core.training.run.Run.stop",
         "docs/developers/a.md:4: core.config_model",
+        "docs/developers/a.md:6: core/training/x*.py",
     ]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,11 +18,22 @@ from bench.gpu_check_rows import FAIL_ENV, GROUPS, Row, Skipped, exit_code, run_
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
-ROW = re.compile(r"^(\w+) +(ok|skipped|FAILED) +(.*)$", re.M)
+ROW = re.compile(r"^([\w-]+) +(ok|skipped|FAILED) +(.*)$", re.M)
 # the tiny Llama: embedding and output layer 640 x 128 each; per layer q, k, v, o 128 x 128,
 # gate, up, down 128 x 256, two norms of 128; a final norm of 128
 TINY_PARAMS = 2 * 640 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 256 + 2 * 128) + 128
 NON_EMBEDDING = TINY_PARAMS - 640 * 128
+# the memory rows' models: the Qwen2 adds the biases of q, k and v (3 x 128 a layer); LoRA r 16
+# adds 16 x (in + out) to q, k, v, o (128 x 128), gate, up (128 -> 256) and down (256 -> 128);
+# builtin:tiny of the same width, depth and vocabulary, 24 positions (8 + BOS + 8, rounded up
+# to 8): embeddings, positions, 12 d^2 + 13 d a block, the final norm, an untied head
+MEMORY_PARAMS = {
+    "memory": TINY_PARAMS,
+    "mem-qwen2": TINY_PARAMS + 2 * 3 * 128,
+    "mem-lora": TINY_PARAMS + 2 * 16 * (4 * 256 + 3 * 384),
+    "mem-builtin": 2 * 640 * 128 + 24 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128,
+    "mem-unfused": TINY_PARAMS,
+}
 Table = dict[str, tuple[str, dict[str, str], str]]  # row: status, figures, the text after it
 
 
@@ -51,8 +62,8 @@ def test_tiny_has_every_row_and_the_cpu_rows_pass_with_the_figures_of_its_model(
     runner cannot run it once per test."""
     done = _run("--tiny")
     rows = _table(done.stdout)
-    assert list(rows) == ["train", "memory", "dp", "fsdp", "vllm"], done.stdout
-    for name in ("train", "memory", "dp", "fsdp"):
+    assert list(rows) == ["train", *MEMORY_PARAMS, "dp", "fsdp", "vllm"], done.stdout
+    for name in ("train", *MEMORY_PARAMS, "dp", "fsdp"):
         assert rows[name][0] == "ok", done.stdout + done.stderr
     try:
         import vllm  # noqa: F401
@@ -84,12 +95,19 @@ def _check_train(rows: Table, out: str) -> None:
 
 
 def _check_memory(rows: Table, out: str) -> None:
-    memory = {k: float(v) for k, v in rows["memory"][1].items()}
-    assert memory["estimate_params"] == TINY_PARAMS, out  # from the safetensors header
-    assert 0.01 < memory["measured_gib"] < 2, out  # RSS above the imports: a real peak
-    ratio = memory["estimate_gib"] / memory["measured_gib"]
-    assert memory["ratio"] == pytest.approx(ratio, rel=2e-3), out
-    assert memory["ratio"] > 1, out  # the estimate is an upper bound
+    """Every memory row: the model it sized (from the safetensors header, or builtin:tiny's
+    dims), the loss it counted (the row itself fails where the step ran the other one), a real
+    peak (RSS above the imports) and an estimate above it. The fsdp row measures the same."""
+    for name, params in MEMORY_PARAMS.items():
+        figures = rows[name][1]
+        fused = "no" if name == "mem-unfused" else "yes"
+        assert (int(figures["estimate_params"]), figures["estimate_fused"]) == (params, fused), out
+    for name in (*MEMORY_PARAMS, "fsdp"):
+        memory = {k: float(rows[name][1][k]) for k in ("estimate_gib", "measured_gib", "ratio")}
+        assert 0.01 < memory["measured_gib"] < 2, out
+        ratio = memory["estimate_gib"] / memory["measured_gib"]
+        assert memory["ratio"] == pytest.approx(ratio, rel=2e-3), out
+        assert memory["ratio"] > 1, out  # the estimate is an upper bound
 
 
 def _check_group_of_one(rows: Table, out: str) -> None:
@@ -112,6 +130,19 @@ def test_a_row_that_raises_fails_the_run_and_only_itself() -> None:
     }, done.stdout
     assert rows["vllm"][2] == f"RuntimeError: forced by {FAIL_ENV}", done.stdout
     assert re.search(r"^[\d.]+ s, 1 failed$", done.stdout, re.M), done.stdout
+
+
+def test_the_gpu_jobs_budget_is_had_without_a_gpu() -> None:
+    """`--estimate`: the train row's budget from the model's config.json alone (no weights, no
+    GPU), under the GPU queue's default limit. Issue 49: 106 GiB, refused, before the estimate
+    counted the fused loss (and each prompt once)."""
+    done = _run("--estimate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1] == "parameters       797M (796,706,304)"
+    assert "peak memory      35 GiB (cuda; counting persistent, overhead, update)" in lines
+    assert "loss             fused (the [tokens x vocabulary] logits are never held)" in lines
+    assert lines[-1].startswith("limits (gpu queue): memory 70 GiB,")
 
 
 def test_the_row_runner() -> None:

@@ -1,5 +1,5 @@
-"""The layout of the code: no import circles anywhere, and each package of `core/` (and of `api/`)
-importing only the packages its docstring names.
+"""The layout of the code: no import circles anywhere, each package of `core/` (and of `api/`)
+importing only the packages its docstring names, and no module importing another's private name.
 
 The graph is read from the source with `ast`, nothing is imported: `import a.b`, `from a import b`
 (an edge to the module `a.b` when there is one, else to `a`), relative imports (`from . import x`,
@@ -35,7 +35,7 @@ CORE_RULES: dict[str, frozenset[str]] = {
     "core.process": frozenset(),
     "core.objective": frozenset(),
     "core.graders": frozenset({"core.config", "core.extras", "core.process"}),
-    "core.tasks": frozenset({"core.config", "core.disk", "core.graders"}),
+    "core.tasks": frozenset({"core.config", "core.disk", "core.extras", "core.graders"}),
     "core.models": frozenset({"core.config", "core.disk", "core.extras", "core.tasks"}),
     "core.budget": frozenset({"core.config", "core.disk"}),
     "core.experiments": frozenset({"core.config"}),
@@ -368,3 +368,183 @@ def test_core_imports_no_web_or_queue_code() -> None:
         if e.target.split(".")[0] in NOT_IN_CORE
     ]
     assert not wrong, "\n".join(wrong)
+
+
+NOQA_F401, NOQA_F811 = "noqa: " + "F401", "noqa: " + "F811"  # not themselves in this file
+
+# -- the tests' own layout --------------------------------------------------------------------
+# Helpers a test needs come from tests/support (or a helper module of its folder), fixtures from
+# the conftest.py files pytest finds on its own: a test module imported by another runs its
+# tests' module-level code twice and hides where a helper lives, and a fixture imported into a
+# module (with a `noqa` for the name it shadows) is a second, separate instance of it.
+
+
+def _tests_imports(path: Path, submodules: bool = True) -> list[tuple[int, str, list[str]]]:
+    """(line, module, imported names) of each absolute `from`/`import` of `path`; with
+    `submodules`, each name of a `from` also as a module (`from tests.x import conftest`)."""
+    out: list[tuple[int, str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+            if submodules:
+                out += [(node.lineno, f"{node.module}.{a.name}", []) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+    return out
+
+
+def breaks_in_tests(root: Path) -> list[str]:
+    """Each test module import, and each `noqa: F401`/`F811` that lets a fixture be imported,
+    in `root`/tests, named by file and line."""
+    breaks: list[str] = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        where = path.relative_to(root)
+        source = path.read_text()
+        for line, module, _ in _tests_imports(path):
+            last = module.rsplit(".", 1)[-1]
+            if module.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                breaks.append(f"{where}:{line} imports {module}")
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+                for n in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                    if NOQA_F401 in lines[n - 1]:
+                        breaks.append(f"{where}:{n} imports from tests with noqa: F401")
+        for n, text in enumerate(lines, 1):
+            if NOQA_F811 in text:
+                breaks.append(f"{where}:{n} redefines an imported name (noqa F811)")
+    return breaks
+
+
+def test_no_test_module_imports_another_and_no_fixture_is_imported() -> None:
+    assert breaks_in_tests(ROOT) == []
+
+
+def bench_breaks(root: Path) -> list[str]:
+    """Each import in `root`/bench of test code outside tests/support (a private name from
+    anywhere is `test_no_module_imports_a_private_name_of_another`'s)."""
+    breaks: list[str] = []
+    for path in sorted((root / "bench").rglob("*.py")):
+        where = path.relative_to(root)
+        for line, module, _ in _tests_imports(path, submodules=False):
+            if module.split(".")[0] == "tests" and not (
+                module == "tests.support" or module.startswith("tests.support.")
+            ):
+                breaks.append(f"{where}:{line} imports {module}")
+    return breaks
+
+
+def test_bench_imports_only_public_code_and_tests_support() -> None:
+    assert bench_breaks(ROOT) == []
+
+
+def test_test_module_and_bench_breaks_are_named(tmp_path: Path) -> None:
+    """The two checks above on a tree that breaks every rule once, and on its mended copy."""
+    files = {
+        "tests/api/test_a.py": "def helper() -> int:\n    return 1\n",
+        "tests/api/test_b.py": "from tests.api.test_a import helper\n",
+        "tests/api/test_c.py": (
+            f"from tests.support.inprocess import (  # {NOQA_F401}\n    settings,\n)\n\n\n"
+            f"def test_c(settings: object) -> None:  # {NOQA_F811}\n    pass\n"
+        ),
+        "tests/api/test_d.py": "from tests.integration import conftest\n",
+        "bench/load.py": (
+            "from tests.support.stack import _stop\nfrom tests.integration.probe import probe\n"
+        ),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert breaks_in_tests(tmp_path) == [
+        "tests/api/test_b.py:1 imports tests.api.test_a",
+        "tests/api/test_c.py:1 imports from tests with noqa: F401",
+        "tests/api/test_c.py:6 redefines an imported name (noqa F811)",
+        "tests/api/test_d.py:1 imports tests.integration.conftest",
+    ]
+    assert bench_breaks(tmp_path) == ["bench/load.py:2 imports tests.integration.probe"]
+    assert private_imports(tmp_path, ["bench"]) == [("bench/load.py: tests.support.stack._stop", 1)]
+    (tmp_path / "tests/api/test_b.py").write_text("from tests.support.inprocess import send\n")
+    (tmp_path / "tests/api/test_c.py").write_text(
+        "def test_c(settings: object) -> None:\n    pass\n"
+    )
+    (tmp_path / "tests/api/test_d.py").write_text("from tests.support import waits\n")
+    (tmp_path / "bench/load.py").write_text("from tests.support.stack import stop_process\n")
+    assert (breaks_in_tests(tmp_path), bench_breaks(tmp_path)) == ([], [])
+    assert private_imports(tmp_path, ["bench"]) == []
+
+
+# Where a name starting with `_` may not be imported from another module (tests may).
+PRIVATE_TOPS = ("api", "workers", "core", "pdppo", "bench")
+
+# Private imports another branch removes; the lead drops each entry as it merges. Empty since
+# i50-tests: bench/api_load.py stops its processes with tests.support.stack.stop_process.
+PENDING: frozenset[str] = frozenset()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(root: Path, tops: Iterable[str]) -> list[tuple[str, int]]:
+    """`file: module.name` and its line for each import of a private name (or of a module whose
+    dotted path has a private part) from another module, anywhere in a file: a function's or a
+    TYPE_CHECKING import reaches in all the same. A relative import is resolved to its module."""
+    found: list[tuple[str, int]] = []
+    for name, (path, is_init) in modules(root, tops).items():
+        rel = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+            if isinstance(node, ast.Import):
+                found += [
+                    (f"{rel}: {alias.name}", node.lineno)
+                    for alias in node.names
+                    if any(_private(part) for part in alias.name.split("."))
+                ]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = name.split(".") if is_init else name.split(".")[:-1]
+                    package = package[: len(package) - (node.level - 1)]
+                    base = ".".join([*package, *([base] if base else [])])
+                found += [
+                    (f"{rel}: {base}.{alias.name}", node.lineno)
+                    for alias in node.names
+                    if any(_private(part) for part in [*base.split("."), alias.name])
+                ]
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """A name used from another module is public: drop its underscore, or move it where it is
+    used. A split that forces `from x import _private` is in the wrong place (STYLE.md)."""
+    found = private_imports(ROOT, PRIVATE_TOPS)
+    wrong = [f"{what} (line {line})" for what, line in found if what not in PENDING]
+    assert not wrong, "private names imported from another module:\n" + "\n".join(wrong)
+    gone = sorted(PENDING - {what for what, _ in found})
+    assert not gone, "no longer imported, drop from PENDING:\n" + "\n".join(gone)
+
+
+def test_a_private_import_is_named(tmp_path: Path) -> None:
+    """The check itself, on a tree made here: a private name imported plainly, relatively, inside
+    a function or under TYPE_CHECKING, and a private module, are each named with their line;
+    dunders, `__future__` and public names are not."""
+    for name, text in {
+        "pkg/__init__.py": "from __future__ import annotations\nfrom pkg.a import __version__\n",
+        "pkg/a.py": "__version__ = '1'\n_hidden = 1\nshown = 2\n",
+        "pkg/b.py": (
+            "from typing import TYPE_CHECKING\n"
+            "from pkg.a import shown\n"
+            "from .a import _hidden\n"
+            "if TYPE_CHECKING:\n"
+            "    from pkg.a import _hidden as h\n"
+            "def f():\n"
+            "    import pkg._c\n"
+        ),
+        "pkg/_c.py": "",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert sorted(private_imports(tmp_path, ["pkg"])) == [
+        ("pkg/b.py: pkg._c", 7),
+        ("pkg/b.py: pkg.a._hidden", 3),
+        ("pkg/b.py: pkg.a._hidden", 5),
+    ]

@@ -30,6 +30,26 @@ def test_importing_the_server_or_the_cli_does_not_load_torch(module: str) -> Non
     assert _run(f"import sys, {module}; print('torch' in sys.modules)") == "False"
 
 
+def test_core_and_its_torch_free_packages_load_no_torch() -> None:
+    """What `pdppo submit --dry-run` and the API import: the config and the budget's report."""
+    code = "import sys, core, core.config, core.budget; print('torch' in sys.modules)"
+    assert _run(code) == "False"
+
+
+def test_divergence_names_one_thing() -> None:
+    """`core.divergence` is the function; its module is `core.objective.estimators`, and no
+    module of that name hides behind it (it was `core.objective.divergence`)."""
+    out = _run(
+        "import importlib, types, core\n"
+        "from core.objective import estimators\n"
+        "f = core.divergence\n"
+        "print(f is estimators.divergence, isinstance(f, types.FunctionType))\n"
+        "try:\n    importlib.import_module('core.objective.divergence')\n"
+        "except ModuleNotFoundError as e:\n    print(e)"
+    )
+    assert out == "True True\nNo module named 'core.objective.divergence'"
+
+
 def test_a_public_name_loads_its_module_on_first_use() -> None:
     out = _run(
         "import sys, core\n"

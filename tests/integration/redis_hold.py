@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 
-from tests.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy
 
 
 class HoldingProxy(TcpProxy):

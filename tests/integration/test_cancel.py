@@ -6,8 +6,9 @@ import time
 
 import httpx
 
-from tests.integration.conftest import handled, read_events, wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import handled, read_events, wait_for, wait_status
 
 LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it
 

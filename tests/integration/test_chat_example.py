@@ -17,8 +17,8 @@ import yaml
 from click.testing import CliRunner
 
 from pdppo.cli import main
-from tests.integration.conftest import read_events
-from tests.integration.stack import KEYS, REPO, Service
+from tests.support.stack import KEYS, REPO, Service
+from tests.support.waits import read_events
 
 EXAMPLES = REPO / "examples"
 

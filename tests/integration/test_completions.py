@@ -22,15 +22,15 @@ from openai import OpenAI
 from core.config import ModelConfig
 from core.models import load_model
 from core.rollout.completions import complete
-from tests.integration.conftest import wait_for, wait_status
-from tests.integration.stack import (
+from tests.support.specs import smoke_spec
+from tests.support.stack import (
     KEYS,
     REDIS_DATABASES,
     RedisServer,
     Service,
     check_compose_healthcheck,
-    smoke_spec,
 )
+from tests.support.waits import wait_for, wait_status
 from workers.sample_app import active_key
 
 LONG = {"steps": 5000, "checkpoint_every": 0}

@@ -24,8 +24,9 @@ import redis
 from api.openai.errors import is_openai
 from api.schemas import ErrorBody, ServerSentEvent, ValidationErrorBody
 from pdppo.store import job_key
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import read_events, wait_status
 
 REF = "#/components/schemas/"
 ERROR_REF = REF + "ErrorBody"
@@ -126,6 +127,8 @@ def test_every_operation_documents_its_errors_with_their_models(openapi: dict[st
                 want = REF + "OpenAIErrorBody"
             if path == "/readyz" and status == "503":
                 want = REF + "Health"
+            if (method, path) == ("PATCH", "/v1/jobs/{job_id}") and status == "412":
+                want = REF + "VersionMismatchBody"  # an ErrorBody with the job's config_version
             if (method, path) in NAMING_503 and status == "503":
                 want = REF + "StoreUnavailableBody"
                 headers = operation["responses"]["503"]["headers"]
@@ -181,14 +184,71 @@ def _assert_validation_body(response: httpx.Response) -> dict[str, Any]:
     return body
 
 
+SPEC_YAML = b"name: yaml\ntrain:\n  steps: 3\n"
+
+
+def _json_bodies(schema: dict[str, Any], job_id: str) -> list[tuple[str, str, str, str]]:
+    """(method, path template, path with the job's id, media type) of every operation taking
+    a JSON body."""
+    out = []
+    for method, path, operation in _operations(schema):
+        for media in operation.get("requestBody", {}).get("content", {}):
+            if media == "application/json" or media.endswith("+json"):
+                assert set(re.findall(r"\{(\w+)\}", path)) <= {"job_id"}, path
+                out.append((method, path, path.replace("{job_id}", job_id), media))
+    return out
+
+
+def _detail(response: httpx.Response, path: str) -> str:
+    body = response.json()
+    if is_openai(path):
+        assert set(body) == {"error"}, body
+        return str(body["error"]["message"])
+    ErrorBody.model_validate(body, strict=True)
+    return str(body["detail"])
+
+
+def test_a_body_that_is_not_json_is_a_400_on_every_route_that_takes_json(
+    alice: httpx.Client, openapi: dict[str, Any]
+) -> None:
+    """YAML sent as JSON, or JSON sent as another media type: the body cannot be read, a 400
+    that says so (issue 49: `422 "0: JSON decode error"`), documented with its model."""
+    job = alice.post("/v1/jobs", json=_parked_spec()).json()  # a job's routes find it
+    try:
+        routes = _json_bodies(openapi, job["id"])
+        assert len(routes) >= 10, routes
+        for method, template, path, media in routes:
+            documented = openapi["paths"][template][method.lower()]["responses"]["400"]
+            assert "not JSON" in documented["description"], (path, documented)
+            yaml = alice.request(method, path, content=SPEC_YAML, headers={"Content-Type": media})
+            assert yaml.status_code == 400, (method, path, yaml.text)
+            said = _detail(yaml, path)
+            assert said == "the body is not JSON: Expecting value (line 1, column 1)", said
+            text = alice.request(
+                method, path, content=b'{"train": {}}', headers={"Content-Type": "text/yaml"}
+            )
+            assert text.status_code == 400, (method, path, text.text)
+            assert _detail(text, path) == (
+                "the body is not JSON (Content-Type: text/yaml); send JSON as application/json"
+            )
+    finally:
+        alice.post(f"/v1/jobs/{job['id']}/cancel")
+    broken = alice.post(
+        "/v1/jobs",
+        content=b'{"train":\n  {"steps": 3,}}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert _detail(broken, "/v1/jobs") == (
+        "the body is not JSON: Expecting property name enclosed in double quotes "
+        "(line 2, column 15)"
+    )
+
+
 def test_every_422_has_the_documented_shape(alice: httpx.Client) -> None:
     spec = smoke_spec()
     spec["train"]["steps"] = "many"
     _assert_validation_body(alice.post("/v1/jobs", json=spec))
-    not_json = alice.post(
-        "/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}
-    )
-    assert _assert_validation_body(not_json)["errors"][0]["type"] == "json_invalid"
+    # a body that is not JSON is a 400, not a 422 (test_a_body_that_is_not_json_is_a_400)
     _assert_validation_body(alice.get("/v1/jobs", params={"limit": 0}))
     _assert_validation_body(alice.get("/v1/jobs/" + "x" * 65))
     # refused after the schema: a path outside the data roots, a job over its budget

@@ -17,10 +17,11 @@ import httpx
 import redis
 
 from pdppo.store.keys import events_key, job_key, lease_key, metrics_key
-from tests.api.test_upload_route import native
-from tests.integration.conftest import wait_status
-from tests.integration.stack import Service, records, smoke_spec
-from tests.integration.test_files import file_id, jsonl_spec, upload
+from tests.support.files import file_id, upload
+from tests.support.inprocess import native
+from tests.support.specs import jsonl_spec, records, smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import wait_status
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 

@@ -1,5 +1,5 @@
-"""A full disk under the real service: its artifact folder on a 1 MiB tmpfs (`tests.small_disk`),
-the API and a worker on it, as an operator would meet it.
+"""A full disk under the real service: its artifact folder on a 1 MiB tmpfs
+(`tests.support.small_disk`), the API and a worker on it, as an operator would meet it.
 
 Uploads that do not fit answer 507 and leave no `.upload-*.part`; `/readyz` stays ready and says
 `disk: low`; the gauges show the disk; a job that cannot fit its first checkpoint is refused at
@@ -23,15 +23,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.conftest import read_events, wait_for, wait_status
-from tests.integration.stack import (
-    REDIS_DATABASES,
-    RedisServer,
-    Service,
-    job_pids,
-    smoke_spec,
-)
-from tests.small_disk import fill, names, small_disk
+from tests.support.small_disk import fill, names, small_disk
+from tests.support.specs import smoke_spec
+from tests.support.stack import REDIS_DATABASES, RedisServer, Service, job_pids
+from tests.support.waits import read_events, wait_for, wait_status
 
 MIB = 1 << 20
 RESERVE = 64 * 1024  # PDPPO_MIN_FREE_BYTES of the service

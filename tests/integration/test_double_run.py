@@ -41,13 +41,9 @@ from celery import Celery
 from kombu import Queue
 
 from pdppo.store import events_key, job_key, lease_key
-from tests.integration.conftest import (
-    TERMINAL,
-    every_step_once,
-    wait_for,
-    wait_status,
-)
-from tests.integration.stack import Service, children, running, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service, children, running
+from tests.support.waits import TERMINAL, every_step_once, wait_for, wait_status
 from workers.celery_app import TRAIN_TASK
 
 STEPS = 150

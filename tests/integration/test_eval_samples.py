@@ -19,13 +19,11 @@ import redis
 
 from pdppo.store import JobStore, StoreRetry, events_key, job_key
 from pdppo.store.keys import eval_key, samples_key
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import KEYS, Service, pdppo_command, smoke_spec
-from tests.store.conftest import client, server
-from tests.workers.test_publisher import running_job
+from tests.support.seed import running_job
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service, pdppo_command
+from tests.support.waits import read_events, wait_status
 from workers.job.process import EventPublisher, backfill
-
-__all__ = ["client", "server"]  # the store tests' own redis-server, for the publisher test
 
 STEPS = 4
 EVAL_EVERY = 3  # evaluated after steps 3 and 4 (the last)

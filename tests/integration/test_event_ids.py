@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import metric_steps, read_events, wait_for, wait_status
 
 ID_PART_MAX = 2**64 - 1
 STEPS = 300  # 10-100 ms a step here: seconds of running job to connect in

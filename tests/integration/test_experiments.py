@@ -13,8 +13,9 @@ import httpx
 import redis
 from celery import Celery
 
-from tests.integration.conftest import handled, wait_path, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import handled, wait_path, wait_status
 
 LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it
 MASKS = {"algorithm.mask": ["predictive", "dppo"]}

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.integration.conftest import TERMINAL, wait_path, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import TERMINAL, wait_path, wait_status
 
 SHORT = {"steps": 2, "checkpoint_every": 0}
 

@@ -16,36 +16,18 @@ import httpx
 import redis
 
 from api.openai.errors import error_body
-from tests.integration.conftest import wait_status
-from tests.integration.stack import Service, records, smoke_spec
+from tests.support.files import file_id, upload
+from tests.support.specs import jsonl_spec, records
+from tests.support.stack import Service
+from tests.support.waits import wait_status
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def upload(
-    client: httpx.Client, content: bytes, name: str = "data.jsonl", purpose: str | None = None
-) -> httpx.Response:
-    data = {"purpose": purpose} if purpose else None
-    return client.post("/v1/files", files={"file": (name, content)}, data=data)
 
 
 def stored(service: Service, tenant: str = "alice") -> list[str]:
     """Every entry of the tenant's files folder (temporary upload files included)."""
     folder = service.artifact_dir / "files" / tenant
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-def file_id(content: bytes) -> str:
-    return "file-" + hashlib.sha256(content).hexdigest()[:32]
-
-
-def jsonl_spec(file: str, validation_file: str | None = None, **train: Any) -> dict[str, Any]:
-    spec = smoke_spec(steps=3, checkpoint_every=0, **train)
-    spec["name"] = "files"
-    spec["train"]["task"] = {"name": "jsonl", "file": file}
-    if validation_file is not None:
-        spec["train"]["task"]["validation_file"] = validation_file
-    return spec
 
 
 def test_upload_list_get_content_and_delete(service: Service, alice: httpx.Client) -> None:

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.conftest import wait_for, wait_status
-from tests.integration.stack import Service, job_pids, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service, job_pids
+from tests.support.waits import wait_for, wait_status
 
 LONG = {"steps": 5000, "checkpoint_every": 0}
 

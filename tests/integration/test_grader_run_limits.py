@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.stack import Service
+from tests.support.stack import Service
 
 RUN = "/v1/fine_tuning/alpha/graders/run"
 QUICK = {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}

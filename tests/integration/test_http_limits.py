@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.stack import KEYS, RedisServer, Service, records, smoke_spec, stall
+from tests.support.specs import records, smoke_spec
+from tests.support.stack import KEYS, RedisServer, Service, stall
 
 HEAD_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0

@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import read_events, wait_for, wait_status
-from tests.integration.stack import Service, running, smoke_spec, still_running
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service, running, still_running
+from tests.support.waits import read_events, wait_for, wait_status
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 LONG = {"steps": 5000, "checkpoint_every": 0}

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from core.training.trainer import train
 from pdppo.spec import JobSpec
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import read_events, wait_status
 
 TIMING = {"tokens_per_s", "rollout_time", "update_time", "step_time"}
 

@@ -7,18 +7,24 @@ Before, a job ran with torch's default (every core, in every process) and said n
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import redis
 import yaml
 
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import Service, pdppo_command, smoke_spec
+from pdppo.store import events_key, job_key
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service, pdppo_command
+from tests.support.waits import TERMINAL, read_events, wait_status
 
 CORES = len(os.sched_getaffinity(0))  # the workers these tests start inherit it
+LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it
 
 
 def job_logs(client: httpx.Client, job_id: str) -> list[str]:
@@ -39,6 +45,66 @@ def test_the_default_is_the_workers_cores_over_its_jobs_at_once(
         logs = job_logs(alice, job["id"])
     expected = f"torch threads: {max(1, CORES // 2)} per process ({CORES} cores, 2 jobs at once)"
     assert expected in logs, logs
+
+
+def threads_said(client: redis.Redis, job_id: str) -> list[str]:
+    """The job's `torch threads` log lines so far, read from its event stream in Redis."""
+    said = []
+    for _, fields in client.xrange(events_key(job_id)):
+        message = json.loads(fields["data"]).get("message", "") if fields["type"] == "log" else ""
+        if message.startswith("torch threads: "):
+            said.append(message)
+    return said
+
+
+def wait_said(client: redis.Redis, job_id: str, line: str, after: int = 0) -> list[str]:
+    """The job's thread lines once `line` is among them past the first `after`."""
+    deadline = time.monotonic() + 90
+    while line not in (said := threads_said(client, job_id))[after:]:
+        assert time.monotonic() < deadline, (line, said)
+        time.sleep(0.2)
+    return said
+
+
+def test_two_workers_on_one_host_split_its_cores_between_their_jobs(
+    make_service: Callable[..., Service],
+) -> None:
+    """No setting: each job counts the jobs running on its host (`workers.job.cores`). Alone, a
+    job takes every core; with a second worker's job beside it, each takes half (at least one),
+    the first at its next step; when the second ends, the first takes them back. Each took every
+    core before, whatever ran beside it."""
+    svc = make_service()
+    for name in ("PDPPO_WORKER_TORCH_THREADS", "OMP_NUM_THREADS"):  # the stack's: no setting
+        svc.env.pop(name)
+    svc.start_api()
+    svc.start_worker("cpu")
+    svc.start_worker("cpu")
+    alone = f"torch threads: {CORES} per process ({CORES} cores, 1 job running on this host)"
+    halves = (
+        f"torch threads: {max(1, CORES // 2)} per process ({CORES} cores, 2 jobs running on "
+        "this host)"
+    )
+    store = redis.Redis.from_url(svc.redis_url, decode_responses=True)
+    with svc.client("alice") as alice:
+        first = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()["id"]
+        assert wait_said(store, first, alone)[0] == alone
+        second = alice.post("/v1/jobs", json=smoke_spec(**LONG)).json()["id"]
+        try:
+            assert wait_said(store, second, halves)[0] == halves
+            workers = {store.hget(job_key(j), "worker") for j in (first, second)}
+            assert len(workers) == 2, workers  # one job on each worker
+            split = wait_said(store, first, halves)
+            assert split[:2] == [alone, halves], split
+            alice.post(f"/v1/jobs/{second}/cancel")
+            assert wait_status(alice, second, TERMINAL, timeout=30)["status"] == "cancelled"
+            back = wait_said(store, first, alone, after=2)
+            assert back[:3] == [alone, halves, alone], back
+        finally:
+            for job in (first, second):
+                alice.post(f"/v1/jobs/{job}/cancel")
+            for job in (first, second):
+                wait_status(alice, job, TERMINAL, timeout=30)
+    store.close()
 
 
 def test_the_operators_setting_is_said_by_its_name(alice: httpx.Client) -> None:

@@ -9,8 +9,9 @@ import time
 
 import httpx
 
-from tests.integration.conftest import TERMINAL, metric_steps, read_events, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import TERMINAL, metric_steps, read_events, wait_status
 
 
 def test_submit_runs_to_success_with_a_metrics_event_per_step(alice: httpx.Client) -> None:

@@ -26,8 +26,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
-from tests.integration.stack import (
+from tests.support.specs import smoke_spec
+from tests.support.stack import (
     TWO_DEVICES,
     RedisServer,
     Service,
@@ -35,9 +35,9 @@ from tests.integration.stack import (
     pdppo_command,
     rank_pids,
     running,
-    smoke_spec,
     still_running,
 )
+from tests.support.waits import metric_steps, read_events, wait_for, wait_status
 
 FINISHED = {"succeeded", "failed", "cancelled"}
 # wall-clock figures differ between two runs of the same steps; everything else must not

@@ -16,18 +16,16 @@ from openai import OpenAI
 
 from core.graders.hosted import NoScore, normalise, parse_score
 from tests.core.chat_server import Endpoint
-from tests.integration.stack import KEYS, Service
-from tests.integration.test_openai_sdk import (
-    MULTI as MULTI_DIGITS,
-)
-from tests.integration.test_openai_sdk import (
-    SMALL,
-    TERMINAL,
-    reinforcement,
-    rft_rows,
-    upload,
+from tests.integration.openai_sdk import MULTI as MULTI_DIGITS
+from tests.integration.openai_sdk import (
+    ONE_STEP,
+    create,
+    sdk,
+    step_metrics,
     wait,
 )
+from tests.support.stack import KEYS, Service
+from tests.support.waits import TERMINAL
 
 OUT = "{{sample.output_text}}"
 DIGIT = "def grade(sample, item):\n    return 1.0 if sample['output_text'][:1].isdigit() else 0\n"
@@ -43,31 +41,10 @@ JUDGE: dict[str, Any] = {
     ],
     "range": [0, 10],
 }
-ONE_STEP = SMALL  # 4 records, 4 prompts a step, one epoch: one step
 
 
 def python(source: str, name: str = "p") -> dict[str, Any]:
     return {"type": "python", "name": name, "source": source}
-
-
-def sdk(service: Service) -> OpenAI:
-    return OpenAI(base_url=f"{service.base_url}/v1", api_key=KEYS["alice"], max_retries=0)
-
-
-def step_metrics(client: OpenAI, job_id: str) -> list[dict[str, Any]]:
-    """The metrics of every training step, oldest first."""
-    events = client.fine_tuning.jobs.list_events(job_id, limit=100)
-    rows = [e.data for e in events if e.type == "metrics" and not e.data.get("eval")]
-    return sorted(rows, key=lambda row: row["step"])
-
-
-def create(client: OpenAI, grader: dict[str, Any], pdppo: dict[str, Any] | None = None) -> Any:
-    return client.fine_tuning.jobs.create(
-        model="builtin:tiny",
-        training_file=upload(client, rft_rows(4)),
-        method=reinforcement(grader, batch_size=4, n_epochs=1),
-        extra_body={"pdppo": pdppo or ONE_STEP},
-    )
 
 
 @pytest.fixture
@@ -117,7 +94,8 @@ def test_with_the_settings_on_python_and_score_model_graders_score_a_job(
         assert "longer than 5 s" in (errors.python_grader_runtime_error_details or "")
         with pytest.raises(openai.BadRequestError) as caught:
             graders.validate(grader=python("def grade(sample, item)\n    return 1\n"))
-        assert "grader.source is not python" in caught.value.message
+        # refused by the grader's schema (core.config.openai_graders.parse_source)
+        assert "grader.python.source: not python: expected ':' (line 1)" in caught.value.message
 
         # a multi of two python graders: the reward is `known`'s, 3 / 10 on every completion
         multi = {

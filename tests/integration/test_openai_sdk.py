@@ -6,7 +6,6 @@ by page, pause, resume, cancel, checkpoints, graders validated and run, and Open
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -20,78 +19,24 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.stack import KEYS, REPO, Service
+from tests.integration.openai_sdk import (
+    MULTI,
+    SMALL,
+    TINY,
+    reinforcement,
+    rft_rows,
+    upload,
+    wait,
+)
+from tests.support.stack import KEYS, REPO, Service
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-TINY = {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 48}
-SMALL = {
-    "resources": {"device": "cpu"},
-    "train": {
-        "model": {"tiny": TINY},
-        "rollout": {"group_size": 4, "max_new_tokens": 4},
-        "checkpoint_every": 2,
-        "keep_checkpoints": 2,
-        "device": "cpu",
-    },
-}
-OUT = "{{sample.output_text}}"
-MULTI: dict[str, Any] = {
-    "type": "multi",
-    "name": "answer",
-    "graders": {
-        "exact": {
-            "type": "string_check",
-            "name": "exact",
-            "input": OUT,
-            "reference": "{{item.answer}}",
-            "operation": "eq",
-        },
-        "close": {
-            "type": "text_similarity",
-            "name": "close",
-            "input": OUT,
-            "reference": "{{item.answer}}",
-            "evaluation_metric": "fuzzy_match",
-        },
-    },
-    "calculate_output": "max(exact, 0.5 * close)",
-}
-
-
-def rft_rows(n: int, tag: str = "") -> bytes:
-    """OpenAI's RFT format: `messages` and the fields the grader reads."""
-    rows = []
-    for i in range(n):
-        digits = f"{(i * 37 + 11) % 1000:03d}"
-        message = {"role": "user", "content": f"{tag}{digits}="}
-        rows.append(json.dumps({"messages": [message], "answer": digits[::-1]}))
-    return ("\n".join(rows) + "\n").encode()
 
 
 @pytest.fixture
 def client(service: Service) -> Iterator[OpenAI]:
     with OpenAI(base_url=f"{service.base_url}/v1", api_key=KEYS["alice"], max_retries=0) as c:
         yield c
-
-
-def reinforcement(grader: dict[str, Any] | None = None, **hp: Any) -> dict[str, Any]:
-    return {
-        "type": "reinforcement",
-        "reinforcement": {"grader": grader or MULTI, "hyperparameters": hp},
-    }
-
-
-def wait(client: OpenAI, job_id: str, statuses: set[str], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.fine_tuning.jobs.retrieve(job_id)
-        if job.status in statuses or time.monotonic() > deadline:
-            return job
-        time.sleep(0.2)
-
-
-def upload(client: OpenAI, content: bytes, name: str = "train.jsonl") -> str:
-    return client.files.create(file=(name, content), purpose="fine-tune").id
 
 
 def readme_example() -> tuple[str, str]:
@@ -207,6 +152,47 @@ def test_a_reinforcement_job_from_the_sdk_trains_and_reports(client: OpenAI) -> 
     assert wait(client, later.id, TERMINAL).status == "succeeded"
 
 
+def test_a_reasoning_gym_job_from_the_sdk_needs_no_file_nor_grader(client: OpenAI) -> None:
+    """The task in extra_body's pdppo extension: rows generated on the worker, scored by the
+    dataset's score_answer; `training_file` left out with the SDK's `omit`. One epoch of 8 rows
+    at 4 a step is 2 steps, and the held-out rows are evaluated at the last."""
+    from openai import omit
+
+    task = {
+        "name": "reasoning_gym",
+        "dataset": "spell_backward",
+        "config": {"min_word_len": 3, "max_word_len": 3},
+        "size": 8,
+        "validation_size": 4,
+    }
+    tiny = {**TINY, "max_seq_len": 80}
+    pdppo = {**SMALL, "train": {**SMALL["train"], "model": {"tiny": tiny}, "task": task}}
+    job = client.fine_tuning.jobs.create(
+        model="builtin:tiny",
+        training_file=omit,  # type: ignore[arg-type]  # the SDK's signature wants a file
+        method={"type": "reinforcement", "reinforcement": {"hyperparameters": {"batch_size": 4}}},
+        extra_body={"pdppo": pdppo},
+    )
+    assert job.training_file is None
+    assert job.model_extra is not None and job.model_extra["pdppo"]["total_steps"] == 2
+    done = wait(client, job.id, TERMINAL)
+    assert done.status == "succeeded", done
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
+    evaluation = [e.data for e in events if e.type == "metrics" and e.data.get("eval")]
+    assert [e["step"] for e in evaluation] == [2] and evaluation[0]["eval_prompts"] == 4
+
+    file = upload(client, rft_rows(4))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.fine_tuning.jobs.create(
+            model="builtin:tiny",
+            training_file=file,
+            method={"type": "reinforcement", "reinforcement": {}},
+            extra_body={"pdppo": pdppo},
+        )
+    assert info.value.param == "training_file"
+    assert "a reasoning_gym task (pdppo.train.task) generates its rows" in info.value.message
+
+
 def _stream_order(event_id: str) -> tuple[int, int]:
     ms, seq = event_id.removeprefix("ftevent-").split("-")
     return int(ms), int(seq)
@@ -259,6 +245,8 @@ def test_graders_are_validated_and_run_before_a_job_is_spent(client: OpenAI) -> 
     assert "is not a formula" in caught.value.message
 
 
+GRADE_ONE = "def grade(sample, item):\n    return 1\n"
+
 BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
     (
         "supervised",
@@ -276,7 +264,8 @@ BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ),
     (
         "a python grader",
-        {"method": reinforcement({"type": "python", "name": "p", "source": "x = 1"})},
+        # valid code: only the setting refuses it
+        {"method": reinforcement({"type": "python", "name": "p", "source": GRADE_ONE})},
         "method.reinforcement.grader",
         "python graders are off",
     ),
@@ -300,7 +289,13 @@ BAD_CREATES: list[tuple[str, dict[str, Any], str | None, str]] = [
         "metadata",
         "at most 16 items",
     ),
-    ("an unknown field", {"extra_body": {"epochs": 3}}, "epochs", "Extra inputs are not permitted"),
+    (
+        "an unknown field",
+        {"extra_body": {"epochs": 3}},
+        "epochs",
+        "unknown field epochs (this section takes: model, training_file, validation_file, seed, "
+        "suffix, metadata, method, hyperparameters, integrations, pdppo)",
+    ),
     (
         "an unknown grader type",
         {"method": reinforcement({"type": "label_model", "name": "l"})},

@@ -25,8 +25,9 @@ from typing import Any
 import httpx
 import redis
 
-from tests.integration.conftest import TERMINAL, wait_status
-from tests.integration.stack import KEYS, REPO, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, REPO, Service
+from tests.support.waits import TERMINAL, wait_status
 
 # Concurrent POSTs, each with its own Idempotency-Key. The burst was 200; 100 keeps the
 # test near two minutes on two busy cores (a one-step job takes a worker 2-4 s there).

@@ -8,8 +8,8 @@ import json
 
 import httpx
 
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.waits import read_events, wait_status
 
 
 def _records(n: int, offset: int) -> bytes:

@@ -13,8 +13,9 @@ import httpx
 import torch
 from safetensors.torch import load_file
 
-from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import metric_steps, read_events, wait_for, wait_status
 
 WARMUP = 1000  # ~10 ms a step on one busy CPU core: seconds of warm-up to pause in
 TERMINAL = {"succeeded", "failed", "cancelled"}

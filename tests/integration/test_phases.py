@@ -15,9 +15,10 @@ from api.jobs.convert import to_job
 from pdppo.store import JobStore, now_iso
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import events_key, job_key, lease_key
-from tests.integration.conftest import read_events
-from tests.integration.stack import Service
-from tests.integration.test_files import jsonl_spec, upload
+from tests.support.files import upload
+from tests.support.specs import jsonl_spec
+from tests.support.stack import Service
+from tests.support.waits import read_events
 
 STATUSES = ("queued", "running", "paused", "succeeded", "failed", "cancelled")
 

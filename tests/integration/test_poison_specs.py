@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
 
 POISON = "__poison__"
 

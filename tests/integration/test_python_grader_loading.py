@@ -13,9 +13,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.integration.stack import Service
-from tests.integration.test_openai_hosted_graders import ONE_STEP, create, sdk, step_metrics
-from tests.integration.test_openai_sdk import TERMINAL, wait
+from tests.integration.openai_sdk import ONE_STEP, create, sdk, step_metrics, wait
+from tests.support.stack import Service
+from tests.support.waits import TERMINAL
 
 GRADE = "def grade(sample, item):\n    return 1.0\n"
 RAISES = "x = 1\n1 / 0\n" + GRADE

@@ -18,8 +18,9 @@ import httpx
 import redis
 
 from pdppo.store import JobStore
-from tests.integration.conftest import TERMINAL, read_events
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import TERMINAL, read_events
 from workers.job.lease import Lease
 
 MAX_LOSSES = 2

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.integration.conftest import (
-    every_step_once,
-    metric_steps,
-    read_events,
-    wait_for,
-    wait_status,
-)
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import every_step_once, metric_steps, read_events, wait_for, wait_status
 
 STEPS = 120
 

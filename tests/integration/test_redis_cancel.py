@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from api.streaming.cancel import CANCEL_AGAIN_SECONDS, cancel_until_done
 from api.streaming.events import redis_driver_info
 from pdppo.settings import Settings
-from tests.integration.stack import REDIS_DATABASES, RedisServer
+from tests.support.stack import REDIS_DATABASES, RedisServer
 
 
 def _lost_cancels(url: str, cancel: Callable[[asyncio.Task[Any]], object], tries: int) -> int:

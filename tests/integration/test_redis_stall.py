@@ -17,12 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import (
-    every_step_once,
-    wait_for,
-    wait_status,
-)
-from tests.integration.stack import RedisServer, Service, smoke_spec, stall
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service, stall
+from tests.support.waits import every_step_once, wait_for, wait_status
 
 STALL_SECONDS = 7  # longer than redis-py's default socket timeout (5 s)
 STEPS = 200  # 0.05-0.1 s a step: the stall (from step 5) hits a job in training

@@ -25,18 +25,10 @@ import redis
 
 from pdppo.client import Client
 from pdppo.store.keys import events_key
-from tests.integration.conftest import wait_status
 from tests.integration.redis_hold import HoldingProxy
-from tests.integration.stack import (
-    KEYS,
-    REPO,
-    RedisServer,
-    Service,
-    pdppo_command,
-    records,
-    smoke_spec,
-    stall,
-)
+from tests.support.specs import records, smoke_spec
+from tests.support.stack import KEYS, REPO, RedisServer, Service, pdppo_command, stall
+from tests.support.waits import wait_status
 
 STORE_TIMEOUT = "1"  # the API's wait for one Redis reply (PDPPO_REDIS_SOCKET_TIMEOUT_SECONDS)
 STALL_SECONDS = 4

@@ -15,8 +15,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.monitoring import used_names
-from tests.integration.conftest import wait_status
-from tests.integration.stack import RedisServer, Service, smoke_spec, stall
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service, stall
+from tests.support.waits import wait_status
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from api.streaming.events import EventHub, Subscriber
 from pdppo.settings import Settings
 from pdppo.store import AsyncJobStore, events_key
-from tests.integration.stack import REDIS_DATABASES, RedisServer
+from tests.support.stack import REDIS_DATABASES, RedisServer
 
 DB = REDIS_DATABASES - 1  # no service's
 

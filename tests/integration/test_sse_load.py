@@ -22,9 +22,10 @@ import pytest
 import redis
 
 from pdppo.store.keys import events_key
-from tests.integration.conftest import metric_steps, read_events
-from tests.integration.probe import start_control, start_probe, stop_probe
-from tests.integration.stack import KEYS, RedisServer, Service, smoke_spec
+from tests.support.probe import start_control, start_probe, stop_probe
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, RedisServer, Service
+from tests.support.waits import metric_steps, read_events
 
 SUBSCRIBERS = 250
 BACKLOG = 2000

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.integration.conftest import metric_steps, read_events, wait_for
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.waits import metric_steps, read_events, wait_for
 
 STEPS = 60
 AWAY_STEPS = 15  # steps the job publishes while the client is disconnected

@@ -25,8 +25,9 @@ import redis
 
 from pdppo.store import events_key
 from pdppo.store.jobs.events import EventStore
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import KEYS, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import KEYS, Service
+from tests.support.waits import read_events, wait_status
 
 QUEUE_SIZE = 16  # the smallest the setting allows
 PUBLISHED = 8000

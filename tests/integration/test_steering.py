@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 
 from core.config import LR_FROM_SCRATCH
-from tests.integration.conftest import metric_steps, read_events, wait_for, wait_status
-from tests.integration.stack import Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import metric_steps, read_events, wait_for, wait_status
 
 LONG = {"steps": 5000, "checkpoint_every": 0}  # minutes of work; only a cancel ends it
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}

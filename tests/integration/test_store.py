@@ -26,8 +26,8 @@ from pdppo.store.jobs.events import AsyncEventStore
 from pdppo.store.jobs.steering import Steering
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.keys import eval_key
-from tests.integration.conftest import STORE_DB, Run
-from tests.integration.stack import RedisServer
+from tests.support import seed
+from tests.support.stack import STORE_DB, RedisServer, Run
 from workers.job.lease import Lease, LeaseLost
 
 
@@ -37,22 +37,8 @@ def client(store_redis: redis.Redis) -> redis.Redis:
 
 
 def running_job(client: redis.Redis, job_id: str = "j1") -> JobRecord:
-    now = now_iso()
-    fields = {
-        "id": job_id,
-        "tenant": "t",
-        "status": "queued",
-        "queue": "cpu",
-        "spec": "{}",
-        "created_at": now,
-        "total_steps": "10",
-    }
-    client.hset(job_key(job_id), mapping=fields)
-    store = JobStore(client)
-    assert store.claim(job_id, "w1")
-    record = store.get(job_id)
-    assert record is not None and record.status == "running"
-    return record
+    """A job of 10 steps claimed by worker w1."""
+    return seed.running_job(client, job_id, total_steps=10)
 
 
 def test_a_step_is_published_once_even_when_a_resumed_run_repeats_it(client: redis.Redis) -> None:

@@ -11,7 +11,7 @@ import redis
 from pdppo.store import JobStore, events_key, job_key, now_iso
 from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.jobs.events import LAST_POSSIBLE_ID, AsyncEventStore, EncodedPage
-from tests.integration.conftest import Run
+from tests.support.stack import Run
 
 
 @pytest.fixture

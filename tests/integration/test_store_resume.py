@@ -10,9 +10,10 @@ from typing import Any, cast
 import pytest
 import redis
 
-from pdppo.store import OUTBOX, events_key, job_key, now_iso, tenant_active_key
+from pdppo.store import OUTBOX, JobStore, events_key, job_key, now_iso, tenant_active_key
 from pdppo.store.jobs.api_side import AsyncJobStore
-from tests.integration.conftest import Run
+from pdppo.store.keys import lease_key
+from tests.support.stack import Run
 
 LIMIT = 2
 
@@ -107,3 +108,30 @@ def test_two_tenants_count_their_own_active_jobs(store_redis: redis.Redis, run_s
     assert run_store(both) == ["limit", "queued"]
     assert store_redis.smembers(tenant_active_key("bob")) == {"jb"}
     assert "ja" not in store_redis.smembers(tenant_active_key("alice"))
+
+
+@pytest.mark.parametrize(
+    ("carried_out", "said"),
+    [
+        (False, "pause withdrawn before the job stopped; it runs on"),
+        (
+            True,
+            "pause withdrawn after the job had begun stopping for it: it stops at its checkpoint "
+            "as planned, then is queued again to run on from there",
+        ),
+    ],
+)
+def test_a_withdrawn_pause_says_whether_the_job_runs_on(
+    store_redis: redis.Redis, run_store: Run, carried_out: bool, said: str
+) -> None:
+    """Once its worker carries the pause out (`JobStore.begin_pause`) the job stops anyway: the
+    resume said "it runs on" of it too."""
+    _job(store_redis, "j", "t", "running", pause_requested="1")
+    store_redis.set(lease_key("j"), "w1:token")
+    if carried_out:
+        assert JobStore(store_redis).begin_pause("j", lease_token="w1:token") is True
+    assert run_store(lambda store: store.steering.resume("j", 5.0, "t", LIMIT)) == "withdrawn"
+    entries = cast(list[tuple[str, dict[str, str]]], store_redis.xrange(events_key("j")))
+    assert [json.loads(fields["data"])["message"] for _, fields in entries] == [said]
+    # nothing to carry out any more
+    assert JobStore(store_redis).begin_pause("j", lease_token="w1:token") is False

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.stack import REPO, RedisServer, Service, start_celery_worker
+from tests.support.stack import REPO, RedisServer, Service, start_celery_worker
 
 MAX_AGE = 10  # seconds (PDPPO_WORKER_HEALTH_MAX_AGE_SECONDS); a beat is written every 5
 PING_ONLY = (

@@ -24,8 +24,8 @@ from standardwebhooks import Webhook
 
 from pdppo.store.keys import tenant_webhook_key
 from pdppo.webhooks import new_secret
-from tests.integration.stack import RedisServer, Service
-from tests.integration.webhook_receiver import Received, Receiver
+from tests.support.stack import RedisServer, Service
+from tests.support.webhook_receiver import Received, Receiver
 
 ENV = {
     "PDPPO_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",

@@ -17,9 +17,10 @@ import httpx
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from tests.integration.conftest import read_events, wait_status
-from tests.integration.stack import RedisServer, Service, smoke_spec
-from tests.integration.webhook_receiver import Received, Receiver
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service
+from tests.support.waits import read_events, wait_status
+from tests.support.webhook_receiver import Received, Receiver
 
 ENV = {
     "PDPPO_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",

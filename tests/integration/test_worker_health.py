@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.stack import RedisServer, Service, pdppo_command
+from tests.support.stack import RedisServer, Service, pdppo_command
 
 
 def healthcheck(svc: Service) -> tuple[int, str]:

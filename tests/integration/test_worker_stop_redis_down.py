@@ -30,12 +30,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import (
-    every_step_once,
-    wait_for,
-    wait_status,
-)
-from tests.integration.stack import RedisServer, Service, smoke_spec
+from tests.support.specs import smoke_spec
+from tests.support.stack import RedisServer, Service
+from tests.support.waits import every_step_once, wait_for, wait_status
 
 # Short store and broker timeouts, so that a worker that does stop does so in seconds; with them
 # it stops in about 2-10 s here, and before the fix it never did.
@@ -126,20 +123,24 @@ def test_worker_stops_after_its_job_ended_while_redis_was_gone(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:
     """The case seen under `pdppo dev`: Redis killed (its port closed) under a running job; the
-    job gives up on Redis and its task returns, Celery's timers run again (the event heartbeat
-    first), and only then the worker is told to stop."""
+    job gives up on Redis and its worker tries to hand it back until Redis answers (a reaper
+    would count the worker lost otherwise, `workers.job.runner._hand_back`), and is told to stop
+    meanwhile: it leaves the job to a reaper, the task returns, Celery's timers run again (the
+    event heartbeat first) and the worker exits."""
     svc = Service(own_redis, tmp_path / "service", env=ENV)
     try:
         svc.start_api()
         worker = svc.start_worker()
         with svc.client("alice") as alice:
             job_id = kill_redis_under_a_job(svc, own_redis, alice)
-        ended = f"Task pdppo.train[{job_id}] succeeded"
-        assert "could not hand it back" in wait_worker_log(svc, lambda log: ended in log)
+        wait_worker_log(svc, lambda log: "could not hand it back yet" in log, worker)
         time.sleep(HEARTBEAT_DUE)
 
         took = seconds_to_exit(worker, svc)
         assert took < EXIT_LIMIT
+        log = svc.worker_log()
+        assert "could not hand it back; a reaper will once Redis answers" in log, log[-3000:]
+        assert f"Task pdppo.train[{job_id}] succeeded" in log, log[-3000:]
     finally:
         svc.stop()
 
@@ -176,20 +177,25 @@ def test_worker_stops_mid_job_while_redis_is_stalled_and_the_job_resumes(
         svc.stop()
 
 
-def test_worker_whose_ack_failed_reconnects_and_takes_the_next_job(
+def test_worker_whose_redis_died_mid_job_reconnects_and_takes_the_next_job(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    """Redis killed under a running job and back (empty, same port) only after the job's task
-    returned: the ack of that task fails, and the worker keeps running, reconnects and runs the
-    next job. Before `workers.consumer`, it exited at the reconnect (code 0, so a supervisor
-    restarting only on failure left the queue without a worker)."""
+    """Redis killed under a running job and back (empty, same port) while the worker is still
+    trying to hand the job back: the hand-back finds no job, the task returns onto a broker
+    connection that died under it, Celery tears that down, and the worker keeps running,
+    reconnects and runs the next job.
+
+    Before the hand-back waited for Redis, the task returned while Redis was still away and its
+    ack failed ("Couldn't ack"), and the teardown that followed made the worker exit (code 0) at
+    its reconnect; that teardown's guard (`workers.consumer`) is tested on real kombu in
+    tests/workers/test_consumer.py, since this path no longer reaches it."""
     svc = Service(own_redis, tmp_path / "service", env=ENV)
     try:
         svc.start_api()
         worker = svc.start_worker()
         with svc.client("alice") as alice:
-            kill_redis_under_a_job(svc, own_redis, alice)
-            wait_worker_log(svc, lambda log: "Couldn't ack" in log, worker)
+            first = kill_redis_under_a_job(svc, own_redis, alice)
+            wait_worker_log(svc, lambda log: "could not hand it back yet" in log, worker)
             own_redis.restart()
             wait_worker_log(svc, lambda log: log.count("Connected to redis") >= 2, worker)
 
@@ -198,6 +204,8 @@ def test_worker_whose_ack_failed_reconnects_and_takes_the_next_job(
         assert done["status"] == "succeeded", svc.worker_log()[-3000:]
         log = svc.worker_log()
         assert f"Task pdppo.train[{nxt['id']}] succeeded" in log, log[-3000:]
+        returned = log.index(f"Task pdppo.train[{first}] succeeded")
+        assert "Connection to broker lost" in log[returned:], log[-3000:]
         assert "Unrecoverable error" not in log, log[-3000:]
         assert worker.poll() is None
     finally:

@@ -30,7 +30,7 @@ from pdppo.store.keys import (
     tenant_files_key,
     tenant_jobs_key,
 )
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 
 FILE = "file-" + "ab" * 16
 TARGET = "0000000000aa000000000001"

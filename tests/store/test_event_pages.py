@@ -12,7 +12,7 @@ import redis.asyncio as aredis
 
 from pdppo.store.jobs.events import AsyncEventStore, EncodedPage
 from pdppo.store.keys import events_key
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 
 # the entry's fields, in stream order -> its frame's event and data lines
 CASES = [

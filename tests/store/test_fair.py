@@ -23,7 +23,7 @@ from pdppo.store import JobStore
 from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.keys import FAIR_PREFIX, lease_key
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 
 TENANTS = {"a": "alice", "b": "bob"}
 

@@ -4,16 +4,13 @@ writers' lock, which only its holder releases."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import pytest
 import redis.asyncio as aredis
 
 from pdppo.store.files import AsyncFileStore, FileRecord, listing_member
 from pdppo.store.keys import tenant_file_bytes_key, tenant_file_lock_key, tenant_files_key
-from tests.integration.stack import RedisServer
+from tests.store.aio import run
+from tests.support.stack import RedisServer
 
 TENANT = "alice"
 
@@ -25,17 +22,6 @@ def record(n: int, size: int) -> FileRecord:
         sha256=f"{n:064x}", created_at="2026-01-01T00:00:00Z", purpose="train",
         member=listing_member(n, file_id),
     )  # fmt: skip
-
-
-def run(server: RedisServer, work: Callable[[aredis.Redis], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        conn = aredis.Redis.from_url(server.url(), decode_responses=True)
-        try:
-            return await work(conn)
-        finally:
-            await conn.aclose()
-
-    return asyncio.run(main())
 
 
 # sizes of the files the tenant has, the new file (same id as the first: 0), its size, at most

@@ -31,7 +31,7 @@ from pdppo.store.keys import (
     tenant_jobs_key,
     tenant_usage_key,
 )
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 
 FILE = "file-" + "cd" * 16
 KEY = "retry-42"

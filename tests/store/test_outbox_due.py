@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from pdppo.store import OUTBOX, JobStore, Outbox
-from tests.integration.stack import RedisServer
-from tests.store.seed import seed_job
+from tests.support.seed import seed_job
+from tests.support.stack import RedisServer
 
 
 @pytest.fixture

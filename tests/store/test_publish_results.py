@@ -15,8 +15,8 @@ import redis
 from pdppo.store import JobStore
 from pdppo.store.jobs import worker_side as jobs_worker
 from pdppo.store.keys import eval_key, events_key, metrics_key, samples_key
-from tests.integration.stack import RedisServer
-from tests.store.seed import seed_job
+from tests.support.seed import seed_job
+from tests.support.stack import RedisServer
 
 JOB = "0000000000aa000000000002"
 TOKEN = "w1:0123456789abcdef"

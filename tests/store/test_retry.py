@@ -12,8 +12,8 @@ import redis
 
 from pdppo.store import StoreRetry, StoreUnavailable, events_key, is_transient
 from pdppo.store.retry import add_event_once, log_fields, publish_log_once
-from tests.integration import stack
-from tests.integration.stack import RedisServer, stall
+from tests.support import stack
+from tests.support.stack import RedisServer, stall
 
 
 class Counted:

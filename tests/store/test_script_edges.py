@@ -24,9 +24,9 @@ from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.jobs.records import JobRecord
 from pdppo.store.jobs.steering import AsyncSteering
 from pdppo.store.keys import job_key, tenant_file_key, tenant_files_key, tenant_jobs_key
-from tests.integration.stack import RedisServer
-from tests.store.seed import seed_job
-from tests.store.test_file_records import run
+from tests.store.aio import run
+from tests.support.seed import seed_job
+from tests.support.stack import RedisServer
 
 OLDER = "0000000000aa000000000002"  # an older version's entry: a larger id, listed first
 NEWER = "0000000000aa000000000001"

@@ -18,7 +18,7 @@ from pdppo.settings import Settings
 from pdppo.store import JobStore, job_key
 from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.stats import STATS, WORKERS
-from tests.integration.stack import RedisServer, stall
+from tests.support.stack import RedisServer, stall
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -19,7 +19,7 @@ import redis.asyncio as aredis
 from pdppo.store import JobRecord, JobStore, job_key, now_iso, tenant_active_key
 from pdppo.store.jobs.api_side import AsyncJobStore
 from pdppo.store.stats import STATS, WORKERS, Tally, beat, read_counters
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from workers.upkeep.heartbeat import Heartbeat
 
 

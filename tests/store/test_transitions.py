@@ -30,9 +30,9 @@ from pdppo.store.keys import (
     tenant_active_key,
     tenant_jobs_key,
 )
-from tests.integration.stack import RedisServer
-from tests.store.seed import seed_job
 from tests.store.transitions import JOB, QUEUE, ROWS, STATES, TENANT, TOKEN, TRACKED, Row
+from tests.support.seed import seed_job
+from tests.support.stack import RedisServer
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,8 @@ def describe(client: redis.Redis) -> str:
         text += "+cancel"
     if raw.get("pause_requested") == "1":
         text += "+pause"
+    if raw.get("pause_stopping") == "1":
+        text += "+stopping"
     return text
 
 
@@ -140,6 +142,13 @@ def requeue(client: redis.Redis, *, token: str = "", limit: int = 0, expire: boo
     return store.requeue_if_orphaned(record(client), lease_token=token, max_worker_losses=limit)
 
 
+def begin_pause(client: redis.Redis) -> object:
+    try:
+        return JobStore(client).begin_pause(JOB, lease_token=TOKEN)
+    except FencedOut:
+        return "fenced"
+
+
 def finish(client: redis.Redis, status: str) -> bool:
     extra = {"error_code": "training_error", "error_message": "m"} if status == "failed" else {}
     return JobStore(client).finish(record(client), status, extra)
@@ -191,6 +200,7 @@ REQUESTS: dict[str, Callable[[redis.Redis, str], object]] = {
     "requeue:limit1": lambda c, url: requeue(c, limit=1, expire=True),
     "requeue:leased": lambda c, url: requeue(c, expire=False),
     "hand-back": lambda c, url: requeue(c, token=TOKEN, limit=1, expire=False),
+    "begin-pause": lambda c, url: begin_pause(c),
     "cancel": lambda c, url: on_api(url, lambda a: AsyncJobStore(a).cancel(JOB)),
     "pause": lambda c, url: on_api(url, pause),
     "resume": lambda c, url: on_api(

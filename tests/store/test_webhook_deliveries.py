@@ -4,15 +4,11 @@ event twice, the send tokens that let only the latest copy of a task attempt, an
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import redis
-import redis.asyncio as aredis
-from cryptography.fernet import Fernet
 
 from pdppo.store import JobStore
 from pdppo.store.keys import (
@@ -22,29 +18,13 @@ from pdppo.store.keys import (
     webhook_delivery_key,
 )
 from pdppo.store.webhooks.deliveries import GROUP, WebhookDeliveries
-from pdppo.store.webhooks.endpoints import AsyncWebhookStore, Endpoint
-from pdppo.store.webhooks.sealing import SecretBox
+from pdppo.store.webhooks.endpoints import Endpoint
 from pdppo.webhooks import delivery_id
-from tests.integration.stack import RedisServer
-from tests.store.seed import seed_job
+from tests.support.seed import seed_job
+from tests.support.stack import RedisServer
+from tests.support.webhooks import BOX, on_api
 
-T = TypeVar("T")
 JOB = "0000000000aa0000000000f1"
-
-
-def on_api(server: RedisServer, work: Callable[[AsyncWebhookStore], Awaitable[T]]) -> T:
-    async def main() -> T:
-        conn = aredis.Redis.from_url(server.url(), decode_responses=True)
-        try:
-            return await work(AsyncWebhookStore(conn))
-        finally:
-            await conn.aclose()
-
-    return asyncio.run(main())
-
-
-KEY = Fernet.generate_key()  # PDPPO_WEBHOOK_SECRET_KEYS of these tests
-BOX = SecretBox([KEY])  # what seals endpoints' secrets with it
 
 
 def register(server: RedisServer, tenant: str, events: list[str]) -> Endpoint:

@@ -5,8 +5,8 @@ names what each runs), and what must follow:
 
 - `returns`: what the store method answers (`fenced`: it raised `FencedOut`);
 - `after`: the job as `describe` reads it back: its status, `:code` for a failure,
-  `+expired` once retention expired its artifacts, `+cancel` / `+pause` for a flag set
-  (`missing`: no record); `=` the same as seeded;
+  `+expired` once retention expired its artifacts, `+cancel` / `+pause` / `+stopping` for a
+  flag set (`missing`: no record); `=` the same as seeded;
 - `events`: the types of the entries the request added to the job's stream, in order;
 - `changes`: the counters and stamps it changed (the hash fields `TRACKED`, and the
   `ended|queue|status|code` count of `pdppo.store.stats`), sorted;
@@ -43,6 +43,8 @@ STATES: dict[str, tuple[str, dict[str, str], bool]] = {
     "running+cancel": ("running", {"cancel_requested": "1"}, True),
     "running+pause": ("running", {"pause_requested": "1"}, True),
     "running+cancel+pause": ("running", {"cancel_requested": "1", "pause_requested": "1"}, True),
+    # its worker has begun carrying the pause out (`JobStore.begin_pause`)
+    "running+pause+stopping": ("running", {"pause_requested": "1", "pause_stopping": "1"}, True),
     "running+lost": ("running", {"worker_losses": "1"}, True),  # lost a worker once already
     "paused": ("paused", {}, False),
     "succeeded": ("succeeded", {}, False),
@@ -96,6 +98,7 @@ ROWS: list[Row] = [
     # claim: a worker takes the job (queued, or running whose lease the caller took over)
     Row("queued", "claim", True, "running", "status", "attempts started_at", "listed active running"),
     *[Row(s, "claim", True, "=", "", "attempts", "=") for s in RUNNING],
+    Row("running+pause+stopping", "claim", True, "running+pause", "", "attempts", "="),  # a new run
     *unchanged("claim", False, "paused", *ENDED, "missing"),
 
     # publish: step 1's metrics, by the holder of the lease (TOKEN)
@@ -123,6 +126,7 @@ ROWS: list[Row] = [
     Row("running+cancel", "finish:succeeded", True, "succeeded+cancel", "status done", ended("succeeded"), "listed lease"),
     Row("running+pause", "finish:succeeded", True, "succeeded+pause", "status done", ended("succeeded"), "listed lease"),
     Row("running+cancel+pause", "finish:succeeded", True, "succeeded+cancel+pause", "status done", ended("succeeded"), "listed lease"),
+    Row("running+pause+stopping", "finish:succeeded", True, "succeeded+pause", "status done", ended("succeeded"), "listed lease"),
     Row("paused", "finish:succeeded", True, "succeeded", "status done", ended("succeeded"), "listed"),
     *unchanged("finish:succeeded", False, *ENDED, "missing"),
     Row("queued", "finish:failed", True, "failed:training_error", "status done", ended("failed", "training_error"), "listed"),
@@ -139,6 +143,7 @@ ROWS: list[Row] = [
     Row("running+lost", "requeue", "requeued", "queued", "log status", "queued_at requeues worker_losses", "listed active outbox fair"),
     Row("running+cancel", "requeue", "cancelled", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
     Row("running+pause", "requeue", "paused", "paused", "log status", "", "listed active"),
+    Row("running+pause+stopping", "requeue", "paused", "paused", "log status", "", "listed active"),
     Row("running+cancel+pause", "requeue", "cancelled", "cancelled+cancel+pause", "status done", ended("cancelled"), "listed"),
     *unchanged("requeue", "not-running", "queued", "paused", *ENDED, "missing"),
     # ... with at most 1 worker loss: the second one fails the job
@@ -154,8 +159,16 @@ ROWS: list[Row] = [
     Row("running+lost", "hand-back", "requeued", "queued", "log status", "queued_at requeues", "listed active outbox fair"),
     Row("running+cancel", "hand-back", "cancelled", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
     Row("running+pause", "hand-back", "paused", "paused", "log status", "", "listed active"),
+    Row("running+pause+stopping", "hand-back", "paused", "paused", "log status", "", "listed active"),
     Row("succeeded+lease", "hand-back", "not-running", "=", "", "", "listed"),  # lease let go
     *unchanged("hand-back", "not-running", "queued", "paused"),
+
+    # begin-pause: the worker carries a pending pause out (by the holder of the lease, TOKEN)
+    Row("running+pause", "begin-pause", True, "running+pause+stopping", "", "", "="),
+    Row("running+pause+stopping", "begin-pause", True, "=", "", "", "="),
+    *unchanged("begin-pause", False, "running", "running+cancel", "running+cancel+pause"),  # a cancel wins
+    *unchanged("begin-pause", False, "succeeded+lease"),
+    *unchanged("begin-pause", "fenced", "queued", "paused", *ENDED, "missing"),  # no lease
 
     # cancel (API)
     Row("queued", "cancel", "cancelled-while-queued", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
@@ -163,6 +176,7 @@ ROWS: list[Row] = [
     Row("running+cancel", "cancel", "requested", "=", "", "", "="),  # asked once, logged once
     Row("running+pause", "cancel", "requested", "running+cancel+pause", "log", "", "="),
     Row("running+cancel+pause", "cancel", "requested", "=", "", "", "="),
+    Row("running+pause+stopping", "cancel", "requested", "running+cancel+pause+stopping", "log", "", "="),
     Row("paused", "cancel", "cancelled-while-paused", "cancelled+cancel", "status done", ended("cancelled"), "listed"),
     *unchanged("cancel", "already-succeeded", "succeeded"),
     *unchanged("cancel", "already-failed", "failed:training_error", "failed:storage_full"),
@@ -173,6 +187,7 @@ ROWS: list[Row] = [
     Row("queued", "pause", "paused", "paused", "status", "", "listed active"),
     Row("running", "pause", "requested", "running+pause", "log", "", "="),
     Row("running+pause", "pause", "requested", "=", "", "", "="),
+    Row("running+pause+stopping", "pause", "requested", "=", "", "", "="),
     *unchanged("pause", "cancelling", "running+cancel", "running+cancel+pause"),
     *unchanged("pause", "already-paused", "paused"),
     *unchanged("pause", "already-succeeded", "succeeded"),
@@ -183,6 +198,7 @@ ROWS: list[Row] = [
     # resume (API; the tenant may have 2 active jobs)
     Row("paused", "resume", "queued", "queued", "status", "queued_at", "listed active outbox fair"),
     Row("running+pause", "resume", "withdrawn", "running", "log", "", "="),
+    Row("running+pause+stopping", "resume", "withdrawn", "running+stopping", "log", "", "="),  # it stops anyway
     Row("running+cancel+pause", "resume", "withdrawn", "running+cancel", "log", "", "="),
     Row("failed:storage_full", "resume", "queued", "queued", "log status", "error_message finished_at queued_at", "listed active outbox fair"),
     *unchanged("resume", "expired", "failed:storage_full+expired"),

@@ -189,7 +189,7 @@ def test_missing_tracker_library_names_its_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from core.extras import MissingExtra
-    from tests.core.trainer_runs import small_config
+    from tests.support.trainer_runs import small_config
 
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)
     from core.training.trainer import train

@@ -8,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import (  # noqa: F401 (fixtures)
-    make_service,
-    read_events,
-    redis_server,
-    wait_for,
-    wait_status,
-)
-from tests.integration.stack import Service, smoke_spec
-from tests.tracking.conftest import MlflowServer, start_mlflow
+from tests.support.mlflow import MlflowServer, start_mlflow
+from tests.support.specs import smoke_spec
+from tests.support.stack import Service
+from tests.support.waits import read_events, wait_for, wait_status
 from tests.tracking.readers import tensorboard_scalars, wandb_history
 
 pytest.importorskip("tensorboard")
@@ -26,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_service_job_reported_to_all_three(
-    make_service: Callable[..., Service],  # noqa: F811
+    make_service: Callable[..., Service],
     mlflow_server: MlflowServer,
 ) -> None:
     svc = make_service(
@@ -89,7 +84,7 @@ def wait_for_run(server: MlflowServer, job_id: str, timeout: float = 120) -> Non
 
 @pytest.mark.mlflow_server  # starts its own, to kill it
 def test_tracker_killed_mid_job(
-    make_service: Callable[..., Service],  # noqa: F811
+    make_service: Callable[..., Service],
     tmp_path: Path,
 ) -> None:
     """The MLflow server dies after the job's run is open: the job trains on and succeeds, and
@@ -123,7 +118,7 @@ def test_tracker_killed_mid_job(
 
 
 def test_job_resumed_after_kill_9_continues_its_tracker_runs(
-    make_service: Callable[..., Service],  # noqa: F811
+    make_service: Callable[..., Service],
     mlflow_server: MlflowServer,
 ) -> None:
     """A worker killed with -9 mid-job: the next worker resumes from the last checkpoint,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.core.trainer_runs import TIMING
-from tests.integration.stack import REPO, pdppo_command
-from tests.tracking.conftest import MlflowServer
+from tests.support.mlflow import MlflowServer
+from tests.support.stack import REPO, pdppo_command
+from tests.support.trainer_runs import TIMING
 from tests.tracking.readers import tensorboard_scalars, tensorboard_texts, wandb_history
 
 pytest.importorskip("tensorboard")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.core.test_hf_final import train_hf
+from tests.core.hf_runs import train_hf
 
 PRECISION = 1e-4
 

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from core.models.local_hf import make_chat_hf
-from tests.integration.conftest import read_events, wait_for, wait_status
-from tests.integration.stack import (
+from tests.support.stack import (
     REPO,
     TWO_DEVICES,
     RedisServer,
@@ -23,6 +22,7 @@ from tests.integration.stack import (
     rank_pids,
     still_running,
 )
+from tests.support.waits import read_events, wait_for, wait_status
 from tests.vllm.specs import chat_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled"}

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from core.models.local_hf import make_chat_hf
-from tests.integration.stack import REPO, pdppo_command
+from tests.support.stack import REPO, pdppo_command
 from tests.vllm.specs import chat_spec as spec
 
 PRECISION = 1e-4

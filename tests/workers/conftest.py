@@ -1,12 +1,15 @@
-"""The store tests' own redis-server and client fixtures (`tests.store.conftest`), `held` (a
-running job whose lease this worker holds) and `sent`."""
+"""`held` (a running job whose lease this worker holds, on the `client` of tests/conftest.py)
+and `sent`."""
+
+from __future__ import annotations
 
 import pytest
+import redis
 
-from tests.store.conftest import client, server
-from tests.workers.held import held
-
-__all__ = ["client", "held", "sent", "server"]
+from pdppo.store import job_key
+from tests.support.seed import running_job
+from tests.workers.held import Held
+from workers.job.lease import Lease
 
 
 @pytest.fixture
@@ -19,3 +22,12 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         lambda job_id, queue, priority=0: tasks.append((job_id, queue)),
     )
     return tasks
+
+
+@pytest.fixture
+def held(client: redis.Redis) -> Held:
+    job = running_job(client, "j1")
+    client.hset(job_key("j1"), "step", 2)
+    lease = Lease(client, "j1", seconds=30, owner="w1")
+    assert lease.acquire()
+    return Held(client, job, lease)

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import pytest
 import redis
 
 from pdppo.settings import Settings
 from pdppo.store import JobRecord, JobStore, StoreRetry, job_key
-from tests.workers.test_publisher import running_job, stream
+from tests.support.seed import stream
 from workers.job import runner
 from workers.job.lease import Lease
 from workers.job.runner import _Outcome, _Watch
@@ -44,7 +43,14 @@ class Held:
         watch = _Watch()
         watch.result, watch.reason, watch.killed = result, reason, killed
         return runner._conclude(
-            self.store, RETRY, self.job, self.lease, watch, exitcode, oom, SETTINGS
+            self.store,
+            RETRY,
+            self.job,
+            lease=self.lease,
+            watch=watch,
+            exitcode=exitcode,
+            oom_killed=oom,
+            settings=SETTINGS,
         )
 
     def field(self, name: str) -> str | None:
@@ -52,12 +58,3 @@ class Held:
 
     def logs(self) -> list[str]:
         return [data["message"] for kind, data in stream(self.client, self.job.id) if kind == "log"]
-
-
-@pytest.fixture
-def held(client: redis.Redis) -> Held:
-    job = running_job(client, "j1")
-    client.hset(job_key("j1"), "step", 2)
-    lease = Lease(client, "j1", seconds=30, owner="w1")
-    assert lease.acquire()
-    return Held(client, job, lease)

@@ -12,7 +12,7 @@ import redis
 
 from pdppo.store import job_key
 from pdppo.store.jobs.steering import Steering
-from tests.integration.stack import RedisServer, stall
+from tests.support.stack import RedisServer, stall
 from workers.job.config_watch import POLL_SECONDS, ConfigWatch
 
 

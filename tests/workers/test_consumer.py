@@ -18,7 +18,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection, Consumer, Exchange, Message, Queue
 
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from workers.celery_app import make_celery, side_app
 from workers.consumer import Consumer as PdppoConsumer
 from workers.consumer import hand_back_unacked

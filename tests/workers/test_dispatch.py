@@ -15,7 +15,7 @@ from kombu.transport.redis import Channel as RedisChannel
 
 from pdppo.settings import Settings
 from pdppo.store import OUTBOX, JobStore, job_key, now_iso, tenant_active_key
-from tests.integration.stack import RedisServer, stall
+from tests.support.stack import RedisServer, stall
 from workers.celery_app import celery_app
 from workers.upkeep.reaper import CONFIRM_SECONDS, DispatchTiming, dispatch_once, start_reaper
 

@@ -18,7 +18,7 @@ import redis
 from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, lease_key, metrics_key
 from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import log_fields
-from tests.workers.test_publisher import running_job
+from tests.support.seed import running_job
 from workers.job.events import EventPublisher, JobCallback
 from workers.job.lease import Lease, LeaseFence, LeaseLost
 

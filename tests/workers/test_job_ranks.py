@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.stack import REPO, running, smoke_spec, still_running
+from tests.support.specs import smoke_spec
+from tests.support.stack import REPO, running, still_running
 from workers.job.ranks import RankJob, Ranks
 
 # A parent that starts one child armed with `die_with_parent` (which then says so in a file),
@@ -90,7 +91,20 @@ def test_the_parent_death_signal_is_armed_with_the_signal_asked_for() -> None:
 
 
 def test_a_ranks_exit_is_described_by_its_rank_and_signal() -> None:
-    job = RankJob("j1", "{}", "/nonexistent", False, (), {}, None, 3, 1, False, 1, "INFO")
+    job = RankJob(
+        job_id="j1",
+        config_json="{}",
+        out_dir="/nonexistent",
+        resume=False,
+        data_roots=(),
+        file_paths={},
+        model_dir=None,
+        size=3,
+        port=1,
+        cuda=False,
+        torch_threads=1,
+        log_level="INFO",
+    )
     ranks = Ranks(job, on_failure=lambda failure: None)
 
     class Exited:
@@ -301,8 +315,20 @@ def _rank_main_whose_join_fails(job: RankJob, rank: int, parent: int, conn: Any)
 def _start_rank(parent: int, torch_threads: int | None) -> tuple[Any, Any]:
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
-    job = RankJob("j1", "{}", "/nonexistent", False, (), {}, None, 2, 1, False, torch_threads,
-                  "INFO")  # fmt: skip
+    job = RankJob(
+        job_id="j1",
+        config_json="{}",
+        out_dir="/nonexistent",
+        resume=False,
+        data_roots=(),
+        file_paths={},
+        model_dir=None,
+        size=2,
+        port=1,
+        cuda=False,
+        torch_threads=torch_threads,
+        log_level="INFO",
+    )
     proc = ctx.Process(target=_rank_main_whose_join_fails, args=(job, 1, parent, theirs))
     proc.start()
     theirs.close()

@@ -10,7 +10,7 @@ import pytest
 
 from core.budget import model_shape
 from core.disk.storage import StorageError, StorageFull
-from tests.core.trainer_runs import small_config
+from tests.support.trainer_runs import small_config
 from workers.job.exits import error_code
 from workers.job.storage import as_storage_error, first_write_bytes
 

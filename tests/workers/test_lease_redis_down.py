@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from pdppo.store import lease_key
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from tests.workers.renewals import record_renewals
 from workers.job.lease import Lease, LeaseFence, LeaseLost
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from pdppo.store import lease_key
-from tests.integration.stack import RedisServer, stall
+from tests.support.stack import RedisServer, stall
 from tests.workers.renewals import record_renewals
 from workers.job.lease import Lease, LeaseLost
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 from kombu.transport.redis import Channel as RedisChannel
 
-from tests.store.seed import seed_job
+from tests.support.seed import seed_job
 from workers import tasks
 
 BOBS = ("00000000000100000000000b", "00000000000200000000000b")

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from pdppo.store import JobStore
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from workers.upkeep.outage_log import OutageLog
 from workers.upkeep.reaper import DispatchTiming, start_reaper
 

@@ -7,39 +7,13 @@ import json
 import multiprocessing
 import time
 from pathlib import Path
-from typing import Any, cast
 
 import redis
 
-from pdppo.store import JobRecord, JobStore, StoreRetry, events_key, job_key, metrics_key, now_iso
-from tests.integration.stack import RedisServer, stall
+from pdppo.store import JobStore, StoreRetry, events_key, metrics_key
+from tests.support.seed import TOTAL, running_job, stream
+from tests.support.stack import RedisServer, stall
 from workers.job.events import EventPublisher, JobCallback, backfill
-
-TOTAL = 40
-
-
-def running_job(client: redis.Redis, job_id: str = "j1", total_steps: int = TOTAL) -> JobRecord:
-    """A job record claimed by worker w1, as the job process finds its job."""
-    fields = {
-        "id": job_id,
-        "tenant": "t",
-        "status": "queued",
-        "queue": "cpu",
-        "spec": "{}",
-        "created_at": now_iso(),
-        "total_steps": str(total_steps),
-    }
-    client.hset(job_key(job_id), mapping=cast(dict[Any, Any], fields))
-    store = JobStore(client)
-    assert store.claim(job_id, "w1")
-    record = store.get(job_id)
-    assert record is not None
-    return record
-
-
-def stream(client: redis.Redis, job_id: str) -> list[tuple[str, Any]]:
-    entries = cast(list[tuple[str, dict[str, str]]], client.xrange(events_key(job_id)))
-    return [(fields["type"], json.loads(fields["data"])) for _, fields in entries]
 
 
 def test_events_queued_during_a_stall_land_once_in_order(

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from pdppo.queues import job_queue, parse_queue, queue_device, worker_queues
 from pdppo.spec import JobSpec
-from tests.integration.stack import smoke_spec
+from tests.support.specs import smoke_spec
 
 
 def test_one_device_jobs_keep_the_plain_queues() -> None:

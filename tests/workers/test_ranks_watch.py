@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from core.graders.batch import GRADING_COUNTS
 from tests.workers.rank_stand_ins import play
 from workers.job import ranks as job_ranks
 from workers.job.ranks import Failure, RankJob, Ranks
@@ -37,7 +38,20 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Ranks, list[
 def start(made: list[tuple[Ranks, list[Failure]]], *acts: str) -> tuple[Ranks, list[Failure]]:
     plan = json.dumps({str(rank): act for rank, act in enumerate(acts, start=1)})
     out = tempfile.mkdtemp(prefix="pdppo-ranks-")
-    job = RankJob("j1", plan, out, False, (), {}, None, len(acts) + 1, 1, False, 1, "INFO")
+    job = RankJob(
+        job_id="j1",
+        config_json=plan,
+        out_dir=out,
+        resume=False,
+        data_roots=(),
+        file_paths={},
+        model_dir=None,
+        size=len(acts) + 1,
+        port=1,
+        cuda=False,
+        torch_threads=1,
+        log_level="INFO",
+    )
     failures: list[Failure] = []
     ranks = Ranks(job, on_failure=failures.append)
     ranks.start()
@@ -109,6 +123,20 @@ def test_ranks_that_finish_fail_nothing_and_the_watch_ends(
     assert not ranks._watcher.is_alive()
     assert (failures, ranks.failed.is_set(), exits(ranks)) == ([], False, [0, 0])
     assert ranks.close(failing=False) is True
+
+
+def test_the_grading_counts_ranks_send_are_added_to_the_job_processes_and_fail_nothing(
+    started: list[tuple[Ranks, list[Failure]]],
+) -> None:
+    """Each rank grades its share: the service's counters count what every rank graded, not
+    rank 0's alone (`RankCallback`); its messages are not taken for its error."""
+    GRADING_COUNTS.take()
+    ranks, failures = start(started, "grade", "grade")
+    wait_up(ranks)
+    ranks.join(30)  # once the ranks have left, the watch has read all they sent
+    assert not ranks._watcher.is_alive()
+    assert (failures, ranks.failed.is_set(), exits(ranks)) == ([], False, [0, 0])
+    assert GRADING_COUNTS.take() == {"completions": 32, "errors": 12, "timeouts": 4}
 
 
 def test_once_rank_0_is_leaving_a_ranks_death_is_its_doing(

@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from pdppo.store import RUNNING_SET, JobStore, job_key
-from tests.integration.stack import RedisServer, stall
-from tests.workers.test_publisher import running_job
+from tests.support.seed import running_job
+from tests.support.stack import RedisServer, stall
 from workers.job.lease import Lease
 from workers.upkeep.reaper import DispatchTiming, reap_once, start_reaper
 

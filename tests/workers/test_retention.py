@@ -13,7 +13,7 @@ import redis
 
 from pdppo.store import JobStore, job_key
 from pdppo.store.keys import PURGE_SET, lease_key
-from tests.store.test_deletion import seed_job
+from tests.support.seed import seed_job
 from workers.upkeep.retention import PURGE_GRACE_SECONDS, retention_once
 
 NOW = time.mktime((2026, 12, 1, 0, 0, 0, 0, 0, 0))

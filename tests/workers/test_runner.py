@@ -9,7 +9,9 @@ back that needs no reaper, and the recovery of a claim or a requeue whose reply 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ import redis
 
 from pdppo.store import JobStore, StoreRetry, job_key, now_iso
 from pdppo.store.keys import lease_key
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from tests.workers.held import RETRY, Held
 from workers.job import runner
 from workers.job.lease import LeaseLost
@@ -248,15 +250,44 @@ def test_a_hand_back_whose_request_was_lost_is_sent_again(
     assert sent == [("j1", "cpu")]
 
 
-def test_a_hand_back_with_redis_gone_is_left_to_a_reaper(
-    server: RedisServer, held: Held, caplog: pytest.LogCaptureFixture
+def test_a_hand_back_with_redis_gone_is_left_to_a_reaper_by_a_worker_shutting_down(
+    server: RedisServer,
+    held: Held,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Only a shutdown gives up: any other hand-back waits for Redis (the next test)."""
+    monkeypatch.setattr(runner, "SHUTTING_DOWN", threading.Event())
+    runner.SHUTTING_DOWN.set()
     server.stop()
     with caplog.at_level("ERROR", logger="workers.job.runner"):
         runner._hand_back(held.store, StoreRetry(0.5), held.job, held.lease, "shutting down")
     assert [r.getMessage() for r in caplog.records if r.name == "workers.job.runner"] == [
         "job j1: could not hand it back; a reaper will once Redis answers"
     ]
+
+
+def test_a_hand_back_waits_for_redis_past_the_outage_bound(
+    server: RedisServer, held: Held, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis away for longer than the store's outage bound (0.5 s here, 60 s by default): the
+    hand-back lands once it answers, with its reason. It gave up instead, and a reaper then
+    counted the job's worker as lost (the "mid-job stall" of earlier notes)."""
+    sent: list[str] = []
+    monkeypatch.setattr(runner, "enqueue", lambda job_id, queue, priority=0: sent.append(job_id))
+    client = redis.Redis.from_url(server.url(), socket_timeout=0.3, decode_responses=True)
+    store = JobStore(client)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    waker = threading.Timer(2.0, os.kill, (server.proc.pid, signal.SIGCONT))
+    waker.start()
+    try:
+        answer = runner._hand_back(store, StoreRetry(0.5), held.job, held.lease, "why it stopped")
+    finally:
+        waker.join()
+    assert answer == "requeued"
+    assert (held.field("status"), held.field("worker_losses")) == ("queued", None)
+    assert held.logs()[-1] == "why it stopped"
+    assert sent == ["j1"]
 
 
 def test_the_job_processes_messages_are_read_until_its_pipe_closes() -> None:

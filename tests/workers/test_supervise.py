@@ -15,7 +15,7 @@ import redis
 
 from pdppo.settings import Settings
 from pdppo.store import JobStore, StoreRetry, job_key, now_iso
-from tests.integration.stack import RedisServer
+from tests.support.stack import RedisServer
 from tests.workers import job_stand_ins
 from tests.workers.held import RETRY, SETTINGS, Held
 from workers.job import runner

@@ -16,18 +16,14 @@ from typing import cast
 import pytest
 import redis
 
-from pdppo.settings import Settings
-from pdppo.store import JobStore
-from pdppo.store.keys import WEBHOOK_DUE, webhook_delivery_key
+from pdppo.store.keys import WEBHOOK_DUE
 from pdppo.store.webhooks.deliveries import Attempt, WebhookDeliveries
-from tests.integration.stack import RedisServer, free_port, stall
-from tests.store.seed import seed_job
-from tests.store.test_webhook_deliveries import BOX, KEY, on_api
+from tests.support.stack import RedisServer, free_port, stall
+from tests.support.webhooks import attempt_to, settings, state
 from workers import webhooks
 from workers.upkeep.heartbeat import Heartbeat, node_beat
 from workers.webhooks import attempt_delivery
 
-JOB = "0000000000aa0000000000f2"
 REDIRECTED: list[str] = []
 
 
@@ -56,46 +52,12 @@ def receiver() -> Iterator[str]:
     server.shutdown()
 
 
-def settings(schedule: str = "5,300", allowed: str = "127.0.0.0/8") -> Settings:
-    return Settings(  # type: ignore[call-arg]
-        webhook_secret_keys=KEY.decode(),
-        webhook_allowed_networks=allowed,
-        webhook_retry_schedule=schedule,
-        webhook_timeout_seconds=2,
-        _env_file=None,
-    )
-
-
-def attempt_to(
-    client: redis.Redis, server: RedisServer, url: str
-) -> tuple[WebhookDeliveries, Attempt]:
-    """A delivery of a job's end to a new endpoint at `url`, begun."""
-    made = on_api(server, lambda s: s.create("t", url, ["job.succeeded"], "", most=5, box=BOX))
-    assert made is not None
-    seed_job(client, JOB, "running", tenant="t")
-    store = JobStore(client)
-    job = store.get(JOB)
-    assert job is not None and store.finish(job, "succeeded")
-    routes = WebhookDeliveries(client)
-    routes.ensure_group()
-    assert routes.route("r") == 1
-    (sent,) = routes.take_due(30)
-    attempt = routes.begin(*sent, hold_seconds=30)
-    assert attempt is not None
-    return routes, attempt
-
-
 def again(routes: WebhookDeliveries, attempt: Attempt) -> Attempt:
     """The same delivery's next attempt (its retry, taken as if due)."""
     (sent,) = routes.take_due(30, now=time.time() + 1e6)
     found = routes.begin(*sent, hold_seconds=30)
     assert found is not None
     return found
-
-
-def state(client: redis.Redis, attempt: Attempt) -> tuple[str | None, ...]:
-    raw = cast(dict[str, str], client.hgetall(webhook_delivery_key(attempt.id)))
-    return (raw["status"], raw["attempts"], raw.get("last_status_code"), raw.get("last_error"))
 
 
 @pytest.mark.parametrize("status", [200, 201, 204, 299])

@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from pdppo.webhooks import Target
-from tests.integration.stack import RedisServer
-from tests.workers.test_webhook_attempts import attempt_to, settings, state
+from tests.support.stack import RedisServer
+from tests.support.webhooks import attempt_to, settings, state
 from workers.webhooks import PinnedTransport, attempt_delivery
 
 

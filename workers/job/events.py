@@ -32,6 +32,7 @@ from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import log_fields
 from pdppo.store.stats import TALLY
 from workers.job.config_watch import ConfigWatch
+from workers.job.cores import CoreShare
 from workers.job.lease import LeaseFence, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ class EventPublisher:
             f"publish step {step} of job {job.id}",
             lambda: self.store.publish_step(job.id, step, total, metrics, lease_token=self.token),
         )
+        self.count_grading()
+
+    def count_grading(self) -> None:
+        """Queue a move of the grading counts into the service's counters."""
         self._put("count grading", self._flush_counts)
 
     def _flush_counts(self) -> None:
@@ -254,6 +259,7 @@ class JobCallback(TrainerCallback):
         fence: LeaseFence | None = None,
         config: ConfigWatch | None = None,
         cancelled: Event | None = None,
+        cores: CoreShare | None = None,
     ) -> None:
         self.publisher = publisher
         self.stop = stop
@@ -261,7 +267,8 @@ class JobCallback(TrainerCallback):
         self.conn = conn
         self.fence = fence
         self.config = config
-        self._told = False
+        self.cores = cores  # the job's share of the host's cores, applied at step boundaries
+        self._heard = False  # the trainer heard the worker's stop (`Stop`): it was told so
         self._phase: tuple[str, int | None] | None = None  # the last published, and when
         self._phase_at = 0.0
 
@@ -275,6 +282,13 @@ class JobCallback(TrainerCallback):
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         self._ensure_held()
         self.publisher.step(step, clean_metrics(metrics))
+        self._follow_cores()
+
+    def _follow_cores(self) -> None:
+        """On the training thread, at a boundary: the host's jobs changed, so did the share."""
+        changed = self.cores.apply() if self.cores is not None else None
+        if changed is not None:
+            self.publisher.log(changed.describe())
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self.publisher.checkpoint(step, path.name)
@@ -291,6 +305,7 @@ class JobCallback(TrainerCallback):
         self.publisher.trackers(runs)
 
     def on_phase(self, name: str, done: int | None = None, total: int | None = None) -> None:
+        self._follow_cores()  # the warm-up's steps too
         now = time.monotonic()
         if phase_due(self._phase, now - self._phase_at, name, done, total):
             self._phase, self._phase_at = (name, done), now
@@ -305,9 +320,10 @@ class JobCallback(TrainerCallback):
         self.publisher.log(message, level="warning")
 
     def should_stop(self) -> bool:
-        """Asked before every token: in-memory flags only. The first True for the worker's stop
-        tells the worker that the stop was heard, so it waits for the checkpoint instead of
-        killing the job. Raises `LeaseLost` once the lease is gone (a stale claim stops at once,
+        """Whether a stop is requested (`core.training.callbacks.Stop`), asked before every
+        token: in-memory flags only. The first True for the worker's stop is the trainer
+        hearing it: the worker is told, so it waits for the checkpoint instead of killing the
+        job. Raises `LeaseLost` once the lease is gone (a stale claim stops at once,
         without the checkpoint a True would write)."""
         self._raise_if_fenced()
         if self.publisher.failed:
@@ -316,15 +332,16 @@ class JobCallback(TrainerCallback):
         if not self.stop.is_set():
             return False
         self._ensure_held()
-        if not self._told:
-            self._told = True
+        if not self._heard:
+            self._heard = True
             with contextlib.suppress(OSError):
                 self.conn.send({"kind": "stopping"})
         return True
 
     def stop_keeps_work(self) -> bool:
-        """A pause, a timeout, a worker shutdown or a Redis outage finishes the step it stops
-        in and checkpoints it; a cancel (`cancelled`, set by the worker) keeps nothing."""
+        """Whether the stop keeps work (`Stop`): a pause, a timeout, a worker shutdown or a
+        Redis outage finishes the step it stops in and checkpoints it; a cancel (`cancelled`,
+        set by the worker) keeps nothing."""
         return self.cancelled is None or not self.cancelled.is_set()
 
     def _raise_if_fenced(self) -> None:

@@ -33,16 +33,25 @@ import time
 import redis
 
 from pdppo.store import StoreRetry, lease_key
+from pdppo.store.jobs.clock import STORE_TICK, gap_and_hold_ms
+from pdppo.store.keys import STALL_SEEN, STORE_CLOCK
 from pdppo.store.stats import TALLY
 
 log = logging.getLogger(__name__)
 
-_RENEW = """
+# KEYS: lease, the store's clock, its stall key; ARGV: token, ttl ms, stall gap ms, hold ms. Each
+# renewal also stamps the store's clock (`pdppo.store.jobs.clock`), so a stall is seen by whoever
+# comes first after it, even when no reaper passed during it.
+_RENEW = (
+    STORE_TICK
+    + """
+store_tick(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
+)
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -113,7 +122,9 @@ class Lease:
     def renew(self) -> bool:
         """One renewal (idempotent, so a retry after a lost reply is safe); raises RedisError."""
         started = time.monotonic()
-        ok = bool(self._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
+        gap, hold = gap_and_hold_ms(self.seconds)
+        keys = [self.key, STORE_CLOCK, STALL_SEEN]
+        ok = bool(self._renew(keys=keys, args=[self.token, self.ttl_ms, gap, hold]))
         if ok:
             self._renewed_at = started
             TALLY.add("lease_renewals")

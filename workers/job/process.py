@@ -71,6 +71,7 @@ from pdppo.store import (
     store_client,
 )
 from workers.job.config_watch import ConfigWatch
+from workers.job.cores import CoreShare
 
 # EventPublisher and backfill are re-exported: callers that predate the split import them here.
 from workers.job.events import EventPublisher as EventPublisher
@@ -114,7 +115,8 @@ class JobOptions:
     lease_token: str  # the claim's fencing token: its worker's lease token (workers.job.lease)
     lease_seconds: float
     storage: Reserve = field(default_factory=Reserve)  # kept free (PDPPO_MIN_FREE_BYTES)
-    jobs_at_once: int = 1  # jobs sharing the worker's cores (PDPPO_WORKER_JOBS_AT_ONCE)
+    # jobs sharing the worker's cores (PDPPO_WORKER_JOBS_AT_ONCE); None: counted on the host
+    jobs_at_once: int | None = None
     threads_setting: str = "PDPPO_JOB_THREADS"  # the setting `torch_threads` came from
     # where `train.report_to` reports, and the operator's trackers (`pdppo.settings.tracking`)
     tracking: TrackingOptions | None = None
@@ -192,7 +194,16 @@ def _run(options: JobOptions, conn: WorkerPipe, stop: Event, cancelled: Event) -
     publisher = EventPublisher(store, job, retry, fence)
     publisher.start()
     try:
-        result = _train(options, conn, stop, cancelled, spec, job, publisher, fence)
+        result = _train(
+            options,
+            conn,
+            spec,
+            job,
+            stop=stop,
+            cancelled=cancelled,
+            publisher=publisher,
+            fence=fence,
+        )
     except LeaseLost as lost:
         publisher.abandon()
         log.warning("%s; stopped without a checkpoint, leaving the job to its next holder", lost)
@@ -214,14 +225,17 @@ def _run(options: JobOptions, conn: WorkerPipe, stop: Event, cancelled: Event) -
 def _train(
     options: JobOptions,
     conn: WorkerPipe,
-    stop: Event,
-    cancelled: Event,
     spec: JobSpec,
     job: JobRecord,
+    *,
+    stop: Event,
+    cancelled: Event,
     publisher: EventPublisher,
     fence: LeaseFence,
 ) -> dict[str, Any]:
-    """Raises `LeaseLost` when the claim loses its lease (and the trainer stops mid-way)."""
+    """The trainer on the job's spec; its stop is requested through `stop`, and keeps no work
+    when `cancelled` is set too (`core.training.callbacks.Stop`, `JobCallback`). Raises
+    `LeaseLost` when the claim loses its lease (and the trainer stops mid-way)."""
     from core.training.trainer import resolve_device, train
 
     try:
@@ -260,7 +274,8 @@ def _train(
             return {"outcome": "failed", "code": "storage_full", "message": str(full)}
         size = spec.resources.gpus
         cuda = resolve_device(spec.train.device).type == "cuda"
-        threads = _threads(options, size, publisher)
+        cores = _core_share(options, size, publisher, job.id)
+        threads = cores.share.threads
         if not cuda and options.memory_limit_bytes:
             _limit_memory(options.memory_limit_bytes // size)  # each rank's share of the job's
         if options.resume:
@@ -274,7 +289,9 @@ def _train(
             train,
             spec.train,
             Path(options.out_dir),
-            callback=JobCallback(publisher, stop, conn, fence, config, cancelled),
+            callback=JobCallback(
+                publisher, stop, conn, fence=fence, config=config, cancelled=cancelled, cores=cores
+            ),
             resume=options.resume,
             data_roots=list(options.data_roots),
             file_paths=file_paths,
@@ -300,14 +317,17 @@ def _train(
                     torch_threads=threads,
                     log_level=options.log_level,
                     grader_options=options.graders,
+                    storage=options.storage,
                 )
                 _check_devices(size, cuda)
                 publisher.log(f"training on {size} devices ({'nccl' if cuda else 'gloo'})")
                 fail = functools.partial(_rank_failed, conn, publisher, fence)
-                with data_parallel(ranks, fail) as world:
+                with data_parallel(ranks, fail, cores.threads) as world:
                     result = run(world=world)
+                publisher.count_grading()  # the other ranks' last step, heard as they left
         finally:
             config.stop()
+            cores.stop()
     except LeaseLost:
         raise
     except Exception as exc:
@@ -319,18 +339,28 @@ def _train(
     return {"outcome": "succeeded", "step": result.step, "final_model": final, "warnings": warnings}
 
 
-def _threads(options: JobOptions, size: int, publisher: EventPublisher) -> int:
+def _core_share(
+    options: JobOptions, size: int, publisher: EventPublisher, job_id: str
+) -> CoreShare:
     """torch threads of each rank (`core.process.threads`: torch's default, every core in every
-    process, oversubscribes), set here for rank 0 and said in the job's log."""
-    import torch
-
-    from core.process.threads import asked_threads, own_cores, share_cores
+    process, oversubscribes): the operator's setting, else the cores over the jobs running on
+    this host (`workers.job.cores`, kept up to date), then over the job's ranks. Set here for
+    rank 0 and said in the job's log; later changes at step boundaries (`JobCallback`)."""
+    from core.process.threads import ThreadShare, asked_threads, own_cores, share_cores
 
     asked, setting = asked_threads(options.torch_threads, options.threads_setting)
-    share = share_cores(own_cores(), options.jobs_at_once, size, asked, setting)
-    torch.set_num_threads(share.threads)
-    publisher.log(share.describe())
-    return share.threads
+    cores, fixed = own_cores(), options.jobs_at_once
+
+    def share_of(running: int) -> ThreadShare:
+        if fixed is not None:
+            return share_cores(cores, fixed, size, asked, setting)
+        return share_cores(cores, running, size, asked, setting, counted=True)
+
+    share = CoreShare(publisher.store.redis, job_id, share_of)
+    share.start()
+    share.apply()
+    publisher.log(share.share.describe())
+    return share
 
 
 def _check_devices(size: int, cuda: bool) -> None:

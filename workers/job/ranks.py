@@ -3,11 +3,13 @@
 A job of N devices trains as N data-parallel processes (`core.parallel.distributed`). The job
 process (`workers.job.process`) is rank 0: it alone holds the lease's fence, publishes the events
 and hears the worker's stop, so nothing about the service changes for it. It starts ranks 1..N-1 as
-fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a silent
-callback: they train their share of every step and write nothing. A stop (cancel, pause, timeout,
-shutdown) reaches rank 0's callback and the ranks agree on it at the next step boundary, or the
-next warm-up step (`World.agree`), so all of them stop together and rank 0 writes the checkpoint
-(sharded: every rank its shard), of the warm-up's progress too (`core.training.warmup`).
+fresh interpreters (spawn: CUDA does not survive a fork), each on its own device, with a callback
+that writes nothing: they train their share of every step. After each step a rank sends what it
+graded to the job process over its pipe, and it follows the job's share of the host's cores
+(`workers.job.rank_hooks`). A stop (cancel, pause, timeout, shutdown) reaches rank 0's callback and
+the ranks agree on it at the next step boundary, or the next warm-up step (`World.agree`), so all of
+them stop together and rank 0 writes the checkpoint (sharded: every rank its shard), of the
+warm-up's progress too (`core.training.warmup`).
 
 No rank may outlive the job, and no rank's death may leave the others waiting: a collective
 whose peer is gone waits for the process group's timeout (30 minutes under gloo). So:
@@ -36,11 +38,13 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from core.disk.storage import Reserve, set_reserve
+from core.graders.batch import GRADING_COUNTS
 from core.graders.options import GraderOptions
 from core.parallel.distributed import World, join_group, leave_group
 from core.process.parent_death import die_with_parent
@@ -71,18 +75,26 @@ class RankJob:
     torch_threads: int | None
     log_level: str
     grader_options: GraderOptions | None = None  # the operator's (PDPPO_OPENAI_PYTHON_GRADERS...)
+    # kept free on the disk (PDPPO_MIN_FREE_BYTES): each rank checks its own before a sharded
+    # checkpoint (`core.training.checkpoint`)
+    storage: Reserve = field(default_factory=Reserve)
 
 
 # A rank's failure: (error code, message, traceback), as the job's `failed` result carries them.
 Failure = tuple[str, str, str]
+# A rank's other message, after each step: (GRADING, {completions, errors, timeouts}).
+GRADING = "grading"
 
 
 class Ranks:
     """Ranks 1..size-1 of a job and the thread that watches them."""
 
-    def __init__(self, job: RankJob, on_failure: Callable[[Failure], None]) -> None:
+    def __init__(
+        self, job: RankJob, on_failure: Callable[[Failure], None], threads: Any = None
+    ) -> None:
         self.job = job
         self.on_failure = on_failure
+        self.threads = threads  # the job's share of the cores (`workers.job.cores.CoreShare`)
         self.procs: list[BaseProcess] = []
         self.pipes: dict[Connection, int] = {}  # our end of each rank's error pipe -> rank
         self._lock = threading.Lock()
@@ -98,7 +110,7 @@ class Ranks:
             ours, theirs = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=rank_main,
-                args=(self.job, rank, parent, theirs),
+                args=(self.job, rank, parent, theirs, self.threads),
                 name=f"pdppo-job-{self.job.job_id}-rank{rank}",
             )
             proc.start()
@@ -114,20 +126,31 @@ class Ranks:
         pending: list[Any] = [*self.pipes, *sentinels]
         while pending:
             for ready in wait(pending):
-                pending.remove(ready)
-                failure = self._failure_of(ready, sentinels)
+                failure, done = self._read(ready, sentinels)
+                if done:
+                    pending.remove(ready)
                 if failure is not None:
                     self._fail(failure)
                     return
 
+    def _read(self, ready: Any, sentinels: dict[int, int]) -> tuple[Failure | None, bool]:
+        """What `ready` says: a failure, or None; and whether it has no more to say (a pipe
+        goes on carrying grading counts until its rank's error or its end)."""
+        if not isinstance(ready, Connection):
+            return self._failure_of(ready, sentinels), True
+        rank = self.pipes[ready]
+        try:
+            message = ready.recv()
+        except (EOFError, OSError):
+            return None, True  # closed without a word: its exit says how it ended
+        if message[0] == GRADING:
+            counts = message[1]
+            GRADING_COUNTS.add(counts["completions"], counts["errors"], counts["timeouts"])
+            return None, False
+        code, text_message, text = message
+        return (code, f"rank {rank} of {self.job.size}: {text_message}", text), True
+
     def _failure_of(self, ready: Any, sentinels: dict[int, int]) -> Failure | None:
-        if isinstance(ready, Connection):
-            rank = self.pipes[ready]
-            try:
-                code, message, text = ready.recv()
-            except (EOFError, OSError):
-                return None  # closed without a word: its exit says how it ended
-            return code, f"rank {rank} of {self.job.size}: {message}", text
         rank = sentinels[ready]
         code = self._exit_code(self.procs[rank - 1], None)
         if code == 0:
@@ -175,20 +198,26 @@ class Ranks:
         return not self.failed.is_set()
 
     def join(self, timeout: float) -> None:
-        """Wait for ranks that are leaving on their own; kill what is left."""
+        """Wait for ranks that are leaving on their own; kill what is left. Then wait for the
+        watch to have read all they sent (their last step's grading counts)."""
         for proc in self.procs:
             self._exit_code(proc, timeout)
         self.kill()
+        self._watcher.join(timeout)
 
 
 @contextlib.contextmanager
-def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterator[Any]:
+def data_parallel(
+    job: RankJob, on_failure: Callable[[Failure], None], threads: Any = None
+) -> Iterator[Any]:
     """Rank 0's `core.parallel.distributed.World` while ranks 1..size-1 train beside it in processes
     of their own. `on_failure` is called from the watching thread when another rank fails; it must
-    end the job process (its main thread may be waiting in a collective that never completes)."""
+    end the job process (its main thread may be waiting in a collective that never completes).
+    `threads`: the job's share of the cores (`CoreShare.threads`), which every rank follows. A
+    run that finishes has the other ranks' grading counts in `GRADING_COUNTS` when this exits."""
     import torch.distributed as dist
 
-    ranks = Ranks(job, on_failure)
+    ranks = Ranks(job, on_failure, threads)
     ranks.start()
     finished = False
     try:
@@ -206,8 +235,9 @@ def data_parallel(job: RankJob, on_failure: Callable[[Failure], None]) -> Iterat
         leave_group()
 
 
-def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
-    """Entry point of rank `rank` (>= 1): train the job's share, report an error, write nothing."""
+def rank_main(job: RankJob, rank: int, parent: int, conn: Connection, threads: Any = None) -> None:
+    """Entry point of rank `rank` (>= 1): train the job's share, report an error, write nothing.
+    `threads`: the job's share of the cores, shared with the job process."""
     if not die_with_parent(parent):
         os._exit(1)  # the job process is gone already
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -218,7 +248,7 @@ def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
         "%(message)s",
     )
     try:
-        _train_rank(job, rank)
+        _train_rank(job, rank, conn, threads)
     except BaseException as exc:
         from pathlib import Path
 
@@ -231,23 +261,24 @@ def rank_main(job: RankJob, rank: int, parent: int, conn: Connection) -> None:
         os._exit(1)
 
 
-def _train_rank(job: RankJob, rank: int) -> None:
+def _train_rank(job: RankJob, rank: int, conn: Connection, threads: Any) -> None:
     from pathlib import Path
 
     import torch
     import torch.distributed as dist
 
     from core.config import TrainConfig
-    from core.training.callbacks import TrainerCallback
     from core.training.trainer import train
+    from workers.job.rank_hooks import RankCallback
 
     if job.torch_threads:
         torch.set_num_threads(job.torch_threads)
+    set_reserve(job.storage)
     join_group(rank, job.size, job.port, job.cuda)
     train(
         TrainConfig.model_validate_json(job.config_json),
         Path(job.out_dir),
-        callback=TrainerCallback(),
+        callback=RankCallback(lambda counts: conn.send((GRADING, counts)), threads),
         resume=job.resume,
         data_roots=list(job.data_roots),
         file_paths={k: Path(v) for k, v in job.file_paths.items()},

@@ -41,8 +41,10 @@ from pdppo.queues import queue_device
 from pdppo.settings import Settings, get_settings
 from pdppo.spec import JobSpec
 from pdppo.store import JobRecord, JobStore, StoreConfig, StoreRetry, StoreUnavailable, store_client
+from pdppo.store.jobs.worker_side import FencedOut
 from pdppo.store.retry import publish_log_once
 from workers.celery_app import enqueue, task_priority
+from workers.job.cores import leave as leave_host
 from workers.job.exits import describe_exit, oom_kills
 from workers.job.lease import Lease, LeaseLost
 from workers.job.process import JobOptions, job_context, job_main
@@ -180,23 +182,34 @@ def _hand_back(
 
     Also after a lease that expired while Redis was unreachable: the script requeues only a job
     that is still running and whose lease nobody holds, exactly what a reaper would do, but with
-    the reason that is true. A requeue whose reply was lost is seen by the job being queued; the
-    task is then sent again (a duplicate task finds the job taken or finished and skips it).
+    the reason that is true; the reapers hold off for a while after such a stall
+    (`pdppo.store.jobs.clock`) so that this comes first. A requeue whose reply was lost is seen
+    by the job being queued; the task is then sent again (a duplicate task finds the job taken
+    or finished and skips it). Tried until Redis answers, however long it is away (a reaper
+    would count the job's worker as lost otherwise), unless the worker is shutting down.
     Returns the script's answer, None when Redis never answered."""
 
     def landed() -> str | None:
         now = store.get(job.id)
         return "requeued" if now is not None and now.status == "queued" else None
 
-    try:
-        result = retry.call(
-            f"hand job {job.id} back",
-            lambda: store.requeue_if_orphaned(job, why, lease_token=lease.token),
-            recover=landed,
-        )
-    except StoreUnavailable:
-        log.error("job %s: could not hand it back; a reaper will once Redis answers", job.id)
-        return None
+    while True:
+        try:
+            result = retry.call(
+                f"hand job {job.id} back",
+                lambda: store.requeue_if_orphaned(
+                    job, why, lease_token=lease.token, lease_seconds=lease.seconds
+                ),
+                recover=landed,
+            )
+            break
+        except StoreUnavailable:
+            if SHUTTING_DOWN.is_set():
+                log.error(
+                    "job %s: could not hand it back; a reaper will once Redis answers", job.id
+                )
+                return None
+            log.error("job %s: could not hand it back yet; trying on until Redis answers", job.id)
     said = why if result == "requeued" else HANDED_BACK.get(result, why)
     log.info("job %s: handed back (%s): %s", job.id, result, said)
     if result == "requeued":
@@ -273,7 +286,7 @@ def _supervise(
     )
     ooms = oom_kills()
     deadline = time.monotonic() + timeout_seconds(job, settings)
-    cancel = _CancelWatch(store, job.id)
+    cancel = _CancelWatch(store, job.id, lease.token)
     proc.start()
     theirs.close()
     log.info("job %s: training in process %d", job.id, proc.pid)
@@ -310,7 +323,14 @@ def _supervise(
         if proc.exitcode != 0:  # killed or crashed, maybe mid-write; still this claim's job
             clear_temps(out_dir)
         return _conclude(
-            store, retry, job, lease, watch, proc.exitcode, oom_kills() > ooms, settings
+            store,
+            retry,
+            job,
+            lease=lease,
+            watch=watch,
+            exitcode=proc.exitcode,
+            oom_killed=oom_kills() > ooms,
+            settings=settings,
         )
     except LeaseLost as lost:
         proc.kill()  # another worker may hold the job now: not one more write from here
@@ -322,17 +342,24 @@ def _supervise(
     finally:
         cancel.stop()
         ours.close()
+        leave_host(store.redis, job.id)  # its cores are the other jobs' at once
 
 
 class _CancelWatch:
     """Reads the job's cancel and pause flags every CANCEL_POLL_SECONDS in a thread of its own,
     so that a stalled Redis holds up this read only, never the loop that watches the lease, the
     timeout and the job process. A failed read is just tried again at the next poll. A pause
-    seen goes on polling: a cancel that follows still wins."""
+    seen goes on polling: a cancel that follows still wins.
 
-    def __init__(self, store: JobStore, job_id: str) -> None:
+    A pause is carried out only once the store has marked it so (`JobStore.begin_pause`, in one
+    script with the check that it is still asked for): a resume that withdraws it after that
+    says the job stops anyway and is queued again, one before it that the job runs on, and
+    each is then true."""
+
+    def __init__(self, store: JobStore, job_id: str, lease_token: str) -> None:
         self.store = store
         self.job_id = job_id
+        self.lease_token = lease_token
         self.requested = threading.Event()
         self.pause = threading.Event()
         self._stop = threading.Event()
@@ -349,11 +376,11 @@ class _CancelWatch:
         while not self._stop.wait(CANCEL_POLL_SECONDS):
             try:
                 cancel, pause = self.store.stop_flags(self.job_id)
-                if pause:
-                    self.pause.set()
                 if cancel:
                     self.requested.set()
                     return
+                if pause and not self.pause.is_set() and self._begin_pause():
+                    self.pause.set()
             except redis.RedisError as exc:
                 if not failing:
                     log.warning(
@@ -362,6 +389,12 @@ class _CancelWatch:
                 failing = True
                 continue
             failing = False
+
+    def _begin_pause(self) -> bool:
+        try:
+            return self.store.begin_pause(self.job_id, lease_token=self.lease_token)
+        except FencedOut:
+            return False  # the lease is gone: the watch loop's lease check ends the run
 
 
 def _read(conn: Any, watch: _Watch) -> None:

@@ -28,6 +28,7 @@ import redis
 
 from pdppo.settings import Settings
 from pdppo.store import RUNNING_SET, JobStore, job_key
+from pdppo.store.jobs.clock import tick as clock_tick
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS
 from pdppo.store.stats import TALLY
 from workers.celery_app import broker_view, enqueue, restore_taken, task_priority
@@ -65,11 +66,16 @@ class DispatchTiming:
 
 
 def reap_once(
-    store: JobStore, max_worker_losses: int, dispatch_grace: float = DEFAULT_GRACE_SECONDS
+    store: JobStore,
+    max_worker_losses: int,
+    dispatch_grace: float = DEFAULT_GRACE_SECONDS,
+    lease_seconds: float | None = None,
 ) -> list[str]:
     """Requeue every orphaned running job, or fail it past `max_worker_losses` (0: no limit; the
     server's setting, so no default here); returns the ids sent again. A requeued job is in the
-    outbox, so if this reaper dies before sending, a dispatcher sends it `dispatch_grace` later."""
+    outbox, so if this reaper dies before sending, a dispatcher sends it `dispatch_grace` later.
+    `lease_seconds` (the service's): right after Redis was away, leave each orphan to its holder
+    for a while (`pdppo.store.jobs.clock`: its lease may have expired under a live holder)."""
     sent: list[str] = []
     for job_id in store.running_job_ids():
         job = store.get(job_id)
@@ -77,8 +83,13 @@ def reap_once(
             store.redis.srem(RUNNING_SET, job_id)
             continue
         outcome = store.requeue_if_orphaned(
-            job, max_worker_losses=max_worker_losses, dispatch_grace=dispatch_grace
+            job,
+            max_worker_losses=max_worker_losses,
+            dispatch_grace=dispatch_grace,
+            lease_seconds=lease_seconds,
         )
+        if outcome == "held":
+            log.info("job %s: its lease expired while Redis was away; left to its holder", job.id)
         if outcome in RECONCILER_ACTIONS:
             TALLY.add("reconciler", outcome)
         if outcome == "failed":
@@ -165,6 +176,7 @@ def start_reaper(
     outage_hold: float,
     timing: DispatchTiming | None = None,
     heartbeat: Heartbeat | None = None,
+    lease_seconds: float | None = None,
 ) -> threading.Event:
     """Runs `reap_once` every `interval` seconds in a daemon thread, and with `timing`
     `dispatch_once` every `timing.interval` (after adopting queued jobs that predate the
@@ -177,7 +189,11 @@ def start_reaper(
     each a lost worker and count it towards failing the job.
 
     `heartbeat` beats after every dispatcher pass, each of which reached Redis: the worker's
-    healthcheck reads it (`workers.upkeep.heartbeat`)."""
+    healthcheck reads it (`workers.upkeep.heartbeat`).
+
+    `lease_seconds` (the service's): every pass stamps the store's clock and every requeue holds
+    after a stall that the store saw (`pdppo.store.jobs.clock`), which covers what this
+    reaper's own hold cannot: a stall that its own calls happened to miss."""
     stop = threading.Event()
     grace = DEFAULT_GRACE_SECONDS if timing is None else timing.grace
     outage = {"failed": False, "hold_until": 0.0}
@@ -194,7 +210,7 @@ def start_reaper(
                 outage["hold_until"] = time.monotonic() + outage_hold
                 log.warning("Redis was unreachable; reaping again in %.0fs", outage_hold)
                 return
-            reap_once(store, max_worker_losses, grace)
+            reap_once(store, max_worker_losses, grace, lease_seconds)
         except redis.RedisError:
             outage["failed"] = True
             raise
@@ -217,6 +233,11 @@ def start_reaper(
         if added := store.outbox.adopt_queued():
             log.warning("%d queued jobs had no outbox entry; the dispatcher checks them", added)
 
+    def dispatch(timing: DispatchTiming) -> None:
+        if lease_seconds is not None:
+            clock_tick(store.redis, lease_seconds)  # every second or so, while Redis answers
+        dispatch_once(store, timing)
+
     def loop() -> None:
         tick = interval if timing is None else min(interval, timing.interval)
         next_reap = time.monotonic() + interval
@@ -227,7 +248,7 @@ def start_reaper(
                 guarded("reaper", reap)
             if timing is not None:
                 adopted = adopted or guarded("outbox adoption", adopt)
-                passed = guarded("dispatcher", lambda: dispatch_once(store, timing))
+                passed = guarded("dispatcher", lambda: dispatch(timing))
                 if passed and heartbeat is not None:
                     heartbeat.beat()
 

@@ -1,11 +1,10 @@
 """The job operations the API runs: create under the tenant's quota, read, list, cancel, fail.
 
-Creating (quota and idempotency check, record, indexes, first event) and cancelling are each one Lua
-script, defined next to the method that runs it, so a job is never half created or half cancelled
-whoever crashes when; failing a job runs the worker's `_FINISH` script. The create script also puts
-the job in the enqueue outbox (`pdppo.store.jobs.outbox`): the API publishes the task right after,
-and if it dies first, a worker's dispatcher does, so a job that exists always gets a task;
-cancelling a queued job takes it out again.
+A thin front end of `pdppo.store.jobs.transitions` for the changes (create, cancel, and fail,
+which is the workers' `Finish`), plus the reads. Creating also puts the job in the enqueue outbox
+(`pdppo.store.jobs.outbox`): the API publishes the task right after, and if it dies first, a
+worker's dispatcher does, so a job that exists always gets a task; cancelling a queued job takes
+it out again.
 """
 
 from __future__ import annotations
@@ -18,18 +17,13 @@ import redis.asyncio as aredis
 
 from pdppo.store.experiments import AsyncExperimentStore
 from pdppo.store.files import AsyncFileStore
-from pdppo.store.jobs.events import AsyncEventStore, _log_data, _status_data
-from pdppo.store.jobs.fair import FAIR
+from pdppo.store.jobs.events import AsyncEventStore, log_data, status_data
 from pdppo.store.jobs.outbox import DEFAULT_GRACE_SECONDS
-from pdppo.store.jobs.records import CreateResult, JobRecord, _record_or_none
+from pdppo.store.jobs.records import CreateResult, JobRecord, record_or_none
 from pdppo.store.jobs.steering import AsyncSteering
-from pdppo.store.jobs.worker_side import _FINISH
+from pdppo.store.jobs.transitions import Cancel, Create, Finish
 from pdppo.store.keys import (
-    OUTBOX,
     PREFIX,
-    RUNNING_SET,
-    WEBHOOK_FEED,
-    events_key,
     idempotency_key,
     job_key,
     new_job_id,
@@ -39,63 +33,7 @@ from pdppo.store.keys import (
     tenant_jobs_key,
 )
 from pdppo.store.metadata import AsyncMetadataIndex
-from pdppo.store.stats import COUNT_END, STATS
 from pdppo.store.webhooks.endpoints import AsyncWebhookStore
-from pdppo.store.webhooks.feed import FEED_EVENT
-
-# KEYS: job, events, tenant jobs, tenant active, idempotency, outbox, webhook feed; ARGV: id, limit,
-# idem ttl (0: no key), status data, outbox check time, then the hash's field/value pairs. The
-# outbox entry is written with the record, so no crash can leave a job that nobody will ever
-# enqueue.
-_CREATE = """
-if tonumber(ARGV[3]) > 0 then
-  local existing = redis.call('GET', KEYS[5])
-  if existing then return {'existing', existing} end
-end
-local active = redis.call('SCARD', KEYS[4])
-if active >= tonumber(ARGV[2]) then return {'limit', tostring(active)} end
-local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('ZADD', KEYS[3], 0, ARGV[1])
-redis.call('SADD', KEYS[4], ARGV[1])
-redis.call('ZADD', KEYS[6], ARGV[5], ARGV[1])
-if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3]) end
-fair_enqueue(KEYS[1])
-job_event(KEYS[2], KEYS[7], KEYS[1], 'status', ARGV[4])
-return {'created', ARGV[1]}
-"""
-_CREATE = FAIR + FEED_EVENT + _CREATE
-
-# KEYS: job, events, tenant active, running, outbox, stats, webhook feed; ARGV: id, now, status
-# data, done
-# data, log data. A queued or paused job is cancelled on the spot and leaves the outbox (a task
-# already sent skips it when it arrives); a running one gets a flag its trainer checks every step.
-_CANCEL = """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return 'missing' end
-if st == 'queued' or st == 'paused' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'updated_at', ARGV[2],
-             'cancel_requested', '1')
-  redis.call('SREM', KEYS[3], ARGV[1])
-  redis.call('SREM', KEYS[4], ARGV[1])
-  redis.call('ZREM', KEYS[5], ARGV[1])
-  fair_dropped(KEYS[1])
-  job_event(KEYS[2], KEYS[7], KEYS[1], 'status', ARGV[3])
-  redis.call('XADD', KEYS[2], '*', 'type', 'done', 'data', ARGV[4])
-  count_end(KEYS[6], KEYS[1], 'cancelled')
-  return 'cancelled-while-' .. st
-end
-if st == 'running' then
-  if redis.call('HGET', KEYS[1], 'cancel_requested') ~= '1' then
-    redis.call('HSET', KEYS[1], 'cancel_requested', '1', 'updated_at', ARGV[2])
-    redis.call('XADD', KEYS[2], '*', 'type', 'log', 'data', ARGV[5])
-  end
-  return 'requested'
-end
-return 'already-' .. st
-"""
-_CANCEL = FAIR + COUNT_END + FEED_EVENT + _CANCEL
 
 
 class AsyncJobStore:
@@ -113,9 +51,6 @@ class AsyncJobStore:
         self.webhooks = AsyncWebhookStore(client)
         self.metadata = AsyncMetadataIndex(client)
         self.experiments = AsyncExperimentStore(client)
-        self._create = client.register_script(_CREATE)
-        self._cancel = client.register_script(_CANCEL)
-        self._finish = client.register_script(_FINISH)
 
     async def create(
         self,
@@ -159,27 +94,17 @@ class AsyncJobStore:
             fields["openai"] = openai_json
         if experiment is not None:
             fields["experiment"] = experiment
-        flat = [item for pair in fields.items() for item in pair]
         idem_key = idempotency_key(tenant, idempotency) if idempotency else f"{PREFIX}:idem:-"
-        outcome, value = await self._create(
-            keys=[
-                job_key(job_id),
-                events_key(job_id),
-                tenant_jobs_key(tenant),
-                tenant_active_key(tenant),
-                idem_key,
-                OUTBOX,
-                WEBHOOK_FEED,
-            ],
-            args=[
-                job_id,
-                max_active,
-                idempotency_ttl if idempotency else 0,
-                _status_data("queued"),
-                time.time() + dispatch_grace,
-                *flat,
-            ],
-        )
+        outcome, value = await Create(
+            job_id=job_id,
+            tenant=tenant,
+            idempotency_key=idem_key,
+            max_active=max_active,
+            idempotency_ttl=idempotency_ttl if idempotency else 0,
+            status_data=status_data("queued"),
+            check_at=time.time() + dispatch_grace,
+            fields=fields,
+        ).arun(self.redis)
         if outcome == "limit":
             return CreateResult("limit", None, int(value))
         if outcome == "created":
@@ -188,7 +113,7 @@ class AsyncJobStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.hgetall(job_key(job_id))
-        return _record_or_none(cast(dict[str, str], raw))
+        return record_or_none(cast(dict[str, str], raw))
 
     async def idempotent_job(self, tenant: str, key: str) -> JobRecord | None:
         """The job `key` (an Idempotency-Key of `tenant`) made, while the key lives; None when
@@ -214,7 +139,7 @@ class AsyncJobStore:
                 pipe.hgetall(job_key(job_id))
             for job_id, raw in zip(ids, await pipe.execute(), strict=True):
                 upper = f"({job_id}"
-                record = _record_or_none(raw)
+                record = record_or_none(raw)
                 if record is None or (status is not None and record.status != status):
                     continue
                 out.append(record)
@@ -234,7 +159,7 @@ class AsyncJobStore:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(job_key(job_id))
-        records = [_record_or_none(raw) for raw in await pipe.execute()]
+        records = [record_or_none(raw) for raw in await pipe.execute()]
         matching = [r for r in records if r is not None and r.status == status]
         page = matching[:limit]
         return page, (page[-1].id if len(matching) > limit else None)
@@ -245,47 +170,27 @@ class AsyncJobStore:
         record = await self.get(job_id)
         if record is None:
             return "missing"
-        outcome = await self._cancel(
-            keys=[
-                job_key(job_id),
-                events_key(job_id),
-                tenant_active_key(record.tenant),
-                RUNNING_SET,
-                OUTBOX,
-                STATS,
-                WEBHOOK_FEED,
-            ],
-            args=[
-                job_id,
-                now_iso(),
-                _status_data("cancelled"),
-                json.dumps({"status": "cancelled"}),
-                _log_data(
-                    "cancel requested; the job stops within seconds, keeping its last checkpoint"
-                ),
-            ],
-        )
-        return str(outcome)
+        return await Cancel(
+            job_id=job_id,
+            tenant=record.tenant,
+            now=now_iso(),
+            status_data=status_data("cancelled"),
+            done_data=json.dumps({"status": "cancelled"}),
+            log_data=log_data(
+                "cancel requested; the job stops within seconds, keeping its last checkpoint"
+            ),
+        ).arun(self.redis)
 
     async def fail(self, job: JobRecord, code: str, message: str) -> bool:
-        keys = [
-            job_key(job.id),
-            events_key(job.id),
-            tenant_active_key(job.tenant),
-            RUNNING_SET,
-            OUTBOX,
-            STATS,
-            WEBHOOK_FEED,
-        ]
-        args = [
-            job.id,
-            "failed",
-            now_iso(),
-            _status_data("failed"),
-            json.dumps({"status": "failed"}),
-        ]
-        extra = ["error_code", code, "error_message", message]
-        return bool(await self._finish(keys=keys, args=[*args, *extra]))
+        return await Finish(
+            job_id=job.id,
+            tenant=job.tenant,
+            status="failed",
+            now=now_iso(),
+            status_data=status_data("failed"),
+            done_data=json.dumps({"status": "failed"}),
+            fields={"error_code": code, "error_message": message},
+        ).arun(self.redis)
 
     async def metrics_history(self, job_id: str) -> list[dict[str, Any]]:
         return await self.events.metrics_history(job_id)

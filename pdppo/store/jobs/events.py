@@ -2,8 +2,8 @@
 what workers log.
 
 The entries that change a job's state (status, metrics, eval, samples, checkpoint, done) are
-added by the job scripts in `jobs_api` and `jobs_worker`, atomically with the record; their
-payloads come from `_status_data`/`_log_data` here so that every writer formats them alike.
+added by the job scripts in `pdppo.store.jobs.transitions`, atomically with the record; their
+payloads come from `status_data`/`log_data` here so that every writer formats them alike.
 Everything that only reads the stream or the result rows, or appends a plain log line, is here,
 one store per side (`AsyncEventStore` for the API, `EventStore` for the workers) over the job
 store's client; reads over many jobs at once belong here too.
@@ -95,11 +95,11 @@ class EncodedPage:
     done: bool  # ends with `done` (and nothing after it is included)
 
 
-def _status_data(status: str) -> str:
+def status_data(status: str) -> str:
     return json.dumps({"status": status, "at": now_iso()})
 
 
-def _log_data(message: str) -> str:
+def log_data(message: str) -> str:
     return json.dumps({"message": message, "at": now_iso()})
 
 
@@ -171,4 +171,4 @@ class EventStore:
         self.redis = client
 
     def publish_log(self, job_id: str, message: str) -> None:
-        self.redis.xadd(events_key(job_id), {"type": "log", "data": _log_data(message)})
+        self.redis.xadd(events_key(job_id), {"type": "log", "data": log_data(message)})

@@ -7,9 +7,9 @@ idempotent retry. The same gap opens on the worker's side: a worker that took th
 before it claimed the job left the message in kombu's `unacked` hash for the broker's visibility
 timeout (an hour).
 
-So the job's record and its outbox entry are written by the same script (`_CREATE`, and
-`_REQUEUE` when a job goes back to the queue), and the entry stays until a worker claims the job
-(`_CLAIM`) or the job ends (`_FINISH`, `_CANCEL`). The score is the time (Unix seconds, the
+So the job's record and its outbox entry are written by the same script (`transitions.CREATE`,
+and `REQUEUE` when a job goes back to the queue), and the entry stays until a worker claims the
+job (`CLAIM`) or the job ends (`FINISH`, `CANCEL`). The score is the time (Unix seconds, the
 clock kombu also uses for `unacked_index`) at which a dispatcher should next look at the job:
 a few seconds after it was created or requeued, long enough for its creator to publish the task.
 A dispatcher (`workers.upkeep.reaper.dispatch_once`, in every worker) takes due entries, and for
@@ -17,7 +17,7 @@ each
 looks at the broker: a message waiting in the queue is left alone (a job behind a long queue is
 not re-sent); one a worker took moments ago is given until that worker could have claimed it; one
 taken longer ago than that (its taker died) is put back in the queue; and a job with no message
-at all gets its task sent. A second delivery of one job is harmless (the lease and `_CLAIM` make
+at all gets its task sent. A second delivery of one job is harmless (the lease and `CLAIM` make
 it a no-op) but is avoided this way, as Celery does not deduplicate task ids.
 
 Taking a due entry moves its score forward in the same script, so of several dispatchers exactly

@@ -115,5 +115,6 @@ class CreateResult:
     record: JobRecord | None = None  # the new job, when created
 
 
-def _record_or_none(raw: dict[str, str]) -> JobRecord | None:
+def record_or_none(raw: dict[str, str]) -> JobRecord | None:
+    """None for an empty hash: the job is gone (or never was)."""
     return JobRecord.from_hash(raw) if raw else None

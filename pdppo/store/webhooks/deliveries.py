@@ -167,7 +167,9 @@ class WebhookDeliveries:
             entries.extend(stream_entries)
         claimed = cast(
             list[Any],
-            self.redis.xautoclaim(WEBHOOK_FEED, GROUP, consumer, claim_idle_ms, "0-0", count),
+            self.redis.xautoclaim(
+                WEBHOOK_FEED, GROUP, consumer, claim_idle_ms, start_id="0-0", count=count
+            ),
         )
         entries.extend(claimed[1])
         made = 0
@@ -190,7 +192,9 @@ class WebhookDeliveries:
                 continue
             for event_type in types:
                 if event_type in endpoint.events:
-                    made += self._make_one(entry_id, tenant, endpoint, event_type, job_id, data)
+                    made += self._make_one(
+                        entry_id, tenant, endpoint, event_type=event_type, job_id=job_id, data=data
+                    )
         return made
 
     def _endpoints(self, tenant: str) -> list[Endpoint]:
@@ -213,7 +217,9 @@ class WebhookDeliveries:
         message_id = delivery_id(entry_id, endpoint.id, event_type)
         body = payload(event_type, message_id, int(entry_id.split("-")[0]), self._job(job_id, data))
         made_ms = int(time.time() * 1000)
-        fields = delivery_fields(message_id, tenant, endpoint.id, event_type, body, made_ms)
+        fields = delivery_fields(
+            message_id, tenant, endpoint.id, event_type=event_type, body=body, made_ms=made_ms
+        )
         keys = [
             webhook_delivery_key(message_id),
             WEBHOOK_DUE,
@@ -266,7 +272,12 @@ class WebhookDeliveries:
             )
         )
         return Attempt(
-            delivery, token, raw["type"], raw["payload"], int(raw.get("tries", "0")), endpoint
+            id=delivery,
+            token=token,
+            type=raw["type"],
+            payload=raw["payload"],
+            tries=int(raw.get("tries", "0")),
+            endpoint=endpoint,
         )
 
     def record(

@@ -269,7 +269,9 @@ class AsyncWebhookStore:
         delivery_id = f"msg_{secrets.token_hex(16)}"
         made_ms = int(time.time() * 1000)
         body = payload(TEST_EVENT, delivery_id, made_ms, {"webhook": endpoint.id})
-        fields = delivery_fields(delivery_id, tenant, endpoint.id, TEST_EVENT, body, made_ms)
+        fields = delivery_fields(
+            delivery_id, tenant, endpoint.id, event_type=TEST_EVENT, body=body, made_ms=made_ms
+        )
         keys = [
             webhook_delivery_key(delivery_id),
             WEBHOOK_DUE,

@@ -1,5 +1,5 @@
-"""A real MLflow server for the tracker tests: `mlflow server` on a SQLite backend, started once
-per module on a free port and killed after.
+"""A real MLflow server for the tracker tests (the `mlflow_server` fixture of tests/conftest.py):
+`mlflow server` on a SQLite backend, started once per module on a free port and killed after.
 
 The server needs the full `mlflow` package (Flask, SQLAlchemy, ...), which a worker does not: the
 `mlflow` extra is the client alone (`mlflow-skinny`). So the server may come from another
@@ -16,14 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.stack import free_port
+from tests.support.stack import free_port
 
 
 def mlflow_server_command() -> str | None:
@@ -97,22 +96,3 @@ def start_mlflow(root: Path, timeout: float = 90) -> MlflowServer:
             server.stop()
             raise RuntimeError(f"mlflow server did not start: {(root / 'mlflow.log').read_text()}")
         time.sleep(0.2)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needs = [
-        item
-        for item in items
-        if "mlflow_server" in getattr(item, "fixturenames", ())
-        or item.get_closest_marker("mlflow_server") is not None
-    ]
-    if needs and mlflow_server_command() is None:
-        config.hook.pytest_deselected(items=needs)
-        items[:] = [item for item in items if item not in needs]
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = start_mlflow(tmp_path_factory.mktemp("mlflow"))
-    yield server
-    server.stop()

@@ -1,5 +1,6 @@
-"""One way to put a job in a state for the store's tests: its hash and the indexes that state
-implies, as the store's own scripts would have left them.
+"""Jobs put in a state for the tests: `seed_job` writes its hash and the indexes that state
+implies, as the store's own scripts would have left them; `running_job` claims one through the
+store; `job` is a record alone.
 
 The scripts read the indexes as much as the hash (a cancel takes a queued job out of the outbox,
 a finish out of the tenant's active set), so a seed that wrote the hash alone would test a state
@@ -9,8 +10,13 @@ own (`seed_job`, `seed`, `_job`, `running_job`), each writing a different part o
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from typing import Any, cast
+
 import redis
 
+from pdppo.store import JobRecord, JobStore, events_key
 from pdppo.store.jobs.fair import flow_of
 from pdppo.store.keys import (
     OUTBOX,
@@ -75,3 +81,38 @@ def seed_job(
         client.sadd(RUNNING_SET, job_id)
     if lease_token is not None:
         client.set(lease_key(job_id), lease_token, px=60_000)
+
+
+TOTAL = 40
+
+
+def job(status: str) -> JobRecord:
+    """A job record in `status`, every other field empty: for the routes' helpers that read one."""
+    values = {f.name: None for f in dataclasses.fields(JobRecord)}
+    values |= {"id": "j1", "tenant": "t", "status": status, "queue": "cpu", "step": 0}
+    return JobRecord(**values)  # type: ignore[arg-type]
+
+
+def running_job(client: redis.Redis, job_id: str = "j1", total_steps: int = TOTAL) -> JobRecord:
+    """A job record claimed by worker w1, as the job process finds its job."""
+    fields = {
+        "id": job_id,
+        "tenant": "t",
+        "status": "queued",
+        "queue": "cpu",
+        "spec": "{}",
+        "created_at": now_iso(),
+        "total_steps": str(total_steps),
+    }
+    client.hset(job_key(job_id), mapping=cast(dict[Any, Any], fields))
+    store = JobStore(client)
+    assert store.claim(job_id, "w1")
+    record = store.get(job_id)
+    assert record is not None
+    return record
+
+
+def stream(client: redis.Redis, job_id: str) -> list[tuple[str, Any]]:
+    """The job's events stream as (type, data), oldest first."""
+    entries = cast(list[tuple[str, dict[str, str]]], client.xrange(events_key(job_id)))
+    return [(fields["type"], json.loads(fields["data"])) for _, fields in entries]

@@ -6,7 +6,6 @@ process is a child of this one, and `stop()` ends exactly those children.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,11 +15,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from pdppo.store.jobs.api_side import AsyncJobStore
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_DATABASES = 1024
@@ -124,7 +128,7 @@ def still_running(pids: list[int], timeout: float) -> list[int]:
     return alive
 
 
-def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     if proc.poll() is not None:
         return
     proc.terminate()
@@ -211,7 +215,7 @@ class RedisServer:
             raise RuntimeError(f"redis-server could not take port {self.port} back; see {self.dir}")
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
         self.log.close()
 
 
@@ -341,29 +345,11 @@ class Service:
 
     def stop(self) -> None:
         for proc in self.workers:
-            _stop(proc)
+            stop_process(proc)
         if self.api is not None:
-            _stop(self.api)
+            stop_process(self.api)
         for log in self._logs:
             log.close()
-
-
-def smoke_spec(**train_overrides: Any) -> dict[str, Any]:
-    """examples/smoke.yaml as a dict, with `train` keys overridden (e.g. steps=200)."""
-    import yaml
-
-    spec: dict[str, Any] = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
-    spec["train"].update(train_overrides)
-    return spec
-
-
-def records(n: int, tag: str = "") -> bytes:
-    """`n` prompt/answer records the tiny model can read (digits, reversed)."""
-    rows = []
-    for i in range(n):
-        digits = f"{(i * 37 + 11) % 1000:03d}"
-        rows.append(json.dumps({"prompt": f"{tag}{digits}=", "answer": digits[::-1]}))
-    return ("\n".join(rows) + "\n").encode()
 
 
 def clean_dir(path: Path) -> None:
@@ -448,3 +434,45 @@ def check_compose_healthcheck(svc: Service, name: str) -> None:
         worker.terminate()
         worker.wait(30)
     assert healthcheck() == 1
+
+
+STORE_DB = 15  # services use 0 and the low numbers
+
+
+# runs `work(store)` on an AsyncJobStore of database STORE_DB, in an event loop and a connection
+# of its own, and returns what it returns
+Run = Callable[[Callable[[AsyncJobStore], Awaitable[Any]]], Any]
+
+
+def extra_service(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, **env: str
+) -> Service:
+    """A service (not started) on a fresh Redis database (1, 2, ...): the next one after those
+    of the folders `extra*` this session made, one per service.
+
+    Never a database already used in this session: a service on the session `service`'s
+    database 0 (or on an earlier test's) shares its Celery queues, so that service's worker takes
+    the new service's tasks. (With 16 databases and `% 16`, the 16th extra service of a full run
+    landed on database 0: the job a test killed a worker under ran on the session worker.)"""
+    db = 1 + len(list(tmp_path_factory.getbasetemp().glob("extra*")))
+    assert db < REDIS_DATABASES, f"more than {REDIS_DATABASES - 1} extra services in a run"
+    return Service(redis_server, tmp_path_factory.mktemp("extra"), db=db, env=env)
+
+
+def running_redis(folder: Path) -> Iterator[RedisServer]:
+    """A redis-server in `folder` until the generator is closed: the body of a fixture."""
+    server = RedisServer(folder)
+    yield server
+    server.stop()
+
+
+def running_service(redis_server: RedisServer, folder: Path) -> Iterator[Service]:
+    """The API and one CPU worker on `redis_server`'s database 0 (alice, bob and carol have keys:
+    KEYS) until the generator is closed: the body of a fixture."""
+    svc = Service(redis_server, folder, db=0)
+    try:
+        svc.start_api()
+        svc.start_worker("cpu")
+        yield svc
+    finally:
+        svc.stop()

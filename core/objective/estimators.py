@@ -170,7 +170,16 @@ def softmax_stats(
             assert sums.tail is not None and sums.tail_sq is not None
             tail_mass[rows] = sums.tail / s1
             tail_sq[rows] = sums.tail_sq / s2
-    return SoftmaxStats(zmax_out, log_norm, sum_sq, ent, rest_mass, rest_sq, tail_mass, tail_sq)
+    return SoftmaxStats(
+        zmax=zmax_out,
+        log_norm=log_norm,
+        sum_sq=sum_sq,
+        entropy=ent,
+        rest_mass=rest_mass,
+        rest_sq=rest_sq,
+        tail_mass=tail_mass,
+        tail_sq=tail_sq,
+    )
 
 
 def estimator_stats(
@@ -194,9 +203,10 @@ def _check(
     logits: Tensor | GatheredLogits,
     behavior: BehaviorView,
     tokens: Tensor,
+    advantages: Tensor | None,
+    *,
     kind: str,
     estimator: str,
-    advantages: Tensor | None = None,
 ) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -308,9 +318,10 @@ def _lumped(
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor | None,
+    stats: SoftmaxStats,
+    *,
     kind: str,
     estimator: str,
-    stats: SoftmaxStats,
 ) -> tuple[Tensor, Tensor | None]:
     """`binary` and `topk`: categories S (explicit) plus one bucket R for the rest."""
     if stats.rest_mass is None or (estimator == "topk" and stats.tail_mass is None):
@@ -366,6 +377,7 @@ def _full_vocab(
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor | None,
+    *,
     kind: str,
     estimator: str,
 ) -> tuple[Tensor, Tensor | None]:
@@ -410,7 +422,7 @@ def _full_vocab(
         if kind == "tv":
             d, g = full_vocab.tv_terms(s, a, adv)
         else:
-            d, g = full_vocab.kl_terms(s, z, logm, a, adv, kind)
+            d, g = full_vocab.kl_terms(s, z, logm, a, adv, kind=kind)
         d_out[rows] = d
         if g_out is not None and g is not None:
             g_out[rows] = g
@@ -423,6 +435,7 @@ def divergence_and_change(
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor | None,
+    *,
     kind: str,
     estimator: str,
     stats: SoftmaxStats | None = None,
@@ -432,27 +445,28 @@ def divergence_and_change(
     `stats` lets a caller that already ran `estimator_stats` (the loss, for entropy) share it;
     stats without the sums the estimator needs are completed by a pass of their own.
     """
-    _check(logits, behavior, tokens, kind, estimator, advantages)
+    _check(logits, behavior, tokens, advantages, kind=kind, estimator=estimator)
     if isinstance(logits, GatheredLogits):  # the fused loss: its own pass made the stats
         if estimator not in ("binary", "topk") or stats is None:
             raise ValueError("gathered logits serve the binary and topk estimators, with stats")
-        return _lumped(logits, behavior, tokens, advantages, kind, estimator, stats)
+        return _lumped(logits, behavior, tokens, advantages, stats, kind=kind, estimator=estimator)
     if estimator in ("exact", "topk_tail"):
-        return _full_vocab(logits, behavior, tokens, advantages, kind, estimator)
+        return _full_vocab(logits, behavior, tokens, advantages, kind=kind, estimator=estimator)
     if stats is None:
         stats = estimator_stats(logits, behavior, tokens, estimator)
-    return _lumped(logits, behavior, tokens, advantages, kind, estimator, stats)
+    return _lumped(logits, behavior, tokens, advantages, stats, kind=kind, estimator=estimator)
 
 
 def divergence(
     logits: Tensor,
     behavior: BehaviorView,
     tokens: Tensor,
+    *,
     kind: Kind = "tv",
     estimator: Estimator = "topk",
 ) -> Tensor:
     """D(mu, pi) per token (N,), fp32, from the estimator's view of mu."""
-    d, _ = divergence_and_change(logits, behavior, tokens, None, kind, estimator)
+    d, _ = divergence_and_change(logits, behavior, tokens, None, kind=kind, estimator=estimator)
     return d
 
 
@@ -461,6 +475,7 @@ def predicted_change(
     behavior: BehaviorView,
     tokens: Tensor,
     advantages: Tensor,
+    *,
     kind: Kind = "tv",
     estimator: Estimator = "topk",
 ) -> Tensor:
@@ -468,6 +483,8 @@ def predicted_change(
 
     Positive means this token's own gradient step would take pi further from mu.
     """
-    _, g = divergence_and_change(logits, behavior, tokens, advantages, kind, estimator)
+    _, g = divergence_and_change(
+        logits, behavior, tokens, advantages, kind=kind, estimator=estimator
+    )
     assert g is not None
     return g

@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mutation_cover import Baseline, BaselineFailed, Copy, make_copy, run_baseline
-from bench.mutation_exec import KILLED, TIMEOUT, Killers, Result, run_mutant
+from bench.mutation_exec import KILLED, TIMEOUT, Killers, Result, run_mutant, say_scored
 from bench.mutation_lua import OPERATORS as LUA_OPERATORS
 from bench.mutation_plan import (
     Config,
@@ -284,13 +284,7 @@ def run_group(
         if result.outcome == KILLED:
             killers.add(mutant.module, mutant.line, result.killer)
         done[0] += 1
-        killer = f" by {result.killer}" if result.killer else ""
-        print(
-            f"  [{done[0]}/{len(todo)}] {mutant.module}:{mutant.line} {mutant.short_operator} "
-            f"{result.outcome}{killer} ({result.seconds:.0f}s, {result.tests} tests)",
-            file=sys.stderr,
-            flush=True,
-        )
+        say_scored(result, done[0], len(todo))
         return result
 
     with ThreadPoolExecutor(max_workers=len(copies)) as pool:

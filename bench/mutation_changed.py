@@ -75,6 +75,7 @@ from bench.mutation_exec import (
     Killers,
     Result,
     run_mutant,
+    say_scored,
 )
 from bench.mutation_plan import (
     Config,
@@ -749,14 +750,7 @@ def _run(
     def scored(result: Result) -> None:
         runs[result.mutant.module].results.append(result)
         count[0] += 1
-        m = result.mutant
-        by = f" by {result.killer}" if result.killer else ""
-        print(
-            f"  [{count[0]}/{total}] {m.module}:{m.line} {m.short_operator} "
-            f"{result.outcome}{by} ({result.seconds:.0f}s, {result.tests} tests)",
-            file=sys.stderr,
-            flush=True,
-        )
+        say_scored(result, count[0], total)
         if args.json:
             write_json(args.json, list(runs.values()), meta)
 

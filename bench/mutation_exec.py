@@ -55,6 +55,18 @@ class Result:
     detail: str
 
 
+def say_scored(result: Result, done: int, total: int) -> None:
+    """One progress line on stderr, flushed: a CI log shows a long run as it goes."""
+    m = result.mutant
+    by = f" by {result.killer}" if result.killer else ""
+    print(
+        f"  [{done}/{total}] {m.module}:{m.line} {m.short_operator} "
+        f"{result.outcome}{by} ({result.seconds:.0f}s, {result.tests} tests)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 class Killers:
     """The tests that killed each module's mutants so far, by line, to run first.
 

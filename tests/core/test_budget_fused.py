@@ -11,6 +11,7 @@ Llama's estimate held 47 GiB of logits that the fused loss never holds
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,80 @@ def test_the_output_layer_is_adapted_only_where_lora_names_it() -> None:
             {"name": "hf:x", "lora": None if targets is None else {"target_modules": targets}}
         )
         assert fused_rule.adapts_output_layer(model.lora) is adapted, targets
+
+
+def test_the_tiny_models_root_is_what_its_blocks_leave() -> None:
+    """FSDP keeps the root (embeddings, final norm, output layer) gathered: `root_params` is
+    the model's parameters outside its blocks, counted on the real module, and for d_model 32,
+    1 layer, 32 positions and the 512-token vocabulary 2*512*32 + 32*32 + 2*32 = 33856."""
+    cfg = TrainConfig.model_validate(
+        {"model": {"tiny": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32}}}
+    )
+    lm = load_model(cfg.model, torch.device("cpu"))
+    outside = sum(
+        p.numel() for name, p in lm.module.named_parameters() if not name.startswith("blocks.")
+    )
+    shape = model_shape(cfg)
+    assert shape.root_params == outside == 33856
+    assert shape.params == sum(p.numel() for p in lm.module.parameters())
+
+
+LLAMA_CONFIG = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "vocab_size": 600,
+    "max_position_embeddings": 64,
+}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "version", "shares"),
+    [
+        ("llama", {}, "5.0.0", True),
+        ("qwen3", {}, "5.0.0", True),
+        ("qwen2", {"use_sliding_window": True}, "5.0.0", False),
+        ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]}, "5.0.0", False),
+        ("llama", {"layer_types": ["full_attention", "full_attention"]}, "5.0.0", True),
+        ("gpt2", {}, "5.0.0", False),
+        ("llama", {}, "4.57.1", False),
+        ("llama", {}, "6.1.0", True),
+    ],
+    ids=["llama", "qwen3", "sliding", "a-sliding-layer", "full-layers", "gpt2", "t4", "t6"],
+)
+def test_prefix_sharing_takes_a_listed_family_full_attention_and_transformers_5(
+    model_type: str,
+    extra: dict[str, Any],
+    version: str,
+    shares: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every condition of `shares_prefix`, each failing alone: a family outside the list, a
+    sliding window (any layer), a transformers older than 5 (its major version read from the
+    installed package's metadata, x.0.0 so that a minor or patch number read instead is 0)."""
+    import importlib.metadata
+
+    import core.budget.shapes as shapes
+
+    folder = tmp_path / model_type
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": model_type, **LLAMA_CONFIG, **extra})
+    )
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata,
+        "version",
+        lambda name: version if name == "transformers" else real(name),
+    )
+    shapes._transformers_major.cache_clear()  # cached for the process: read again here
+    try:
+        cfg = TrainConfig.model_validate({"model": {"name": f"hf:{folder}"}, "device": "cpu"})
+        shape = model_shape(cfg)
+    finally:
+        shapes._transformers_major.cache_clear()
+    assert shape.model_type == model_type
+    assert shape.shares_prefix is shares

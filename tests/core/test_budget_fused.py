@@ -209,6 +209,27 @@ def test_the_tiny_models_root_is_what_its_blocks_leave() -> None:
     shape = model_shape(cfg)
     assert shape.root_params == outside == 33856
     assert shape.params == sum(p.numel() for p in lm.module.parameters())
+    assert shape.shares_prefix is lm.shares_prefix is True
+
+
+def test_an_hf_models_root_is_outside_its_layers_and_an_unread_one_shares_no_prefix(
+    tmp_path: Path,
+) -> None:
+    """From config.json alone: the embeddings and the untied output layer (600 x 32 each) and
+    the final norm (32) are the root, 38432 of 56992; the two layers are not. A model not read
+    here claims no prefix sharing (the worker decides again with the loaded model)."""
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **LLAMA_CONFIG}))
+    shape = model_shape(
+        TrainConfig.model_validate({"model": {"name": f"hf:{folder}"}, "device": "cpu"})
+    )
+    assert (shape.root_params, shape.params) == (38432, 56992)
+    unread = model_shape(
+        TrainConfig.model_validate({"model": {"name": f"hf:{tmp_path / 'none'}"}, "device": "cpu"})
+    )
+    assert unread.params is None
+    assert unread.shares_prefix is False
 
 
 LLAMA_CONFIG = {
@@ -233,20 +254,34 @@ LLAMA_CONFIG = {
         ("gpt2", {}, "5.0.0", False),
         ("llama", {}, "4.57.1", False),
         ("llama", {}, "6.1.0", True),
+        ("llama", {}, None, False),
+        ("llama", {}, "dev", False),
     ],
-    ids=["llama", "qwen3", "sliding", "a-sliding-layer", "full-layers", "gpt2", "t4", "t6"],
+    ids=[
+        "llama",
+        "qwen3",
+        "sliding",
+        "a-sliding-layer",
+        "full-layers",
+        "gpt2",
+        "t4",
+        "t6",
+        "no-transformers",
+        "unreadable-version",
+    ],
 )
 def test_prefix_sharing_takes_a_listed_family_full_attention_and_transformers_5(
     model_type: str,
     extra: dict[str, Any],
-    version: str,
+    version: str | None,
     shares: bool,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every condition of `shares_prefix`, each failing alone: a family outside the list, a
     sliding window (any layer), a transformers older than 5 (its major version read from the
-    installed package's metadata, x.0.0 so that a minor or patch number read instead is 0)."""
+    installed package's metadata, x.0.0 so that a minor or patch number read instead is 0; none
+    installed, or a version that is not a number, count as older)."""
     import importlib.metadata
 
     import core.budget.shapes as shapes
@@ -257,11 +292,15 @@ def test_prefix_sharing_takes_a_listed_family_full_attention_and_transformers_5(
         json.dumps({"model_type": model_type, **LLAMA_CONFIG, **extra})
     )
     real = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata,
-        "version",
-        lambda name: version if name == "transformers" else real(name),
-    )
+
+    def installed(name: str) -> str:
+        if name != "transformers":
+            return real(name)
+        if version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", installed)
     shapes._transformers_major.cache_clear()  # cached for the process: read again here
     try:
         cfg = TrainConfig.model_validate({"model": {"name": f"hf:{folder}"}, "device": "cpu"})

@@ -331,11 +331,6 @@ class Settings(
     def tenants_by_key(self) -> dict[str, str]:
         return parse_api_keys(self.api_keys)
 
-    @property
-    def heartbeat_seconds(self) -> float:
-        """Renew the lease three times per lease period, so one late renewal never loses it."""
-        return self.lease_seconds / 3
-
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

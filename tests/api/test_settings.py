@@ -52,7 +52,7 @@ def test_settings_read_pdppo_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert settings.tenants_by_key == {"s3cret": "acme"}
     assert str(settings.artifact_dir) == "/data/artifacts"
     assert settings.max_active_jobs_per_tenant == 3
-    assert settings.heartbeat_seconds == 3
+    assert settings.lease_seconds == 9
 
 
 def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

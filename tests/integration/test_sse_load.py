@@ -32,6 +32,8 @@ BACKLOG = 2000
 # generous for a shared 2-core machine, past what the machine itself adds (the control probe);
 # bench/api_load.py has the figure
 HEALTHZ_BOUND_MS = 500
+# no probe at all past this: a stall of the event loop long enough to fail a load balancer's check
+STALL_BOUND_MS = 2000
 
 
 def gpu_spec(**train: Any) -> dict[str, Any]:
@@ -120,10 +122,16 @@ def test_replay_storm_keeps_health_checks_fast_and_redis_connections_few(
     # The bound is the API's, on top of what the machine added to a probe of a server that does
     # nothing, probed at the same moments (other tests beside this one in a parallel run: the
     # slowest probe once took 709 ms). A storm that stalls the API's event loop stalls its
-    # probes for as long, and not the control's.
+    # probes for as long, and not the control's. One probe in 20 may pass the bound, none the
+    # stall bound: on CI's shared 2 cores one probe in 52 took 716 ms while the control's slowest
+    # took 29 ms (the API's process descheduled once, as a kubelet would also see now and then);
+    # a loop stalled by the replay is slow on most of its probes, or on one for seconds.
     assert len(machine) >= 10, machine
     bound = HEALTHZ_BOUND_MS + max(machine)
-    assert len(probes) >= 10 and max(probes) < bound, (sorted(probes)[-5:], sorted(machine)[-5:])
+    over = [ms for ms in probes if ms >= bound]
+    assert len(probes) >= 10, probes
+    assert len(over) <= len(probes) // 20, (sorted(probes)[-5:], sorted(machine)[-5:])
+    assert max(probes) < STALL_BOUND_MS + max(machine), (sorted(probes)[-5:], sorted(machine)[-5:])
     # No connection per subscriber: the requests' pool is capped (PDPPO_API_REDIS_MAX_CONNECTIONS,
     # 64), the backlog was read a page at a time for all, and an ended job needs no live reader.
     assert clients_after - clients_before <= 64, (clients_before, clients_after)

@@ -286,6 +286,16 @@ def describe(root: Path, mutant: Mutant) -> Mutant:
     return replace(mutant, mutated=changed_text(source, mutated) if mutated else "<no mutation>")
 
 
+def _dotted(node: Any, start: tuple[int, int], end: tuple[int, int]) -> bool:
+    """Whether the exception name at `start`..`end` of an except clause is dotted
+    (`except (a.Error, ...)`): cosmic-ray's ExceptionReplacer replaces a plain name only, and
+    raises AttributeError applying it to a dotted one, which stopped the whole step."""
+    leaf = node.get_leaf_for_position(start)
+    if leaf.end_pos <= start:  # the position between two leaves gives the one before
+        leaf = leaf.get_next_leaf()
+    return bool(leaf.end_pos != end)
+
+
 def generate(
     root: Path, module: str, patterns: tuple[str, ...]
 ) -> tuple[list[Mutant], dict[str, int]]:
@@ -303,10 +313,12 @@ def generate(
     for name in operator_names(patterns):
         operator = cosmic_ray.plugins.get_operator(name)()
         positions = [
-            (node, start) for node in nodes for start, _ in operator.mutation_positions(node)
+            (node, start, end) for node in nodes for start, end in operator.mutation_positions(node)
         ]
-        for occurrence, (node, start) in enumerate(positions):
+        for occurrence, (node, start, end) in enumerate(positions):
             reason = where.left_out(name, start, node)
+            if reason is None and name.endswith("/ExceptionReplacer") and _dotted(node, start, end):
+                reason = "dotted exception names"
             if reason is not None:
                 left_out[reason] = left_out.get(reason, 0) + 1
                 continue

@@ -515,3 +515,21 @@ def test_a_stopped_run_keeps_each_mutant_that_finished_and_says_it_stopped(tmp_p
     # The hang's tests, stopped with the run, fail: not a kill, and not reported as one.
     assert "spin.py:3 ReplaceBinaryOperator_Sub_Add stopped, not scored" in out, out
     assert not [line for line in out.splitlines() if "spin.py:3" in line and "killed" in line]
+
+
+def test_a_dotted_exception_name_is_left_out_and_every_other_is_made(tmp_path: Path) -> None:
+    """cosmic-ray's ExceptionReplacer raised AttributeError applying itself to
+    `importlib.metadata.PackageNotFoundError`, and stopped the changed-lines step with a
+    traceback; the plain names beside it, before and after, are still mutated."""
+    (tmp_path / "m.py").write_text(
+        "import importlib.metadata\n\n\ndef major() -> int:\n    try:\n"
+        '        return int(importlib.metadata.version("x").split(".")[0])\n'
+        "    except (OSError, importlib.metadata.PackageNotFoundError, ValueError):\n"
+        "        return 0\n"
+    )
+    mutants, left_out = generate(tmp_path, "m.py", ("ExceptionReplacer",))
+    assert left_out == {"dotted exception names": 1}
+    assert [describe(tmp_path, m).mutated for m in mutants] == [
+        "except (CosmicRayTestingException, importlib.metadata.PackageNotFoundError, ValueError):",
+        "except (OSError, importlib.metadata.PackageNotFoundError, CosmicRayTestingException):",
+    ]

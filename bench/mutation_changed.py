@@ -517,7 +517,7 @@ def take_turns(
     always, each stopped at that share; then its mutants (`run`, in `order_key` order) against
     whatever measured file reaches them, until `deadline`. A file another module's turn ran is
     not run again. The subset a budget leaves is then the first modules in full and part of the
-    next, the same each time.
+    next: always a beginning of the same order, its length set by the machine's speed.
 
     When every module has had its turn and time is left, the modules with mutants no measured
     file reaches take a second turn, in the same order, with the rest of their files (none

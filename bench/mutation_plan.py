@@ -13,6 +13,8 @@ on a tuning constant: a module-level UPPER_CASE name bound to a number of magnit
 observe (under 10%); small constants (a lease of 2 s, 4 reads in flight) are still mutated.
 Nor the bare `*` (or `/`) of a signature: cosmic-ray 8.7 takes the keyword-only marker for a
 multiplication, and `def f(a, /, b)` accepts every call the code makes of `def f(a, *, b)`.
+Nor a dotted exception name (`except (importlib.metadata.PackageNotFoundError, ...)`): cosmic-ray
+8.7's ExceptionReplacer lists it and then fails applying it (AttributeError).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def test_a_corrections_own_parameters_steer_and_no_others() -> None:
         assert caught.value.field == field
     with pytest.raises(SteeringError, match="cannot change while a job runs"):
         check_change({"algorithm": {"correction": {"level": "sequence"}}}, tis)
-    with pytest.raises(ValueError, match="correction.icepop.high"):
+    with pytest.raises(ValueError, match=r"correction\.icepop\.high"):
         steered(icepop, {"algorithm": {"correction": {"high": 0.999}}})
     # a job without a correction has no cap to steer either
     with pytest.raises(SteeringError, match=r"\(type 'none'\) has no cap"):

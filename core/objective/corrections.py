@@ -95,7 +95,7 @@ class Correction:
     def from_config(cls, config: Any) -> Correction:
         """The correction of an `algorithm.correction` config (read by attribute name: this
         package imports nothing else of `core`); CISPO's eps_low / eps_high become the band."""
-        kind = getattr(config, "type", "none")
+        kind: CorrectionType = config.type
         if kind == "cispo":
             low = 1.0 - float(config.eps_low)
             return cls(type="cispo", low=max(low, 0.0), high=1.0 + float(config.eps_high))

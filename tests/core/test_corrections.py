@@ -105,7 +105,15 @@ def make_case(seed: int = 0, *, gap: float = 0.3, above_one: bool = False) -> Ca
         lengths.append(min(int(torch.randint(1, 38, (1,), generator=gen)), N - total))
         total += lengths[-1]
     sequence_ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    return Case(hidden, weight, tokens, behavior, advantages, rmask, sequence_ids)
+    return Case(
+        hidden=hidden,
+        weight=weight,
+        tokens=tokens,
+        behavior=behavior,
+        advantages=advantages,
+        rmask=rmask,
+        sequence_ids=sequence_ids,
+    )
 
 
 def reference_weights(

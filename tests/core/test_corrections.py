@@ -37,23 +37,23 @@ TRUNCATED_ROWS = 30  # rows whose mu has 8 < K tokens: the view's last entries a
 
 OPTIONS: dict[str, dict[str, Any]] = {
     "none": {"type": "none"},
-    "none, is_cap 1.3": {"type": "none", "is_cap": 1.3},
-    "tis token": {"type": "tis", "level": "token", "cap": 1.3},
-    "tis sequence": {"type": "tis", "level": "sequence", "cap": 2.0},
-    "mis token": {"type": "mis", "level": "token", "cap": 1.3},
-    "mis sequence": {"type": "mis", "level": "sequence", "cap": 2.0},
+    "none_is_cap": {"type": "none", "is_cap": 1.3},
+    "tis_token": {"type": "tis", "level": "token", "cap": 1.3},
+    "tis_sequence": {"type": "tis", "level": "sequence", "cap": 2.0},
+    "mis_token": {"type": "mis", "level": "token", "cap": 1.3},
+    "mis_sequence": {"type": "mis", "level": "sequence", "cap": 2.0},
     "icepop": {"type": "icepop", "low": 0.8, "high": 1.25},
     "geo_rs": {"type": "geo_rs", "low": 0.97, "high": 1.03},
-    "geo_rs, is_cap 1.3": {"type": "geo_rs", "low": 0.97, "high": 1.03, "is_cap": 1.3},
+    "geo_rs_is_cap": {"type": "geo_rs", "low": 0.97, "high": 1.03, "is_cap": 1.3},
     "cispo": {"type": "cispo", "eps_low": 0.2, "eps_high": 0.28},
 }
 """Each correction as a spec writes it (is_cap beside it where it combines with one), with
 parameters that bite on the case below (tested: each drops or clips some tokens)."""
 
 DROPS_ALL: dict[str, dict[str, Any]] = {
-    "icepop [1, 1]": {"type": "icepop", "low": 1.0, "high": 1.0},
-    "geo_rs [1, 1]": {"type": "geo_rs", "low": 1.0, "high": 1.0},
-    "mis token, all past the cap": {"type": "mis", "level": "token", "cap": 1.0},
+    "icepop_band_1": {"type": "icepop", "low": 1.0, "high": 1.0},
+    "geo_rs_band_1": {"type": "geo_rs", "low": 1.0, "high": 1.0},
+    "mis_token_cap_1": {"type": "mis", "level": "token", "cap": 1.0},
 }
 """Corrections that drop every token of the off-policy case (all of mis's: r > 1 is forced)."""
 
@@ -310,7 +310,18 @@ fp32 as in float64), and a sequence whose product overflows fp32 (e^100)."""
         Correction(type="cispo", low=1.0, high=1.0),
         Correction(type="cispo", low=0.5, high=2.0),
     ],
-    ids=str,
+    ids=[
+        "none",
+        "tis_cap_1",
+        "tis_sequence_cap_1",
+        "mis_cap_1",
+        "mis_sequence_cap_1",
+        "icepop_band_1",
+        "icepop",
+        "geo_rs_band_1",
+        "cispo_band_1",
+        "cispo",
+    ],
 )
 def test_weights_at_the_limits_are_the_reference(correction: Correction) -> None:
     """Ties with the cap and the band's ends: kept, not clipped (the definitions' <=)."""
@@ -329,7 +340,7 @@ def test_weights_at_the_limits_are_the_reference(correction: Correction) -> None
 
 def test_sequence_levels_need_the_sequences() -> None:
     case = make_case()
-    region = region_of(OPTIONS["tis sequence"], "dppo")
+    region = region_of(OPTIONS["tis_sequence"], "dppo")
     with pytest.raises(ValueError, match="sequence level needs sequence_ids"):
         policy_loss(case.logits(), case.tokens, case.behavior, case.advantages, region)
     with pytest.raises(ValueError, match=r"sequence_ids must be \(N=240,\), got \(3,\)"):

@@ -25,13 +25,14 @@ class NoCorrection(Strict):
     )
 
 
-class TisCorrection(Strict):
-    type: Literal["tis"] = Field(description="Truncated importance sampling.")
+class _Capped(Strict):
+    """The fields TIS and MIS share: the level their ratio is taken at and its cap."""
+
     level: Level = Field(
         default="token",
         description=(
-            "'token': each token weighs min(r_t, cap); 'sequence': every token of a sequence "
-            "weighs min(prod_t r_t, cap)."
+            "'token': each token's own ratio r_t; 'sequence': the product of the sequence's "
+            "ratios, prod_t r_t, for every token of the sequence."
         ),
     )
     cap: FiniteFloat = Field(
@@ -39,17 +40,18 @@ class TisCorrection(Strict):
     )
 
 
-class MisCorrection(Strict):
-    type: Literal["mis"] = Field(description="Masked importance sampling.")
-    level: Level = Field(
-        default="token",
-        description=(
-            "'token': tokens with r_t > cap are dropped, the others weigh r_t; 'sequence': "
-            "sequences with prod_t r_t > cap are dropped, the others weigh prod_t r_t."
-        ),
+class TisCorrection(_Capped):
+    type: Literal["tis"] = Field(
+        description="Truncated importance sampling: each token weighs min(ratio, cap)."
     )
-    cap: FiniteFloat = Field(
-        default=2.0, ge=1, le=1e12, description="C; at least 1 (on-policy tokens are kept)."
+
+
+class MisCorrection(_Capped):
+    type: Literal["mis"] = Field(
+        description=(
+            "Masked importance sampling: a token (sequence) whose ratio exceeds cap is dropped, "
+            "the others weigh their ratio."
+        )
     )
 
 
@@ -83,7 +85,15 @@ class CispoCorrection(Strict):
     eps_low: FiniteFloat = Field(
         default=1.0, ge=0, le=1, description="1 (the default, as MiniMax-M1): no lower clip."
     )
-    eps_high: FiniteFloat = Field(default=0.28, ge=0, le=1e6, description="Upper clip 1 + this.")
+    eps_high: FiniteFloat = Field(
+        default=0.28,
+        ge=0,
+        le=1e6,
+        description=(
+            "Upper clip 1 + this. MiniMax-M1 tunes only this one and gives no value; 0.28 is "
+            "Trinity-RFT's CISPO default (and DAPO's clip-higher)."
+        ),
+    )
 
 
 Correction = Annotated[

@@ -60,14 +60,17 @@ LEVELLED = ("tis", "mis")
 @dataclass(frozen=True, kw_only=True)
 class Correction:
     """One correction, its type and parameters: `cap` is C of `tis`/`mis`, [`low`, `high`] the
-    band of `icepop`, `geo_rs` and (as 1 - eps_low, 1 + eps_high) `cispo`. Checked here so that
-    the core refuses what the config would (`core.config.corrections` has the same limits)."""
+    band of `icepop`, `geo_rs` and (as 1 - eps_low, 1 + eps_high) `cispo`. The defaults are the
+    config's for TIS, MIS and IcePop (a bench or test that builds one directly gets what a spec
+    would). Checked here for what would break the arithmetic (a type or level it does not know,
+    a cap <= 0, a band upside down); the config's limits (`core.config.corrections`) are
+    stricter."""
 
     type: CorrectionType = "none"
     level: Level = "token"
     cap: float = 2.0
     low: float = 0.5
-    high: float = 2.0
+    high: float = 5.0
 
     def __post_init__(self) -> None:
         if self.type not in CORRECTION_TYPES:
@@ -97,8 +100,8 @@ class Correction:
         package imports nothing else of `core`); CISPO's eps_low / eps_high become the band."""
         kind: CorrectionType = config.type
         if kind == "cispo":
-            low = 1.0 - float(config.eps_low)
-            return cls(type="cispo", low=max(low, 0.0), high=1.0 + float(config.eps_high))
+            low = 1.0 - float(config.eps_low)  # eps_low <= 1: never below 0
+            return cls(type="cispo", low=low, high=1.0 + float(config.eps_high))
         args = {
             name: getattr(config, name)
             for name in ("level", "cap", "low", "high")

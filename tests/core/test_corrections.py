@@ -464,3 +464,43 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+@pytest.mark.parametrize("kind", ["tis", "mis", "icepop"])
+def test_the_cores_defaults_are_the_configs(kind: str) -> None:
+    """A `Correction` built directly (benches, tests) is what a spec naming only the type gets."""
+    config = AlgorithmConfig.model_validate({"correction": {"type": kind}}).correction
+    assert Correction(type=kind) == Correction.from_config(config)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"type": "trpo"}, r"correction type must be one of \('none', 'tis'"),
+        ({"type": "tis", "level": "word"}, r"correction level must be one of \('token', "),
+        ({"type": "icepop", "level": "sequence"}, "'icepop' is token level, got 'sequence'"),
+        ({"type": "cispo", "level": "sequence"}, "'cispo' is token level, got 'sequence'"),
+        ({"type": "geo_rs"}, "'geo_rs' is sequence level, got 'token'"),
+        ({"type": "tis", "cap": 0.0}, "correction cap must be > 0, got 0.0"),
+        ({"type": "tis", "cap": -1e-9}, "correction cap must be > 0, got -1e-09"),
+        ({"type": "icepop", "low": -1e-9}, r"0 <= low <= high, got \[-1e-09, 5.0\]"),
+        ({"type": "icepop", "low": 1.5, "high": 1.0}, r"0 <= low <= high, got \[1.5, 1.0\]"),
+    ],
+)
+def test_a_correction_past_a_limit_is_refused_by_the_core(args: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Correction(**args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"type": "tis", "cap": 1e-9},
+        {"type": "icepop", "low": 0.0, "high": 0.0},
+        {"type": "icepop", "low": 1.0, "high": 1.0},
+        {"type": "geo_rs", "level": "sequence", "low": 0.5, "high": 0.5},
+        {"type": "mis", "level": "sequence"},
+    ],
+)
+def test_a_correction_at_a_limit_is_accepted_by_the_core(args: dict[str, Any]) -> None:
+    assert Correction(**args).type == args["type"]

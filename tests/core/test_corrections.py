@@ -504,3 +504,63 @@ def test_a_correction_past_a_limit_is_refused_by_the_core(args: dict[str, Any], 
 )
 def test_a_correction_at_a_limit_is_accepted_by_the_core(args: dict[str, Any]) -> None:
     assert Correction(**args).type == args["type"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ({"type": "none"}, Correction(type="none")),
+        ({"type": "tis", "cap": 3.0}, Correction(type="tis", cap=3.0)),
+        (
+            {"type": "mis", "level": "sequence", "cap": 1.5},
+            Correction(type="mis", level="sequence", cap=1.5),
+        ),
+        ({"type": "icepop", "low": 0.4, "high": 3.0}, Correction(type="icepop", low=0.4, high=3.0)),
+        (
+            {"type": "geo_rs", "low": 0.99, "high": 1.02},
+            Correction(type="geo_rs", level="sequence", low=0.99, high=1.02),
+        ),
+        (  # MiniMax-M1's band: [1 - eps_low, 1 + eps_high]
+            {"type": "cispo", "eps_low": 0.25, "eps_high": 0.5},
+            Correction(type="cispo", low=0.75, high=1.5),
+        ),
+        ({"type": "cispo"}, Correction(type="cispo", low=0.0, high=1.28)),
+    ],
+    ids=["none", "tis", "mis", "icepop", "geo_rs", "cispo", "cispo_defaults"],
+)
+def test_each_spec_becomes_the_correction_it_names(spec: dict[str, Any], want: Correction) -> None:
+    """The config's parameters reach the core as the formulas read them (the float64 reference
+    above takes its band from the core's object, so this mapping is checked here)."""
+    config = AlgorithmConfig.model_validate({"correction": spec}).correction
+    assert Correction.from_config(config) == want
+
+
+def test_the_weights_are_a_stop_gradient() -> None:
+    """w is sg(...): no graph reaches it even from a log-ratio that has one."""
+    lr = torch.tensor([0.1, -0.2, 3.0], requires_grad=True)
+    got = correction_weights(
+        lr,
+        Correction(type="tis", cap=2.0),
+        is_cap=1e4,
+        response_mask=torch.ones(3, dtype=torch.bool),
+    )
+    assert not got.weight.requires_grad
+    torch.testing.assert_close(got.weight, torch.tensor([0.1, -0.2, 0.69314718]).exp())
+
+
+@pytest.mark.parametrize(
+    "correction",
+    [Correction(type="mis", level="sequence"), Correction(type="geo_rs", level="sequence")],
+    ids=["mis_sequence", "geo_rs"],
+)
+def test_no_tokens_give_no_weights(correction: Correction) -> None:
+    """An empty piece (a rank whose share has no response) has no sequence to sum over."""
+    empty = torch.zeros(0)
+    got = correction_weights(
+        empty,
+        correction,
+        is_cap=1e4,
+        response_mask=torch.zeros(0, dtype=torch.bool),
+        sequence_ids=torch.zeros(0, dtype=torch.long),
+    )
+    assert got.weight.shape == got.dropped.shape == got.clipped.shape == (0,)

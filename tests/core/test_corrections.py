@@ -564,3 +564,15 @@ def test_no_tokens_give_no_weights(correction: Correction) -> None:
         sequence_ids=torch.zeros(0, dtype=torch.long),
     )
     assert got.weight.shape == got.dropped.shape == got.clipped.shape == (0,)
+
+
+def test_the_weights_alone_need_the_sequences_at_sequence_level() -> None:
+    """`correction_weights` called without the loss (the bench does) checks its own inputs."""
+    lr, rmask = torch.zeros(4), torch.ones(4, dtype=torch.bool)
+    tis = Correction(type="tis", level="sequence")
+    with pytest.raises(ValueError, match="'tis' at sequence level needs sequence_ids"):
+        correction_weights(lr, tis, is_cap=1e4, response_mask=rmask)
+    with pytest.raises(ValueError, match=r"sequence_ids must be \(N=4,\), got \(3,\)"):
+        correction_weights(
+            lr, tis, is_cap=1e4, response_mask=rmask, sequence_ids=torch.zeros(3, dtype=torch.long)
+        )

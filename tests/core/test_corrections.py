@@ -290,10 +290,11 @@ def test_an_empty_response_mask_gives_zero_loss_and_no_nan(option: str) -> None:
     assert out.stats["correction_masked_fraction"] == out.stats["correction_clipped_fraction"] == 0
 
 
-TIES = [0.0, 0.0, 0.5, -0.5, 0.0, 1e-6, -1e-6, 50.0, 50.0, 0.0]
-"""Log-ratios at the limits below: r = 1 exactly (the band [1, 1], the cap 1) alone and in a
-sequence whose product is 1, ratios a hair past 1 on either side (1e-6: exp keeps them off 1 in
-fp32 as in float64), and a sequence whose product overflows fp32 (e^100)."""
+TIES = [0.0, 0.0, 0.5, -0.5, 0.9, 1e-6, -1e-6, 50.0, 50.0, 0.0]
+"""Log-ratios at the limits below: r = 1 exactly (the band [1, 1], the cap 1, is_cap 1) in a
+sequence whose product is 1, a sequence of one token (its geometric mean is its ratio), ratios a
+hair past 1 on either side (1e-6: exp keeps them off 1 in fp32 as in float64), and a sequence
+whose product overflows fp32 (e^100)."""
 
 
 @pytest.mark.parametrize(
@@ -307,6 +308,7 @@ fp32 as in float64), and a sequence whose product overflows fp32 (e^100)."""
         Correction(type="icepop", low=1.0, high=1.0),
         Correction(type="icepop", low=0.5, high=2.0),
         Correction(type="geo_rs", level="sequence", low=1.0, high=1.0),
+        Correction(type="geo_rs", level="sequence", low=0.5, high=2.0),
         Correction(type="cispo", low=1.0, high=1.0),
         Correction(type="cispo", low=0.5, high=2.0),
     ],
@@ -319,6 +321,7 @@ fp32 as in float64), and a sequence whose product overflows fp32 (e^100)."""
         "icepop_band_1",
         "icepop",
         "geo_rs_band_1",
+        "geo_rs",
         "cispo_band_1",
         "cispo",
     ],
@@ -328,9 +331,9 @@ def test_weights_at_the_limits_are_the_reference(correction: Correction) -> None
     lr = torch.tensor(TIES, dtype=torch.float32)
     seq = torch.tensor([0, 0, 1, 1, 2, 3, 3, 4, 4, 5])
     rmask = torch.tensor([True] * 9 + [False])
-    got = correction_weights(lr, correction, is_cap=2.0, response_mask=rmask, sequence_ids=seq)
+    got = correction_weights(lr, correction, is_cap=1.0, response_mask=rmask, sequence_ids=seq)
     w, dropped, clipped = reference_weights(
-        lr.double().tolist(), seq.tolist(), rmask.tolist(), correction, 2.0
+        lr.double().tolist(), seq.tolist(), rmask.tolist(), correction, 1.0
     )
     torch.testing.assert_close(got.weight.double(), torch.tensor(w, dtype=torch.float64))
     assert got.dropped.tolist() == dropped
@@ -379,6 +382,7 @@ def test_the_default_is_bit_for_bit_the_is_cap_loss() -> None:
     [
         ({"type": "tis", "cap": 0.999}, "correction.tis.cap"),
         ({"type": "tis", "cap": 1e12 * 1.001}, "correction.tis.cap"),
+        ({"type": "tis", "cap": 1e12 + 0.5}, "correction.tis.cap"),
         ({"type": "mis", "cap": 0.999}, "correction.mis.cap"),
         ({"type": "mis", "level": "word"}, "correction.mis.level"),
         ({"type": "icepop", "low": 0.0}, "correction.icepop.low"),

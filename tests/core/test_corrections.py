@@ -383,6 +383,9 @@ def test_the_default_is_bit_for_bit_the_is_cap_loss() -> None:
         ({"type": "tis", "cap": 0.999}, "correction.tis.cap"),
         ({"type": "tis", "cap": 1e12 * 1.001}, "correction.tis.cap"),
         ({"type": "tis", "cap": 1e12 + 0.5}, "correction.tis.cap"),
+        ({"type": "icepop", "high": 1e12 + 0.5}, "correction.icepop.high"),
+        ({"type": "geo_rs", "low": 1.001}, "correction.geo_rs.low"),
+        ({"type": "cispo", "eps_high": 1e6 + 0.5}, "correction.cispo.eps_high"),
         ({"type": "mis", "cap": 0.999}, "correction.mis.cap"),
         ({"type": "mis", "level": "word"}, "correction.mis.level"),
         ({"type": "icepop", "low": 0.0}, "correction.icepop.low"),
@@ -529,8 +532,9 @@ def test_a_correction_at_a_limit_is_accepted_by_the_core(args: dict[str, Any]) -
             Correction(type="cispo", low=0.75, high=1.5),
         ),
         ({"type": "cispo"}, Correction(type="cispo", low=0.0, high=1.28)),
+        ({"type": "geo_rs"}, Correction(type="geo_rs", level="sequence", low=0.999, high=1.001)),
     ],
-    ids=["none", "tis", "mis", "icepop", "geo_rs", "cispo", "cispo_defaults"],
+    ids=["none", "tis", "mis", "icepop", "geo_rs", "cispo", "cispo_defaults", "geo_rs_defaults"],
 )
 def test_each_spec_becomes_the_correction_it_names(spec: dict[str, Any], want: Correction) -> None:
     """The config's parameters reach the core as the formulas read them (the float64 reference

@@ -22,6 +22,13 @@ in MiB and in units of one (N, V) fp32 buffer.
     python bench/mask_cost.py                                      # 8192 x 32000, every config
     python bench/mask_cost.py --tokens 1024 --config predictive/tv/topk --vocab 32000 152064
     python bench/mask_cost.py --tokens 1024 --before --rev 1e521c6 # before/after, one run
+    python bench/mask_cost.py --corrections --tokens 2048           # each off-policy correction
+
+`--corrections` times the mask with each off-policy correction (`core.objective.corrections`)
+after it, `MASK+CORRECTION` (the mask's decision, then the correction's weights from its ratio;
+sequences of 64 tokens for the sequence-level ones), next to the mask alone: what each option
+adds to the trust region's pass, against the same log_softmax floor. Revisions before the
+corrections cannot time these configurations.
 """
 
 from __future__ import annotations
@@ -55,6 +62,29 @@ CONFIGS: list[str] = [
     "predictive/tv/topk_tail",
     "predictive/tv/exact",
 ]
+
+CORRECTION_BASES = ["ppo_clip/tv/binary", "predictive/tv/topk"]
+"""The cheapest mask (the ratio alone) and the default one, under which each correction is
+timed: the first shows the correction's own cost, the second what a default run pays."""
+
+CORRECTIONS: dict[str, dict[str, object]] = {
+    "tis": {"type": "tis", "cap": 2.0},
+    "tis_seq": {"type": "tis", "level": "sequence", "cap": 2.0},
+    "mis": {"type": "mis", "cap": 2.0},
+    "mis_seq": {"type": "mis", "level": "sequence", "cap": 2.0},
+    "icepop": {"type": "icepop", "low": 0.5, "high": 5.0},
+    "geo_rs": {"type": "geo_rs", "level": "sequence", "low": 0.999, "high": 1.001},
+    "cispo": {"type": "cispo", "low": 0.0, "high": 1.28},
+}
+"""The `core.objective.corrections.Correction` of each timed option (its own field names)."""
+
+CORRECTION_CONFIGS: list[str] = [
+    *CORRECTION_BASES,
+    *(f"{base}+{name}" for base in CORRECTION_BASES for name in CORRECTIONS),
+]
+
+SEQUENCE_TOKENS = 64
+"""Tokens per sequence in the timed batch (the sequence-level corrections sum over these)."""
 
 
 def _rss_bytes() -> int:
@@ -120,9 +150,11 @@ class _Inputs:
 
         from core import TrustRegion, trust_region_mask
 
-        mask, kind, estimator = config.split("/")
+        base, _, corrected = config.partition("+")
+        mask, kind, estimator = base.split("/")
         view = self.full_view if estimator == "exact" else self.view
         assert view is not None
+        region = TrustRegion(mask=mask, kind=kind, estimator=estimator)  # type: ignore[arg-type]
 
         def floor() -> object:
             return torch.log_softmax(self.logits, dim=-1)
@@ -133,10 +165,30 @@ class _Inputs:
                 behavior=view,
                 tokens=self.tokens,
                 advantages=self.advantages,
-                region=TrustRegion(mask=mask, kind=kind, estimator=estimator),  # type: ignore[arg-type]
+                region=region,
             )
 
-        return floor, run
+        if not corrected:
+            return floor, run
+        corrections = importlib.import_module("core.objective.corrections")
+        masks = importlib.import_module("core.objective.masks")
+        correction = corrections.Correction(**CORRECTIONS[corrected])
+        n = len(self.tokens)
+        sequences = torch.arange(n) // SEQUENCE_TOKENS
+        everywhere = torch.ones(n, dtype=torch.bool)
+
+        def run_corrected() -> object:
+            decision = masks.trust_region(self.logits, view, self.tokens, self.advantages, region)
+            weights = corrections.correction_weights(
+                decision.log_ratio,
+                correction,
+                is_cap=region.is_cap,
+                response_mask=everywhere,
+                sequence_ids=sequences,
+            )
+            return decision.keep, weights
+
+        return floor, run_corrected
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -231,7 +283,20 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=7, help="timed calls per configuration")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--config", nargs="+", choices=CONFIGS, default=CONFIGS, metavar="M/K/E")
+    parser.add_argument(
+        "--config",
+        nargs="+",
+        choices=CONFIGS + CORRECTION_CONFIGS,
+        default=None,
+        metavar="M/K/E[+CORRECTION]",
+    )
+    parser.add_argument(
+        "--corrections",
+        action="store_true",
+        help="time each off-policy correction after two masks (the configs "
+        + ", ".join(CORRECTION_CONFIGS)
+        + ")",
+    )
     parser.add_argument(
         "--rev", nargs="+", default=[], help="also time these git revisions' core/, side by side"
     )
@@ -250,6 +315,8 @@ def main() -> None:
     if args.child:
         _memory_child(args)
         return
+    if args.config is None:
+        args.config = CORRECTION_CONFIGS if args.corrections else CONFIGS
     run(args, [BEFORE_FIDELITY] * args.before + args.rev)
 
 

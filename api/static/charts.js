@@ -17,6 +17,10 @@ const PANELS = [
     ["masked A<0", (m) => m.masked_fraction_neg],
     ["acceptance", (m) => sum(1, neg(m.masked_fraction))],
   ]],
+  ["Off-policy correction: dropped and clipped", [0, 1], [
+    ["dropped", (m) => m.correction_masked_fraction],
+    ["clipped", (m) => m.correction_clipped_fraction],
+  ]],
   ["Divergence (δ thresholds dashed)", [0, null], [
     ["mean", (m) => m.divergence_mean],
     ["max", (m) => m.divergence_max],

@@ -30,6 +30,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, model_validator
 
 # the model and task sections live in modules of their own; every section stays importable here
+from core.config.corrections import OWN_WEIGHT, NoCorrection
+from core.config.corrections import Correction as Correction
 from core.config.model import JOB_ID_RE as JOB_ID_RE
 from core.config.model import LoraConfig as LoraConfig
 from core.config.model import ModelConfig as ModelConfig
@@ -118,6 +120,9 @@ class RolloutConfig(Strict):
     )
 
 
+IS_CAP_OFF = 1e4
+"""`algorithm.is_cap`'s default: large enough that the truncation is effectively off (DPPO's)."""
+
 LossAgg = Literal["token_mean", "seq_mean", "minibatch_token_mean"]
 LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
 
@@ -141,7 +146,23 @@ class AlgorithmConfig(Strict):
     )
     top_k: int = Field(default=20, ge=1, le=1000, description="Top-K log-probs kept per token.")
     is_cap: FiniteFloat = Field(
-        default=1e4, gt=0, le=1e12, description="Truncated-IS cap c on sg(pi/mu)."
+        default=IS_CAP_OFF,
+        gt=0,
+        le=1e12,
+        description=(
+            "Truncated-IS cap c on sg(pi/mu), with correction 'none' or 'geo_rs' (the other "
+            "corrections set the weight themselves and refuse a cap here)."
+        ),
+    )
+    correction: Correction = Field(
+        default_factory=lambda: NoCorrection(),
+        description=(
+            "Off-policy correction, combined with any mask: its weight replaces min(pi/mu, "
+            "is_cap) and the tokens it drops lose their gradient. type 'none' (the default), "
+            "'tis' / 'mis' (level token or sequence, cap), 'icepop' (band low..high), 'geo_rs' "
+            "(sequence band low..high on the geometric-mean ratio) or 'cispo' (eps_low, "
+            "eps_high). See docs/users/corrections.md."
+        ),
     )
     normalize_std: bool = Field(
         default=False, description="Divide group advantages by the group's reward std."
@@ -182,6 +203,18 @@ class AlgorithmConfig(Strict):
             "minibatch 'token_mean' and 'minibatch_token_mean' are the same."
         ),
     )
+
+    @model_validator(mode="after")
+    def _one_weight(self) -> AlgorithmConfig:
+        """is_cap and a correction that sets its own weight would both say what a token weighs."""
+        kind = self.correction.type
+        if kind in OWN_WEIGHT and self.is_cap != IS_CAP_OFF:
+            raise ValueError(
+                f"algorithm.is_cap={self.is_cap:g} and correction.type={kind!r} both set the "
+                f"IS weight: leave is_cap at {IS_CAP_OFF:g} (the {kind} correction's own "
+                "parameters set it), or use correction 'none' or 'geo_rs' with is_cap"
+            )
+        return self
 
 
 LR_FROM_SCRATCH = 1e-3

@@ -1,6 +1,6 @@
 """The policy-gradient loss under a trust-region mask, and the per-step statistics behind it.
 
-    loss = - A * sg(min(pi(a) / mu(a), c)) * m * log pi(a)      (as in DPPO)
+    loss = - A * sg(w) * m * log pi(a)      w = min(pi(a) / mu(a), c) as in DPPO, or a correction's
          + beta * k3(pi_ref(a), pi(a))                          (optional KL to a reference)
 
 summed over the response tokens and divided by a normalizer the caller picks
@@ -42,6 +42,7 @@ from torch import Tensor
 
 from core.objective import fused
 from core.objective.behavior import BehaviorView
+from core.objective.corrections import correction_weights
 from core.objective.estimators import SoftmaxStats, estimator_stats
 from core.objective.lazy_logits import ProjectedLogits
 from core.objective.masks import (
@@ -100,9 +101,15 @@ def _check_inputs(
     response_mask: Tensor | None,
     ref_logprobs: Tensor | None,
     normalizer: float | Tensor | None,
+    sequence_ids: Tensor | None = None,
 ) -> Tensor:
     """The checks both loss paths make before any pass over the vocabulary; the (N,) bool
     response mask."""
+    if region.correction.per_sequence and sequence_ids is None:
+        raise ValueError(
+            f"correction {region.correction.type!r} at sequence level needs sequence_ids, the "
+            "(N,) sequence index of every token"
+        )
     if region.kl_beta > 0 and ref_logprobs is None:
         raise ValueError("kl_beta > 0 needs ref_logprobs, the reference policy's log-probs")
     n = tokens.shape[0]
@@ -117,6 +124,8 @@ def _check_inputs(
         raise ValueError(f"a tensor normalizer must be (N={n},), got {tuple(normalizer.shape)}")
     if ref_logprobs is not None and ref_logprobs.shape != (n,):
         raise ValueError(f"ref_logprobs must be (N={n},), got {tuple(ref_logprobs.shape)}")
+    if sequence_ids is not None and sequence_ids.shape != (n,):
+        raise ValueError(f"sequence_ids must be (N={n},), got {tuple(sequence_ids.shape)}")
     return rmask
 
 
@@ -131,13 +140,21 @@ def _loss_from_logprobs(
     ref_logprobs: Tensor | None,
     normalizer: float | Tensor | None,
     outside: Tensor | None = None,
+    sequence_ids: Tensor | None = None,
 ) -> PolicyLossOutput:
     """The loss from log pi(a) (N,), the only term with a gradient, and the statistics from
     the mask's pass: shared by the unfused and the fused path, which differ only in how they
     get `logp_a`, `decision` and `stats`. `outside` (N,): whether each sampled token lies outside
-    pi's top-K (K of the behavior view), for `outside_topk`."""
-    is_weight = decision.log_ratio.exp().clamp(max=region.is_cap)
-    weight = advantages * is_weight * decision.keep * rmask
+    pi's top-K (K of the behavior view), for `outside_topk`. `sequence_ids` (N,): each token's
+    sequence, for the sequence-level corrections."""
+    corrected = correction_weights(
+        decision.log_ratio,
+        region.correction,
+        is_cap=region.is_cap,
+        response_mask=rmask,
+        sequence_ids=sequence_ids,
+    )
+    weight = advantages * corrected.weight * decision.keep * rmask
     loss = _aggregate(weight * logp_a, rmask, normalizer).neg()
     k3: Tensor | None = None
     if ref_logprobs is not None:
@@ -169,6 +186,8 @@ def _loss_from_logprobs(
         "masked_only_predictive": _mean(far & change_away & ~ratio_away, rmask),
         "masked_only_dppo": _mean(far & ratio_away & ~change_away, rmask),
         "ratio_mean": _mean(decision.log_ratio.exp(), rmask),
+        "correction_masked_fraction": _mean(corrected.dropped, rmask),
+        "correction_clipped_fraction": _mean(corrected.clipped, rmask),
         "entropy": _mean(stats.entropy, rmask),
     }
     if outside is not None:
@@ -197,6 +216,7 @@ def policy_loss(
     response_mask: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     normalizer: float | Tensor | None = None,
+    sequence_ids: Tensor | None = None,
 ) -> PolicyLossOutput:
     """Loss and statistics for N response tokens (logits (N, V) with grad, any float dtype)
     under the trust region `region` (its mask, divergence, thresholds, IS cap and KL weight).
@@ -209,7 +229,9 @@ def policy_loss(
     `ref_logprobs` (N,): log pi_ref(a) of the reference policy; with `region.kl_beta` > 0 the
     k3 penalty is added (β = 0 adds nothing: the loss is bit for bit the unpenalized one).
     `normalizer`: divide the token sums by this count instead of the response tokens here, or,
-    a (N,) tensor, each token's term by its own entry.
+    a (N,) tensor, each token's term by its own entry. `sequence_ids` (N,) int64: the sequence
+    each token belongs to, needed by the sequence-level corrections (`region.correction`,
+    `core.objective.corrections`), whose weight replaces sg(min(pi/mu, c)).
 
     Statistics (fractions over response tokens unless said otherwise):
     masked_fraction[_pos|_neg]: tokens whose gradient the mask removed (all, A > 0, A < 0);
@@ -221,7 +243,10 @@ def policy_loss(
     rule masks and DPPO's does not, and the reverse, whatever mask is configured (same D, same
     deltas); ratio_mean: pi(a)/mu(a); entropy: H(pi) in nats; outside_topk: sampled tokens
     outside pi's top-K (K of the behavior view: how often the sampler picks what the trainer
-    ranks lower); kl_ref (with `ref_logprobs`): the mean k3 estimate of KL(pi || pi_ref).
+    ranks lower); kl_ref (with `ref_logprobs`): the mean k3 estimate of KL(pi || pi_ref);
+    correction_masked_fraction: tokens the correction dropped (IcePop's band, MIS's cap, Geo-RS's
+    sequences), whatever the mask did to them; correction_clipped_fraction: kept tokens whose IS
+    weight the correction truncated (past TIS's cap or is_cap, outside CISPO's band).
     """
     if isinstance(logits, ProjectedLogits):
         return fused_policy_loss(
@@ -233,6 +258,7 @@ def policy_loss(
             response_mask=response_mask,
             ref_logprobs=ref_logprobs,
             normalizer=normalizer,
+            sequence_ids=sequence_ids,
         )
     rmask = _check_inputs(
         tokens,
@@ -240,6 +266,7 @@ def policy_loss(
         response_mask=response_mask,
         ref_logprobs=ref_logprobs,
         normalizer=normalizer,
+        sequence_ids=sequence_ids,
     )
     advantages = advantages.float()
     detached = logits.detach()
@@ -261,6 +288,7 @@ def policy_loss(
         ref_logprobs=ref_logprobs,
         normalizer=normalizer,
         outside=outside,
+        sequence_ids=sequence_ids,
     )
 
 
@@ -274,6 +302,7 @@ def fused_policy_loss(
     response_mask: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     normalizer: float | Tensor | None = None,
+    sequence_ids: Tensor | None = None,
 ) -> PolicyLossOutput:
     """`core.objective.loss.policy_loss` of the projected logits
     `(hidden @ weight.T + bias) / temperature`, hidden states (N, H) and the output projection
@@ -299,6 +328,7 @@ def fused_policy_loss(
         response_mask=response_mask,
         ref_logprobs=ref_logprobs,
         normalizer=normalizer,
+        sequence_ids=sequence_ids,
     )
     advantages = advantages.float()
     view_ids = behavior.topk_ids if estimator == "topk" else None
@@ -319,4 +349,5 @@ def fused_policy_loss(
         ref_logprobs=ref_logprobs,
         normalizer=normalizer,
         outside=outside,
+        sequence_ids=sequence_ids,
     )

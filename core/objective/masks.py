@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from core.objective.behavior import BehaviorView
+from core.objective.corrections import NO_CORRECTION, Correction
 from core.objective.estimators import (
     ESTIMATORS,
     KINDS,
@@ -50,6 +51,8 @@ class TrustRegion:
     handed whole to the mask, the loss and its statistics, so that no two of these settings can
     trade places in a call. A new correction (TIS, MIS, IcePop, ...) is a field here, with its
     check in `__post_init__` and a config field of the same name, read where the loss uses it.
+    The off-policy corrections of the field (TIS, MIS, IcePop, Geo-RS, CISPO) are `correction`
+    (`core.objective.corrections`), whose weight multiplies the mask.
     Defaults: the published ones (DPPO's TV threshold 0.15, the top-20 view, the cap off)."""
 
     mask: Mask = "predictive"
@@ -60,6 +63,7 @@ class TrustRegion:
     is_cap: float = 1e4  # c of sg(min(pi/mu, c)): truncated importance sampling
     kl_beta: float = 0.0  # weight of the k3 penalty to the reference policy (0: none)
     top_k: int = 20  # log-probs the rollout keeps per token (the loss reads K off the view)
+    correction: Correction = NO_CORRECTION  # the IS weight and its drops (none: min(r, is_cap))
 
     def __post_init__(self) -> None:
         if self.mask not in MASKS:
@@ -83,7 +87,11 @@ class TrustRegion:
     def from_config(cls, algorithm: object) -> TrustRegion:
         """The trust region of an `algorithm` config (`core.config.AlgorithmConfig`, read by
         field name: this package imports nothing else of `core`)."""
-        return cls(**{f.name: getattr(algorithm, f.name) for f in fields(cls)})
+        args = {f.name: getattr(algorithm, f.name) for f in fields(cls) if f.name != "correction"}
+        correction = getattr(algorithm, "correction", None)
+        if correction is not None:
+            args["correction"] = Correction.from_config(correction)
+        return cls(**args)
 
 
 DEFAULT_TRUST_REGION = TrustRegion()

@@ -8,8 +8,9 @@ same (version, overrides).
 
 Only settings the trainer reads afresh at every step may change, and none that would change the
 shapes of what a checkpoint holds: the learning rate (the schedule's peak), the mask and its
-thresholds, the IS cap, the sampling temperature, the KL coefficient of a run that has a reference
-model, and the number of steps.
+thresholds, the IS cap, the off-policy correction's cap and band (those its type has: the type
+and level are fixed at submit), the sampling temperature, the KL coefficient of a run that has a
+reference model, and the number of steps.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ STEERABLE = (
     "algorithm.delta_low",
     "algorithm.delta_high",
     "algorithm.is_cap",
+    "algorithm.correction.cap",
+    "algorithm.correction.low",
+    "algorithm.correction.high",
+    "algorithm.correction.eps_low",
+    "algorithm.correction.eps_high",
     "algorithm.kl_beta",
     "rollout.temperature",
     "steps",
@@ -98,6 +104,13 @@ def check_change(patch: dict[str, Any], start: TrainConfig) -> None:
                 path,
                 "cannot change while a job runs; these can: " + ", ".join(STEERABLE),
             )
+        if not _is_field(start, path):  # a steerable setting this job's choices lack
+            kind = start.algorithm.correction.type
+            raise SteeringError(
+                path,
+                f"the job's correction (type {kind!r}) has no {path.rsplit('.', 1)[-1]}; its "
+                "type is fixed at submit",
+            )
         if value is None or value == {}:
             raise SteeringError(path, "give the new value (a null would remove the setting)")
         if path == "algorithm.kl_beta" and start.algorithm.kl_beta == 0:
@@ -116,18 +129,20 @@ def steered(start: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
 
 
 def values(cfg: TrainConfig) -> dict[str, Any]:
-    """The steerable settings of `cfg`, by dotted path."""
+    """The steerable settings `cfg` has, by dotted path (a correction has only its own type's
+    parameters)."""
     dumped = cfg.model_dump(mode="json")
     out: dict[str, Any] = {}
     for path in STEERABLE:
         node: Any = dumped
         for part in path.split("."):
-            node = node[part]
-        out[path] = node
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            out[path] = node
     return out
 
 
 def changed(before: TrainConfig, after: TrainConfig) -> dict[str, Any]:
     """{path: new value} of the steerable settings that differ."""
     old = values(before)
-    return {path: value for path, value in values(after).items() if old[path] != value}
+    return {path: value for path, value in values(after).items() if old.get(path) != value}

@@ -246,6 +246,8 @@ def _piece_loss(
         # top-p: the trained policy is the truncated sampler (core.objective.truncation); top_p 1
         # skips it
         logits = truncate_to_nucleus(logits, mb.tokens, cfg.rollout.top_p)
+    # each token's row of the piece: the sequence the sequence-level corrections sum over
+    seq = torch.arange(keep.shape[0], device=keep.device)[:, None].expand_as(keep)[keep]
     return policy_loss(
         logits=logits,
         tokens=mb.tokens,
@@ -254,4 +256,5 @@ def _piece_loss(
         region=region,
         ref_logprobs=None if ref is None else ref[rows][keep],
         normalizer=norm,
+        sequence_ids=seq,
     )

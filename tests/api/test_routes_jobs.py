@@ -264,7 +264,9 @@ def test_a_change_to_a_setting_that_cannot_change_while_running_is_422_naming_it
         {
             "loc": ["body", "train", "seed"],
             "msg": "cannot change while a job runs; these can: optim.lr, algorithm.mask, "
-            "algorithm.delta_low, algorithm.delta_high, algorithm.is_cap, algorithm.kl_beta, "
+            "algorithm.delta_low, algorithm.delta_high, algorithm.is_cap, "
+            "algorithm.correction.cap, algorithm.correction.low, algorithm.correction.high, "
+            "algorithm.correction.eps_low, algorithm.correction.eps_high, algorithm.kl_beta, "
             "rollout.temperature, steps",
             "type": "value_error.steering",
         }

@@ -114,6 +114,7 @@ def test_charts_read_their_domain_show_latest_values_and_all_draw_without_scroll
     ranges = page.evaluate(RANGES)
     assert ranges["Reward (mean ± std)"] == [0, 1]
     assert ranges["Masked fraction and acceptance"] == [0, 1]
+    assert ranges["Off-policy correction: dropped and clipped"] == [0, 1]
     assert ranges["Direction disagreement"] == [0, 1]
     assert ranges["Step time (s)"][0] == 0
     assert ranges["Step time (s)"][1] >= max(r["metrics"]["step_time"] for r in rows)
@@ -128,6 +129,11 @@ def test_charts_read_their_domain_show_latest_values_and_all_draw_without_scroll
     ]
     assert legends["Reward (mean ± std)"][1] == ["mean", "0"]
     assert legends["Learning rate"][1] == ["lr", fmt(page, latest["lr"])]
+    assert legends["Off-policy correction: dropped and clipped"] == [
+        ["step", str(steps)],
+        ["dropped", fmt(page, latest["correction_masked_fraction"])],
+        ["clipped", fmt(page, latest["correction_clipped_fraction"])],
+    ]
 
     # hovering the first step shows its values; leaving the chart shows the latest again
     loss = page.locator(".chart[data-title='Loss']")

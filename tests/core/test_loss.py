@@ -100,7 +100,7 @@ def test_empty_response_mask_gives_zero_loss() -> None:
     )
     assert float(out.loss.detach()) == 0.0
     # no response token: every statistic is 0, not a sentinel (they are averaged across steps)
-    assert len(out.stats) == 12 and set(out.stats.values()) == {0.0}, out.stats
+    assert len(out.stats) == 14 and set(out.stats.values()) == {0.0}, out.stats
 
 
 def test_negative_kl_beta_and_cap_are_rejected() -> None:

@@ -188,6 +188,7 @@ FULL_SPEC: dict[str, Any] = {
             "delta_high": 0.2,
             "top_k": 5,
             "is_cap": 10.0,
+            "correction": {"type": "geo_rs", "low": 0.99, "high": 1.02},
             "normalize_std": True,
             "minibatches": 2,
             "epochs": 2,
@@ -254,6 +255,17 @@ FULL_REASONING_GYM: list[dict[str, Any]] = [
 `datasets` exclude each other)."""
 
 
+FULL_CORRECTIONS: list[dict[str, Any]] = [
+    {"type": "none"},
+    {"type": "tis", "level": "sequence", "cap": 3.0},
+    {"type": "mis", "level": "sequence", "cap": 1.5},
+    {"type": "icepop", "low": 0.4, "high": 3.0},
+    {"type": "geo_rs", "low": 0.99, "high": 1.02},
+    {"type": "cispo", "eps_low": 0.5, "eps_high": 0.3},
+]
+"""Every correction type with every field it takes (FULL_SPEC holds one of them)."""
+
+
 def _unset(model: BaseModel, where: str = "") -> list[str]:
     """Fields of `model` (and its sections) the spec did not give."""
     out = []
@@ -281,6 +293,15 @@ def test_the_full_spec_sets_every_field_and_round_trips() -> None:
         assert_spec_round_trips(rg)
         given |= {f"train.task.{name}" for name in rg.train.task.model_fields_set}
     assert given >= REASONING_GYM_ONLY, REASONING_GYM_ONLY - given
+
+    for correction in FULL_CORRECTIONS:  # the types that set their own weight take no is_cap
+        algorithm = FULL_SPEC["train"]["algorithm"] | {"correction": correction, "is_cap": 1e4}
+        spec = JobSpec.model_validate(
+            FULL_SPEC | {"train": FULL_SPEC["train"] | {"algorithm": algorithm}}
+        )
+        assert _unset(spec.train.algorithm.correction) == []
+        assert spec.train.algorithm.correction.model_dump() == correction
+        assert_spec_round_trips(spec)
 
 
 def test_a_spec_stored_with_the_old_field_name_still_loads() -> None:

@@ -120,3 +120,55 @@ def test_a_change_that_does_not_validate_is_skipped_with_a_warning(tmp_path: Pat
     changes = [w for w in warnings if not w.startswith("run finished with a warning")]
     assert len(changes) == 1 and "config change 1 not applied" in changes[0]
     assert [r["lr"] for r in read_metrics(tmp_path)] == [3e-3] * 3
+
+
+def test_a_corrections_own_parameters_steer_and_no_others() -> None:
+    """The cap and band of the job's correction type may change; a parameter its type lacks,
+    its type and its level may not, and a value past a limit fails validation as at submit."""
+    tis = small_config(algorithm={"correction": {"type": "tis", "cap": 2.0}})
+    patch = {"algorithm": {"correction": {"cap": 3.0}}}
+    check_change(patch, tis)
+    cfg = steered(tis, patch)
+    assert cfg.algorithm.correction.model_dump() == {"type": "tis", "level": "token", "cap": 3.0}
+    assert changed(tis, cfg) == {"algorithm.correction.cap": 3.0}
+
+    icepop = small_config(algorithm={"correction": {"type": "icepop"}})
+    band = {"algorithm": {"correction": {"low": 0.8, "high": 1.5}}}
+    check_change(band, icepop)
+    assert changed(icepop, steered(icepop, band)) == {
+        "algorithm.correction.low": 0.8,
+        "algorithm.correction.high": 1.5,
+    }
+    for refused, field, why in [
+        ({"cap": 3.0}, "algorithm.correction.cap", r"correction \(type 'icepop'\) has no cap"),
+        ({"type": "tis"}, "algorithm.correction.type", "cannot change while a job runs"),
+        ({"level": "sequence"}, "algorithm.correction.level", "unknown field"),
+    ]:
+        with pytest.raises(SteeringError, match=why) as caught:
+            check_change({"algorithm": {"correction": refused}}, icepop)
+        assert caught.value.field == field
+    with pytest.raises(SteeringError, match="cannot change while a job runs"):
+        check_change({"algorithm": {"correction": {"level": "sequence"}}}, tis)
+    with pytest.raises(ValueError, match=r"correction\.icepop\.high"):
+        steered(icepop, {"algorithm": {"correction": {"high": 0.999}}})
+    # a job without a correction has no cap to steer either
+    with pytest.raises(SteeringError, match=r"\(type 'none'\) has no cap"):
+        check_change(patch, small_config())
+
+
+def test_a_steered_band_applies_from_the_next_step(tmp_path: Path) -> None:
+    """bf16 rollouts put mu off pi by ~3e-4 in log-ratio: IcePop's default band [0.5, 5] drops
+    nothing, the band steered to [0.9995, 1.0005] drops tokens from the next step on."""
+    cfg = small_config(
+        steps=4,
+        checkpoint_every=0,
+        rollout={"dtype": "bfloat16"},
+        algorithm={"minibatches": 1, "correction": {"type": "icepop"}},
+    )
+    band = {"algorithm": {"correction": {"low": 0.9995, "high": 1.0005}}}
+    steer = Steer(after=2, overrides=band)
+    train(cfg, tmp_path, callback=steer)
+    announced = {"algorithm.correction.low": 0.9995, "algorithm.correction.high": 1.0005}
+    assert steer.announced == [(2, 1, announced)]
+    dropped = [r["correction_masked_fraction"] for r in read_metrics(tmp_path)]
+    assert dropped[:2] == [0.0, 0.0] and all(0 < d < 1 for d in dropped[2:]), dropped

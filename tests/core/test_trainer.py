@@ -40,6 +40,8 @@ REQUIRED = {
     "direction_disagreement_far",
     "masked_only_predictive",
     "masked_only_dppo",
+    "correction_masked_fraction",
+    "correction_clipped_fraction",
     "offpolicy_logratio_abs",
     "entropy",
     "grad_norm",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from core.config import AlgorithmConfig
+from core.objective.corrections import Correction
 from core.objective.masks import TrustRegion
 
 CHANGED: dict[str, Any] = {
@@ -22,14 +23,21 @@ CHANGED: dict[str, Any] = {
     "is_cap": 2.0,
     "kl_beta": 0.1,
     "top_k": 7,
+    "correction": {"type": "geo_rs", "low": 0.99, "high": 1.02},  # geo_rs: with is_cap
 }
 """A value other than the default for every field."""
+
+CHANGED_REGION = {
+    **CHANGED,
+    "correction": Correction(type="geo_rs", level="sequence", low=0.99, high=1.02),
+}
+"""What `CHANGED` becomes in the trust region (the correction is the core's own dataclass)."""
 
 
 def test_every_field_comes_from_the_config_field_of_its_name() -> None:
     assert sorted(CHANGED) == sorted(f.name for f in fields(TrustRegion))
-    region = TrustRegion.from_config(AlgorithmConfig(**CHANGED))
-    assert {f.name: getattr(region, f.name) for f in fields(TrustRegion)} == CHANGED
+    region = TrustRegion.from_config(AlgorithmConfig.model_validate(CHANGED))
+    assert {f.name: getattr(region, f.name) for f in fields(TrustRegion)} == CHANGED_REGION
 
 
 def test_the_defaults_are_the_configs() -> None:

@@ -34,12 +34,28 @@ def test_service_job_reported_to_all_three(
     svc.start_worker("cpu")
     with svc.client("alice") as alice:
         spec = smoke_spec(steps=4, report_to=["tensorboard", "mlflow", "wandb"])
+        # a correction that bites: bf16 rollouts put mu off pi by ~3e-4 in log (measured), and
+        # IcePop's band of 5e-4 drops 20-45% of the tokens of each step
+        spec["train"]["rollout"]["dtype"] = "bfloat16"
+        spec["train"]["algorithm"]["correction"] = {
+            "type": "icepop",
+            "low": 0.9995,
+            "high": 1.0005,
+        }
         job_id = alice.post("/v1/jobs", json=spec).json()["id"]
         job = wait_status(alice, job_id, {"succeeded", "failed"}, timeout=120)
         assert job["status"] == "succeeded", job
         history = alice.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
+        events = read_events(alice, job_id)
     steps = {row["step"]: row["metrics"] for row in history}
     assert sorted(steps) == [1, 2, 3, 4]
+    # the corrections' fractions are step metrics like masked_fraction: history, SSE, trackers
+    streamed = {e["data"]["step"]: e["data"]["metrics"] for e in events if e["event"] == "metrics"}
+    for key in ("masked_fraction", *CORRECTION_STATS):
+        assert [streamed[step][key] for step in sorted(steps)] == [
+            steps[step][key] for step in sorted(steps)
+        ], key
+    assert all(0 < m["correction_masked_fraction"] < 1 for m in steps.values())
     trackers = job["trackers"]
     assert sorted(trackers) == ["mlflow", "tensorboard", "wandb"]
     job_dir = svc.artifact_dir / job_id
@@ -57,11 +73,16 @@ def test_service_job_reported_to_all_three(
         got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, f"train/{key}"))
         assert got == [(step, steps[step][key]) for step in sorted(steps)]
     scalars = tensorboard_scalars(job_dir / "tensorboard")
-    assert [step for step, _ in scalars["train/entropy"]] == [1, 2, 3, 4]
-    rows = [row for row in wandb_history(job_dir / "wandb") if "train/entropy" in row]
-    assert [(row["_step"], row["train/entropy"]) for row in rows] == [
-        (step, steps[step]["entropy"]) for step in sorted(steps)
-    ]
+    wandb_rows = wandb_history(job_dir / "wandb")
+    for key in ("entropy", *CORRECTION_STATS):
+        assert [step for step, _ in scalars[f"train/{key}"]] == [1, 2, 3, 4]
+        rows = [row for row in wandb_rows if f"train/{key}" in row]
+        assert [(row["_step"], row[f"train/{key}"]) for row in rows] == [
+            (step, steps[step][key]) for step in sorted(steps)
+        ]
+
+
+CORRECTION_STATS = ("correction_masked_fraction", "correction_clipped_fraction")
 
 
 def wait_for_run(server: MlflowServer, job_id: str, timeout: float = 120) -> None:

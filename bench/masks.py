@@ -200,6 +200,19 @@ def warm_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return cfg
 
 
+def warm_up_seeds(args: argparse.Namespace, seeds: range) -> None:
+    """The chat setting's warm-ups that `seeds` need and the disk does not hold yet (with
+    `--shared-warmup` the first seed's only), `args.workers` at a time."""
+    todo = [
+        (s, warm_config(args, s), str(warm_dir(args, s)))
+        for s in (seeds[:1] if args.shared_warmup else seeds)
+        if not (warm_dir(args, s) / "config.json").exists()
+    ]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for seed in pool.map(warm_up, todo):
+            print(f"  seed {seed}: warmed up ({args.warmup} steps)", flush=True)
+
+
 def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[dict[str, float]]]:
     import torch
 
@@ -409,14 +422,7 @@ def main() -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     t0 = time.perf_counter()
     if chat:
-        todo = [
-            (s, warm_config(args, s), str(warm_dir(args, s)))
-            for s in (seeds[:1] if args.shared_warmup else seeds)
-            if not (warm_dir(args, s) / "config.json").exists()
-        ]
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            for seed in pool.map(warm_up, todo):
-                print(f"  seed {seed}: warmed up ({args.warmup} steps)", flush=True)
+        warm_up_seeds(args, seeds)
     jobs = [
         (name, seed, base_config(args, seed, VARIANTS[name]), str(args.out))
         for seed in seeds

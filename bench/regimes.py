@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bench.masks import VARIANTS, base_config, run_one, warm_config, warm_dir, warm_up
+from bench.masks import VARIANTS, base_config, run_one, warm_up_seeds
 from core.objective.loss import PolicyLossOutput
 from core.objective.masks import TrustRegion, far_from_behavior, ratio_moves_away
 
@@ -376,14 +376,7 @@ def main() -> None:
         args.model = args.out / "model"
         if not (args.model / "config.json").exists():
             make_chat_hf(args.model)
-        todo = [
-            (s, warm_config(args, s), str(warm_dir(args, s)))
-            for s in (seeds[:1] if args.shared_warmup else seeds)
-            if not (warm_dir(args, s) / "config.json").exists()
-        ]
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            for seed in pool.map(warm_up, todo):
-                print(f"  seed {seed}: warmed up ({args.warmup} steps)", flush=True)
+        warm_up_seeds(args, seeds)
     table: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for regime in args.regimes:

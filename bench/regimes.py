@@ -321,6 +321,20 @@ def regime_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def earlier_runs(
+    paths: Sequence[Path], regime: str, arms: Sequence[str], seeds: range
+) -> list[dict[str, Any]]:
+    """The runs of `regime` and `arms` in earlier regimes.json files (`--add-runs`), less the
+    seeds this invocation runs itself; a seed in two files counts once (the first)."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in paths:
+        for run in json.loads(path.read_text())["runs"]:
+            key = (run["arm"], run["seed"])
+            if run["regime"] == regime and run["arm"] in arms and run["seed"] not in seeds:
+                found.setdefault(key, run)
+    return list(found.values())
+
+
 def regime_args(args: argparse.Namespace, regime: Regime) -> argparse.Namespace:
     """bench/masks.py's arguments for `regime`: its staleness, minibatches, rollout dtype and
     learning rate over the setting's."""
@@ -361,6 +375,14 @@ def main() -> None:
         help="chat-math: the first seed's warm-up for every seed",
     )
     p.add_argument("--out", type=Path, default=Path("runs/bench-regimes"))
+    p.add_argument(
+        "--add-runs",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier regimes.json files whose runs of the same regimes and arms (other seeds) "
+        "join this run's table: 4 more seeds on top of a 4-seed walk make an 8-seed table",
+    )
     args = p.parse_args()
     chat = args.setting == "chat-math"
     args.warmup = args.warmup if args.warmup is not None else (400 if chat else 50)
@@ -389,6 +411,9 @@ def main() -> None:
             for arm in args.arms
         ]
         done: dict[str, list[dict[str, Any]]] = {}
+        for earlier in earlier_runs(args.add_runs, regime.name, args.arms, seeds):
+            runs.append(earlier)
+            done.setdefault(earlier["arm"], []).append(earlier)
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             for name, arm, seed, rows, error in pool.map(run_measured, jobs):
                 summary = {"regime": name, "arm": arm, "seed": seed}

@@ -4,6 +4,7 @@ values (the runs themselves are the bench's, bench/results/regimes-*.txt)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from bench.regimes import (  # noqa: E402
     arm_row,
     breaks,
     collapsed,
+    earlier_runs,
     parse_regime,
     regime_table,
     run_summary,
@@ -106,3 +108,26 @@ def test_regimes_are_named_and_parsed_back() -> None:
     for bad in ("s4-mb4-int8-lrx1", "s4-mb4-bf16-lrx2", "stale4"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_regime(bad)
+
+
+def test_earlier_runs_join_with_other_seeds_of_the_same_regime_and_arms(tmp_path: Path) -> None:
+    def entry(regime: str, arm: str, seed: int) -> dict:
+        return {"regime": regime, "arm": arm, "seed": seed, "start": 0.3, "end": 0.2}
+
+    old = tmp_path / "a.json"
+    old.write_text(
+        json.dumps(
+            {
+                "runs": [
+                    entry("s4-mb4-bf16-lrx1", "none", 0),
+                    entry("s4-mb4-bf16-lrx1", "none", 4),  # this invocation's seed: its own
+                    entry("s4-mb4-bf16-lrx1", "ppo_clip", 1),  # not an arm here
+                    entry("s8-mb8-fp16-lrx10", "none", 1),  # another regime
+                ]
+            }
+        )
+    )
+    again = tmp_path / "b.json"
+    again.write_text(json.dumps({"runs": [entry("s4-mb4-bf16-lrx1", "none", 0)]}))
+    got = earlier_runs([old, again], "s4-mb4-bf16-lrx1", ["none", "dppo topK-TV"], range(4, 8))
+    assert [(r["arm"], r["seed"]) for r in got] == [("none", 0)]

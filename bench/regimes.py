@@ -440,7 +440,9 @@ def main() -> None:
     print(
         f"{args.seeds} seeds x {len(args.arms)} arms, {args.steps} steps, {task} after "
         f"{args.warmup} warm-up steps, lr x1 = {args.lr}, tv delta 0.15, hf engine; "
-        f"total {time.perf_counter() - t0:.0f}s\n"
+        f"total {time.perf_counter() - t0:.0f}s"
+        + "".join(f"; with the other seeds of {path}" for path in args.add_runs)
+        + "\n"
         f"collapse: end reward more than {COLLAPSE_MARGIN} below the start, or non-finite; "
         "'*': collapsed on at least half the seeds\n"
     )

@@ -152,9 +152,10 @@ def chat_config(args: argparse.Namespace, seed: int, algorithm: dict[str, Any]) 
 
 
 def warm_dir(args: argparse.Namespace, seed: int) -> Path:
-    """Seed `seed`'s warmed-up model; with `--shared-warmup`, the first seed's for every seed
-    (one warm-up instead of one per seed: the seeds then differ in RL only)."""
-    warm_seed = args.first_seed if args.shared_warmup else seed
+    """Seed `seed`'s warmed-up model; with `--shared-warmup`, `--warmup-seed`'s (default the
+    first seed's) for every seed (one warm-up instead of one per seed: the seeds then differ in
+    RL only; naming it lets a later invocation add seeds that start where the earlier did)."""
+    warm_seed = args.warmup_seed if args.shared_warmup else seed
     return (args.out / "warm" / f"seed{warm_seed}").resolve()
 
 
@@ -200,12 +201,22 @@ def warm_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return cfg
 
 
+def add_warmup_seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--warmup-seed",
+        type=int,
+        default=None,
+        help="chat-math with --shared-warmup: whose warm-up every seed starts from "
+        "(default the first seed)",
+    )
+
+
 def warm_up_seeds(args: argparse.Namespace, seeds: range) -> None:
     """The chat setting's warm-ups that `seeds` need and the disk does not hold yet (with
     `--shared-warmup` the first seed's only), `args.workers` at a time."""
     todo = [
         (s, warm_config(args, s), str(warm_dir(args, s)))
-        for s in (seeds[:1] if args.shared_warmup else seeds)
+        for s in ([args.warmup_seed] if args.shared_warmup else seeds)
         if not (warm_dir(args, s) / "config.json").exists()
     ]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -393,6 +404,7 @@ def main() -> None:
         help="chat-math: one warm-up (the first seed's) for every seed, not one per seed",
     )
     p.add_argument("--eval-samples", type=int, default=4, help="chat-math: per held-out question")
+    add_warmup_seed(p)
     p.add_argument(
         "--primary",
         default=None,
@@ -401,6 +413,7 @@ def main() -> None:
     )
     args = p.parse_args()
     chat = args.setting == "chat-math"
+    args.warmup_seed = args.first_seed if args.warmup_seed is None else args.warmup_seed
     args.warmup = args.warmup if args.warmup is not None else (400 if chat else 50)
     args.lr = args.lr if args.lr is not None else (3e-4 if chat else 3e-3)
     if args.rollout_dtype is None:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bench.masks import VARIANTS, base_config, run_one, warm_up_seeds
+from bench.masks import VARIANTS, add_warmup_seed, base_config, run_one, warm_up_seeds
 from core.objective.loss import PolicyLossOutput
 from core.objective.masks import TrustRegion, far_from_behavior, ratio_moves_away
 
@@ -374,6 +374,7 @@ def main() -> None:
         action="store_true",
         help="chat-math: the first seed's warm-up for every seed",
     )
+    add_warmup_seed(p)
     p.add_argument("--out", type=Path, default=Path("runs/bench-regimes"))
     p.add_argument(
         "--add-runs",
@@ -387,8 +388,11 @@ def main() -> None:
     chat = args.setting == "chat-math"
     args.warmup = args.warmup if args.warmup is not None else (400 if chat else 50)
     args.lr = args.lr if args.lr is not None else (3e-4 if chat else 3e-3)
-    # bench/masks.py's settings, fixed here: the hf engine, the TV kind at DPPO's delta
+    args.warmup_seed = args.first_seed if args.warmup_seed is None else args.warmup_seed
+    # bench/masks.py's settings, fixed here: the hf engine, the TV kind at DPPO's delta; the
+    # warm-up's config is the chat setting's on-policy one (it overrides staleness itself)
     args.engine, args.kind, args.delta, args.rollout_dtype = "hf", "tv", 0.15, "float32"
+    args.staleness, args.minibatches = 0, 1
     args.out = args.out.resolve()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     t0 = time.perf_counter()

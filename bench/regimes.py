@@ -23,6 +23,13 @@ held-out reward of one policy is a mean of 800 graded samples (50 x 16), whose s
 about 0.01, and in the 16-seed run where nothing was stressed the seeds' final held-out rewards
 spread over 0.284-0.354 (bench/results/masks-chat-math-e518c19.txt); a drop of 0.05 below the
 run's own start is then no sampling accident but training that made the policy worse.
+
+    python bench/regimes.py --setting chat-math --seeds 4 --steps 40 --workers 2 \
+        --shared-warmup --stop-at-break --out runs/regimes-chat-math
+
+walks the regimes (`PATH`, or `--regimes`) until the uncorrected arm breaks; `--first-seed 4
+--add-runs <the walk's regimes.json> --warmup-seed 0` then adds seeds to a regime's table.
+The runs and what they found: bench/results/regimes-*.txt.
 """
 
 from __future__ import annotations

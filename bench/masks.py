@@ -152,9 +152,10 @@ def chat_config(args: argparse.Namespace, seed: int, algorithm: dict[str, Any]) 
 
 
 def warm_dir(args: argparse.Namespace, seed: int) -> Path:
-    """Seed `seed`'s warmed-up model; with `--shared-warmup`, the first seed's for every seed
-    (one warm-up instead of one per seed: the seeds then differ in RL only)."""
-    warm_seed = args.first_seed if args.shared_warmup else seed
+    """Seed `seed`'s warmed-up model; with `--shared-warmup`, `--warmup-seed`'s (default the
+    first seed's) for every seed (one warm-up instead of one per seed: the seeds then differ in
+    RL only; naming it lets a later invocation add seeds that start where the earlier did)."""
+    warm_seed = args.warmup_seed if args.shared_warmup else seed
     return (args.out / "warm" / f"seed{warm_seed}").resolve()
 
 
@@ -198,6 +199,29 @@ def warm_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         warmup_batch_size=32,
     )
     return cfg
+
+
+def add_warmup_seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--warmup-seed",
+        type=int,
+        default=None,
+        help="chat-math with --shared-warmup: whose warm-up every seed starts from "
+        "(default the first seed)",
+    )
+
+
+def warm_up_seeds(args: argparse.Namespace, seeds: range) -> None:
+    """The chat setting's warm-ups that `seeds` need and the disk does not hold yet (with
+    `--shared-warmup` the first seed's only), `args.workers` at a time."""
+    todo = [
+        (s, warm_config(args, s), str(warm_dir(args, s)))
+        for s in ([args.warmup_seed] if args.shared_warmup else seeds)
+        if not (warm_dir(args, s) / "config.json").exists()
+    ]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for seed in pool.map(warm_up, todo):
+            print(f"  seed {seed}: warmed up ({args.warmup} steps)", flush=True)
 
 
 def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[dict[str, float]]]:
@@ -380,6 +404,7 @@ def main() -> None:
         help="chat-math: one warm-up (the first seed's) for every seed, not one per seed",
     )
     p.add_argument("--eval-samples", type=int, default=4, help="chat-math: per held-out question")
+    add_warmup_seed(p)
     p.add_argument(
         "--primary",
         default=None,
@@ -388,6 +413,7 @@ def main() -> None:
     )
     args = p.parse_args()
     chat = args.setting == "chat-math"
+    args.warmup_seed = args.first_seed if args.warmup_seed is None else args.warmup_seed
     args.warmup = args.warmup if args.warmup is not None else (400 if chat else 50)
     args.lr = args.lr if args.lr is not None else (3e-4 if chat else 3e-3)
     if args.rollout_dtype is None:
@@ -409,14 +435,7 @@ def main() -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     t0 = time.perf_counter()
     if chat:
-        todo = [
-            (s, warm_config(args, s), str(warm_dir(args, s)))
-            for s in (seeds[:1] if args.shared_warmup else seeds)
-            if not (warm_dir(args, s) / "config.json").exists()
-        ]
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            for seed in pool.map(warm_up, todo):
-                print(f"  seed {seed}: warmed up ({args.warmup} steps)", flush=True)
+        warm_up_seeds(args, seeds)
     jobs = [
         (name, seed, base_config(args, seed, VARIANTS[name]), str(args.out))
         for seed in seeds

@@ -161,8 +161,11 @@ def test_chat_setting_starts_every_mask_of_a_seed_from_its_warmed_up_model() -> 
     assert (a["eval_every"], a["eval_on_start"], a["eval_samples"]) == (60, True, 16)
     assert (a["algorithm"]["delta_low"], a["algorithm"]["mask"]) == (0.05, "dppo")
     assert (a["rollout"]["dtype"], a["rollout"]["staleness"]) == ("bfloat16", 2)
-    args.shared_warmup = True
+    args.shared_warmup, args.warmup_seed = True, 3  # main's default: the first seed
     assert base_config(args, 4, VARIANTS["dppo topK-TV"])["model"]["name"].endswith("seed3")
+    args.warmup_seed = 0  # a later invocation's seeds start from an earlier one's warm-up
+    assert base_config(args, 4, VARIANTS["dppo topK-TV"])["model"]["name"].endswith("seed0")
+    args.warmup_seed = 3
     warm = warm_config(args, 3)
     assert warm["model"] == {"name": "hf:/tmp/bench-out/model"}
     assert (warm["task"]["warmup_steps"], warm["rollout"]["engine"]) == (400, "hf")

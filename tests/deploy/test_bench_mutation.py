@@ -370,6 +370,7 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
         "tracking",
         "sampling",
         "hf-final",
+        "corrections",
     }
     for group in config.groups:
         assert any(any(ROOT.glob(p)) for p in group.modules), group.name  # globs

@@ -58,8 +58,8 @@ def test_submit_watch_steer_pause_resume_download_and_cancel(
     )
     assert later["loadedAt"] == loaded_at  # no reload: the same page object got the events
     assert page.evaluate("() => performance.getEntriesByType('navigation').length") == 1
-    assert page.locator(".chart").count() == 11
-    assert page.locator(".chart canvas").count() == 11
+    assert page.locator(".chart").count() == 12
+    assert page.locator(".chart canvas").count() == 12
     page.screenshot(path=str(artifacts / "job-page-running.png"), full_page=True)
 
     # change the learning rate from the page: the `config` event arrives, the metric follows

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -52,7 +53,33 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "predictive topK-TV": {"mask": "predictive", "estimator": "topk"},
     "predictive exact-TV": {"mask": "predictive", "estimator": "exact"},
     "none": {"mask": "none", "estimator": "binary"},
+    # the off-policy corrections (docs/users/corrections.md) at their published defaults: TIS's
+    # cap 2 (verl's rollout_is_threshold), IcePop's band [0.5, 5] (Ring-1T); alone (no mask)
+    # and TIS under the DPPO mask, as prime-rl's default loss pairs them
+    "tis": {"mask": "none", "estimator": "binary", "correction": {"type": "tis", "cap": 2.0}},
+    "icepop": {
+        "mask": "none",
+        "estimator": "binary",
+        "correction": {"type": "icepop", "low": 0.5, "high": 5.0},
+    },
+    "dppo topK-TV + tis": {
+        "mask": "dppo",
+        "estimator": "topk",
+        "correction": {"type": "tis", "cap": 2.0},
+    },
 }
+
+COLLAPSE_MARGIN = 0.05
+"""How far the end reward may fall below the start reward before the run counts as collapsed
+(bench/regimes.py's docstring says why 0.05)."""
+
+
+def collapsed(start: float, end: float, margin: float = COLLAPSE_MARGIN) -> bool:
+    """Whether a run whose reward went from `start` to `end` collapsed: a non-finite value, or
+    an end more than `margin` below the start (bench/regimes.py's criterion)."""
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return True
+    return end < start - margin
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,6 +273,26 @@ def run_one(job: tuple[str, int, dict[str, Any], str]) -> tuple[str, int, list[d
     return name, seed, rows
 
 
+def save_runs(path: Path, runs: dict[str, dict[int, list[dict[str, float]]]]) -> None:
+    """Every finished run's rows, written after each run (to a temporary file, then renamed),
+    so that a comparison of hours stopped midway keeps all it finished and `--resume` goes on
+    from there."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(runs))
+    tmp.replace(path)
+
+
+def load_runs(path: Path) -> dict[str, dict[int, list[dict[str, float]]]]:
+    """`save_runs`' file read back, its seeds ints again (JSON keys are strings); none yet if
+    there is no file."""
+    if not path.exists():
+        return {}
+    return {
+        name: {int(seed): rows for seed, rows in seeds.items()}
+        for name, seeds in json.loads(path.read_text()).items()
+    }
+
+
 def join_evals(rows: list[dict[str, float]], evals: list[dict[str, float]]) -> None:
     """Each held-out evaluation joins the metrics row of the step it followed, so that the
     primary metric is read where the training reward is; step 0's (`eval_on_start`, the
@@ -338,16 +385,23 @@ the last step."""
 def held_out(runs: dict[str, dict[int, list[dict[str, float]]]], baseline: str, key: str) -> str:
     """The primary metric `key` as it stood after the last step (the held-out evaluation the
     last step's row carries), per mask, and each mask against `baseline` seed by seed (the same
-    report as the training reward's: paired differences, bootstrap interval, sign test)."""
+    report as the training reward's: paired differences, bootstrap interval, sign test), with
+    the count of its seeds that collapsed: `key` after the last step more than COLLAPSE_MARGIN
+    below `start_<key>`, its value before the first (or either not finite)."""
     order = [name for name in VARIANTS if name in runs]
     rep = report(runs, metric=key, baseline=baseline, final_fraction=LAST, arm_order=order)
-    head = f"{'after the last step: ' + key:<34}{'median [min, max]':>26}"
+    head = f"{'after the last step: ' + key:<34}{'median [min, max]':>26}{'collapsed':>11}"
     lines = [head, "-" * len(head)]
     for arm in rep["arms"]:
         final = arm["final"]
         if final["median"] is not None:
             spread = f"{final['median']:.3f} [{final['min']:.3f}, {final['max']:.3f}]"
-            lines.append(f"{arm['name']:<34}{spread:>26}")
+            seeds = runs[arm["name"]].values()
+            fell = sum(
+                collapsed(rows[0].get(f"start_{key}", math.nan), rows[-1].get(key, math.nan))
+                for rows in seeds
+            )
+            lines.append(f"{arm['name']:<34}{spread:>26}{f'{fell}/{len(seeds)}':>11}")
     return "\n".join(lines) + "\n\n" + paired_table(rep)
 
 
@@ -406,6 +460,11 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=4, help="chat-math: per held-out question")
     add_warmup_seed(p)
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs --out's runs.json holds (a stopped comparison's) and run the rest",
+    )
+    p.add_argument(
         "--primary",
         default=None,
         help="the metric row key read after the last step for the held-out table "
@@ -436,22 +495,27 @@ def main() -> None:
     t0 = time.perf_counter()
     if chat:
         warm_up_seeds(args, seeds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = args.out / "runs.json"
+    runs = load_runs(saved) if args.resume else {}
     jobs = [
         (name, seed, base_config(args, seed, VARIANTS[name]), str(args.out))
         for seed in seeds
         for name in args.masks
+        if seed not in runs.get(name, {})
     ]
-    runs: dict[str, dict[int, list[dict[str, float]]]] = {}
+    if args.resume:
+        print(f"  resuming: {len(jobs)} runs to go, the others read from {saved}", flush=True)
     with ProcessPoolExecutor(max_workers=args.workers, **pool_args) as pool:
         for name, seed, rows in pool.map(run_one, jobs):
             runs.setdefault(name, {})[seed] = rows
+            save_runs(saved, runs)
             held = f", {args.primary} {rows[-1][args.primary]:.3f}" if args.primary else ""
             print(
                 f"  {name} seed {seed}: final reward {rows[-1]['reward_mean']:.3f}{held}",
                 flush=True,
             )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runs.json").write_text(json.dumps(runs))
+    runs = {name: runs[name] for name in args.masks if name in runs}
     task = "chat-math (examples/chat_math.yaml)" if chat else "reverse-3 task"
     extra = f", {args.kind} divergence, delta {args.delta}" if chat else ""
     if chat:

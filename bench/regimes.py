@@ -49,23 +49,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bench.masks import VARIANTS, add_warmup_seed, base_config, run_one, warm_up_seeds
+from bench.masks import (
+    COLLAPSE_MARGIN,
+    VARIANTS,
+    add_warmup_seed,
+    base_config,
+    collapsed,
+    run_one,
+    warm_up_seeds,
+)
 from core.objective.loss import PolicyLossOutput
 from core.objective.masks import TrustRegion, far_from_behavior, ratio_moves_away
 
-COLLAPSE_MARGIN = 0.05
-"""How far the end reward may fall below the start reward before the run counts as collapsed."""
-
 FINAL_FRACTION = 0.1
 """The training reward's end value (reverse): the mean of this last share of the steps."""
-
-
-def collapsed(start: float, end: float, margin: float = COLLAPSE_MARGIN) -> bool:
-    """Whether a run whose reward went from `start` to `end` collapsed: a non-finite value, or
-    an end more than `margin` below the start (the module docstring's criterion)."""
-    if not (math.isfinite(start) and math.isfinite(end)):
-        return True
-    return end < start - margin
 
 
 def start_and_end(rows: Sequence[dict[str, float]], held_out: bool) -> tuple[float, float]:
@@ -138,6 +135,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "dppo binary-TV": VARIANTS["dppo binary-TV"],
     "predictive topK-TV": VARIANTS["predictive topK-TV"],
     "ppo_clip": VARIANTS["ppo_clip"],
+    "tis": VARIANTS["tis"],
+    "icepop": VARIANTS["icepop"],
+    "dppo topK-TV + tis": VARIANTS["dppo topK-TV + tis"],
 }
 """The arms, each an `algorithm` section merged over the setting's (bench/masks.py's VARIANTS);
 a new correction (TIS, IcePop, ...) is one more entry. The first is the uncorrected run."""

@@ -169,3 +169,60 @@ def test_chat_setting_starts_every_mask_of_a_seed_from_its_warmed_up_model() -> 
     warm = warm_config(args, 3)
     assert warm["model"] == {"name": "hf:/tmp/bench-out/model"}
     assert (warm["task"]["warmup_steps"], warm["rollout"]["engine"]) == (400, "hf")
+
+
+def test_held_out_table_counts_the_seeds_that_collapsed() -> None:
+    from bench.masks import held_out
+
+    def run(start: float, end: float) -> list[dict[str, float]]:
+        return [
+            {"step": 1.0, "reward_mean": 0.0, "start_eval_reward_mean": start},
+            {"step": 2.0, "reward_mean": 0.0, "eval_reward_mean": end},
+        ]
+
+    # a fall of exactly the margin is not a collapse, one just past it is; so is a non-finite end
+    runs = {
+        "dppo topK-TV": {0: run(0.30, 0.25), 1: run(0.30, 0.2499), 2: run(0.30, 0.35)},
+        "none": {0: run(0.30, 0.10), 1: run(0.30, float("nan")), 2: run(0.30, 0.2501)},
+    }
+    table = held_out(runs, "dppo topK-TV", "eval_reward_mean").splitlines()
+    assert table[0].split()[-1] == "collapsed"
+    assert next(line for line in table if line.startswith("dppo topK-TV")).split()[-1] == "1/3"
+    assert next(line for line in table if line.startswith("none")).split()[-1] == "2/3"
+
+
+def test_runs_saved_midway_are_read_back_for_a_resumed_comparison(tmp_path: Path) -> None:
+    from bench.masks import load_runs, save_runs
+
+    path = tmp_path / "runs.json"
+    assert load_runs(path) == {}
+    runs = {"tis": {3: rows([0.5], 0.1)}, "none": {3: rows([0.25], 0.0), 11: rows([1.0], 0.0)}}
+    save_runs(path, runs)
+    assert load_runs(path) == runs  # seeds are ints again, not JSON's strings
+    assert not path.with_suffix(".json.tmp").exists()
+
+
+def test_every_arm_is_a_valid_algorithm_section_and_the_corrections_reach_it() -> None:
+    import argparse
+
+    from bench.masks import VARIANTS, base_config
+    from core.config import TrainConfig
+
+    args = argparse.Namespace(
+        setting="reverse",
+        engine="hf",
+        warmup=50,
+        rollout_dtype="bfloat16",
+        staleness=4,
+        minibatches=4,
+        lr=3e-3,
+        steps=40,
+    )
+    types = {}
+    for name, algorithm in VARIANTS.items():
+        cfg = TrainConfig.model_validate(base_config(args, 0, algorithm))
+        types[name] = (cfg.algorithm.mask, cfg.algorithm.correction.type)
+    assert types["tis"] == ("none", "tis")
+    assert types["icepop"] == ("none", "icepop")
+    assert types["dppo topK-TV + tis"] == ("dppo", "tis")
+    assert types["dppo topK-TV"] == ("dppo", "none")

@@ -457,10 +457,12 @@ def test_a_mutants_bounds_come_from_its_tests_baseline_times() -> None:
 
 
 def test_a_stopped_run_keeps_each_mutant_that_finished_and_says_it_stopped(tmp_path: Path) -> None:
-    """The whole command on a toy repository, two mutants at once: one hangs its test (a minute's
-    bound), the other is killed at once. SIGTERM after the kill: the kill is in the --json (it
-    ended after a mutant planned before it started, which holds none back), the hang stopped,
-    and the command says it stopped and exits 130."""
+    """The whole command on a toy repository, two mutants at once: one hangs its test (its bound
+    over 84 s: 3x the test's 8 s baseline, plus a minute), the other is killed at once. SIGTERM
+    after the kill: the kill is in the --json (it ended after a mutant planned before it started,
+    which holds none back), the hang stopped, and the command says it stopped and exits 130.
+    The hanging test's own 8 s give the kill 80 s to be scored before the hang's bound could
+    end it too: on a loaded machine the baseline and the kill took over 50 s."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "spin.py").write_text(
@@ -468,8 +470,8 @@ def test_a_stopped_run_keeps_each_mutant_that_finished_and_says_it_stopped(tmp_p
         "def later(n: int) -> int:\n    return n + 1\n"
     )
     (repo / "test_spin.py").write_text(
-        "from spin import countdown, later\n\n\n"
-        "def test_countdown() -> None:\n    assert countdown(3) == 0\n\n\n"
+        "import time\n\nfrom spin import countdown, later\n\n\n"
+        "def test_countdown() -> None:\n    time.sleep(8)\n    assert countdown(3) == 0\n\n\n"
         "def test_later() -> None:\n    assert later(1) == 2\n"
     )
     (repo / "mutation.toml").write_text(
@@ -500,7 +502,7 @@ def test_a_stopped_run_keeps_each_mutant_that_finished_and_says_it_stopped(tmp_p
         return [r for m in json.loads(results.read_text())["modules"] for r in m["results"]]
 
     try:
-        deadline = time.monotonic() + 50  # the hang's bound is over 60 s
+        deadline = time.monotonic() + 80  # the hang's bound is over 84 s
         while not scored() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert [(r["line"], r["outcome"]) for r in scored()] == [(8, KILLED)]

@@ -515,7 +515,12 @@ def main() -> None:
                 f"  {name} seed {seed}: final reward {rows[-1]['reward_mean']:.3f}{held}",
                 flush=True,
             )
-    runs = {name: runs[name] for name in args.masks if name in runs}
+    # the report is of these seeds and masks only, whatever else an earlier run saved
+    runs = {
+        name: {seed: runs[name][seed] for seed in seeds if seed in runs[name]}
+        for name in args.masks
+        if name in runs
+    }
     task = "chat-math (examples/chat_math.yaml)" if chat else "reverse-3 task"
     extra = f", {args.kind} divergence, delta {args.delta}" if chat else ""
     if chat:

@@ -382,15 +382,29 @@ LAST = 1e-9
 the last step."""
 
 
+CORRECTION_SHARES = ("correction_masked_fraction", "correction_clipped_fraction")
+
+
+def mean_share(seeds: Any, key: str) -> float:
+    """`key`'s mean over every step of every seed's run (0 where a run has no such metric)."""
+    values = [row.get(key, 0.0) for rows in seeds for row in rows]
+    return sum(values) / len(values) if values else math.nan
+
+
 def held_out(runs: dict[str, dict[int, list[dict[str, float]]]], baseline: str, key: str) -> str:
     """The primary metric `key` as it stood after the last step (the held-out evaluation the
     last step's row carries), per mask, and each mask against `baseline` seed by seed (the same
     report as the training reward's: paired differences, bootstrap interval, sign test), with
     the count of its seeds that collapsed: `key` after the last step more than COLLAPSE_MARGIN
-    below `start_<key>`, its value before the first (or either not finite)."""
+    below `start_<key>`, its value before the first (or either not finite); and the shares of
+    tokens the off-policy correction dropped and clipped (`CORRECTION_SHARES`), which the
+    masked fraction leaves out: IcePop drops tokens with no mask at all."""
     order = [name for name in VARIANTS if name in runs]
     rep = report(runs, metric=key, baseline=baseline, final_fraction=LAST, arm_order=order)
-    head = f"{'after the last step: ' + key:<34}{'median [min, max]':>26}{'collapsed':>11}"
+    head = (
+        f"{'after the last step: ' + key:<34}{'median [min, max]':>26}{'collapsed':>11}"
+        f"{'corr. dropped':>15}{'corr. clipped':>15}"
+    )
     lines = [head, "-" * len(head)]
     for arm in rep["arms"]:
         final = arm["final"]
@@ -401,7 +415,8 @@ def held_out(runs: dict[str, dict[int, list[dict[str, float]]]], baseline: str, 
                 collapsed(rows[0].get(f"start_{key}", math.nan), rows[-1].get(key, math.nan))
                 for rows in seeds
             )
-            lines.append(f"{arm['name']:<34}{spread:>26}{f'{fell}/{len(seeds)}':>11}")
+            shares = "".join(f"{mean_share(seeds, k):>15.4f}" for k in CORRECTION_SHARES)
+            lines.append(f"{arm['name']:<34}{spread:>26}{f'{fell}/{len(seeds)}':>11}{shares}")
     return "\n".join(lines) + "\n\n" + paired_table(rep)
 
 

@@ -171,24 +171,33 @@ def test_chat_setting_starts_every_mask_of_a_seed_from_its_warmed_up_model() -> 
     assert (warm["task"]["warmup_steps"], warm["rollout"]["engine"]) == (400, "hf")
 
 
-def test_held_out_table_counts_the_seeds_that_collapsed() -> None:
+def test_held_out_table_counts_the_seeds_that_collapsed_and_the_corrections_shares() -> None:
     from bench.masks import held_out
 
-    def run(start: float, end: float) -> list[dict[str, float]]:
-        return [
-            {"step": 1.0, "reward_mean": 0.0, "start_eval_reward_mean": start},
-            {"step": 2.0, "reward_mean": 0.0, "eval_reward_mean": end},
-        ]
+    def run(start: float, end: float, dropped: float = 0.0) -> list[dict[str, float]]:
+        first = {"step": 1.0, "start_eval_reward_mean": start}
+        if dropped:  # a correction's run: its two shares on the steps that have them
+            first["correction_masked_fraction"] = dropped
+            return [
+                first,
+                {"step": 2.0, "eval_reward_mean": end, "correction_clipped_fraction": 0.25},
+            ]
+        return [first, {"step": 2.0, "eval_reward_mean": end}]
 
     # a fall of exactly the margin is not a collapse, one just past it is; so is a non-finite end
     runs = {
         "dppo topK-TV": {0: run(0.30, 0.25), 1: run(0.30, 0.2499), 2: run(0.30, 0.35)},
         "none": {0: run(0.30, 0.10), 1: run(0.30, float("nan")), 2: run(0.30, 0.2501)},
+        "icepop": {0: run(0.30, 0.30, dropped=0.5), 1: run(0.30, 0.30, dropped=0.1)},
     }
     table = held_out(runs, "dppo topK-TV", "eval_reward_mean").splitlines()
-    assert table[0].split()[-1] == "collapsed"
-    assert next(line for line in table if line.startswith("dppo topK-TV")).split()[-1] == "1/3"
-    assert next(line for line in table if line.startswith("none")).split()[-1] == "2/3"
+    assert table[0].split()[-5:] == ["collapsed", "corr.", "dropped", "corr.", "clipped"]
+    line = {row.split()[0]: row.split() for row in table[2:5]}
+    assert line["dppo"][-3:] == ["1/3", "0.0000", "0.0000"]
+    assert line["none"][-3:] == ["2/3", "0.0000", "0.0000"]
+    # the means over every step of both seeds, a step without the key counting 0:
+    # (0.5 + 0 + 0.1 + 0) / 4 dropped, (0 + 0.25 + 0 + 0.25) / 4 clipped
+    assert line["icepop"][-3:] == ["0/2", "0.1500", "0.1250"]
 
 
 def test_runs_saved_midway_are_read_back_for_a_resumed_comparison(tmp_path: Path) -> None:

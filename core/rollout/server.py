@@ -251,7 +251,7 @@ class RolloutServer:
             dropped += len(done.batch.completions)
             self._send(item.request.prompts, step, item.tag, item.request.sampling, item.order)
         waited = time.perf_counter() - t0
-        self._receive(None, block=False)  # what else is finished now: the buffer's depth
+        self.poll()  # what else is finished now: the buffer's depth
         age = float(step - done.version)
         return Taken(
             done,
@@ -273,6 +273,11 @@ class RolloutServer:
         self._finalizer.detach()
         if server is not None:
             server.discard()
+
+    def poll(self) -> int:
+        """Receive what the server has finished, without waiting; the batches ready to take."""
+        self._receive(None, block=False)
+        return len(self.ready)
 
     def in_flight(self) -> list[Any]:
         """The tags of the requests asked for and not taken yet, the oldest submitted first

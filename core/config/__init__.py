@@ -143,7 +143,6 @@ class RolloutConfig(Strict):
         ),
     )
 
-
     @model_validator(mode="after")
     def _check_async(self) -> RolloutConfig:
         """What an async run cannot do (yet), said at submit rather than after the job

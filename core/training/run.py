@@ -412,7 +412,6 @@ class TrainingRun:
         if self.world.parallel:  # every rank draws the step's prompts, and keeps its share
             exs = exs[self.world.share(len(exs))]
             self.sample_gen.manual_seed(self.world.seed(self.cfg.seed, self.step))
-        group = [e for e in exs for _ in range(r.group_size)]
         tok = self.lm.tokenizer
         # each drawn prompt tokenized once (chat records through the chat template), its ids
         # shared by the rows of its group; `generate` prefills each distinct prompt once

@@ -43,8 +43,22 @@ class _Clock(TrainerCallback):
         self.times.append(time.perf_counter())
 
 
-def config(mode: str, steps: int, bound: int, seed: int) -> TrainConfig:
+LARGER: dict[str, dict[str, Any]] = {
+    "model": {"tiny": {"d_model": 256, "n_layers": 4, "n_heads": 4, "max_seq_len": 64}},
+    "rollout": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 16},
+}
+"""`--size larger`: a tiny model whose rollout and update take long enough that the two
+processes' overlap can outweigh what each step's exchange costs (about 30 ms at `smoke`)."""
+
+
+def config(mode: str, steps: int, bound: int, seed: int, size: str = "smoke") -> TrainConfig:
     data = load_spec(REPO / "examples" / "smoke.yaml").train.model_dump()
+    if size == "larger":
+        for section, values in LARGER.items():
+            if section == "model":
+                data["model"]["tiny"] = {**data["model"]["tiny"], **values["tiny"]}
+            else:
+                data[section] = {**data[section], **values}
     data["steps"] = steps
     data["seed"] = seed
     data["checkpoint_every"] = 0
@@ -70,6 +84,9 @@ def one_run(cfg: TrainConfig) -> dict[str, Any]:
         "final_reward": rows[-1]["reward_mean"],
     }
     for key in (
+        "rollout_time",
+        "update_time",
+        "step_time",
         "sample_age_mean",
         "trainer_wait_s",
         "server_wait_s",
@@ -88,16 +105,20 @@ def main() -> None:
     parser.add_argument("--bound", type=int, default=1, help="async: rollout.max_off_policy_steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (trainer and server)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=("smoke", "larger"), default="smoke")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     results: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
     for _ in range(args.rounds):
         for mode in ("sync", "async"):
-            results[mode].append(one_run(config(mode, args.steps, args.bound, args.seed)))
+            results[mode].append(
+                one_run(config(mode, args.steps, args.bound, args.seed, args.size))
+            )
     load_after = os.getloadavg()
     print(
-        f"builtin:tiny (examples/smoke.yaml), {args.steps} steps, seed {args.seed}, "
+        f"builtin:tiny (examples/smoke.yaml, size {args.size}), {args.steps} steps, "
+        f"seed {args.seed}, "
         f"{args.rounds} rounds interleaved, {args.threads} torch thread(s) per process, "
         f"async bound {args.bound}; {os.cpu_count()} CPUs, load average "
         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after"

@@ -410,7 +410,14 @@ class RolloutServer:
         self.generator_state = generator_state
         self.restarts_in_a_row = 0
         batch = _unpack(packed, self.device or torch.device("cpu"))
-        done = Finished(item.tag, version, batch, seconds, waited, generator_state)
+        done = Finished(
+            tag=item.tag,
+            version=version,
+            batch=batch,
+            seconds=seconds,
+            server_wait_s=waited,
+            generator_state=generator_state,
+        )
         self.ready.append((item, done))
 
 

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +46,8 @@ TINY_WEIGHT_BYTES = 191_472
 """The serialized trainable weights of `small_config`'s model (d_model 32, one layer)."""
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread in the trainer, and so in its server: reductions add in one order."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one torch thread in the trainer, and so in its server: reductions add in one order
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def async_config(bound: int, **overrides: Any) -> TrainConfig:

@@ -29,6 +29,10 @@ Every sample of one request shares its version; with `max_off_policy_steps: 0` t
 step s with the policy after s updates and the sampling generator the synchronous loop would use,
 so an async run equals the synchronous one (tests/core/test_async_rollout.py).
 
+The server is started by torch.multiprocessing's spawn context, which imports the parent's main
+module again in the child (as `__mp_main__`): a script that calls `train` with `rollout.mode:
+async` must do so under `if __name__ == "__main__":` (pdppo's CLI, its workers and pytest do).
+
 Not yet (issue 53's later items): partial rollouts (a request finishes under the version it
 started with), vLLM as the server, data-parallel ranks, a GPU for the server (it samples on CPU).
 """

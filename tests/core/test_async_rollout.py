@@ -24,6 +24,7 @@ from core.rollout.server import (
     RolloutServerError,
     Sampling,
 )
+from core.training.evaluation import Sample
 from core.training.trainer import TrainerCallback, train
 from tests.support.trainer_runs import TIMING, read_metrics, small_config
 
@@ -68,6 +69,7 @@ class Watch(TrainerCallback):
         self.pids: list[int] = []
         self.logs: list[str] = []
         self.steps: list[int] = []
+        self.prompts: dict[int, list[str]] = {}  # the logged samples' prompts, by step
         self.kill_after, self.stop_after, self.fail_after = kill_after, stop_after, fail_after
 
     def on_log(self, message: str) -> None:
@@ -82,6 +84,9 @@ class Watch(TrainerCallback):
             os.kill(self.pids[-1], signal.SIGKILL)
         if step == self.fail_after:
             raise RuntimeError("the caller failed the run")
+
+    def on_samples(self, step: int, samples: list[Sample]) -> None:
+        self.prompts[step] = [sample["prompt"] for sample in samples]
 
     def should_stop(self) -> bool:
         return self.stop_after is not None and len(self.steps) >= self.stop_after
@@ -245,6 +250,39 @@ def test_no_server_left_after_a_stop_and_a_resume(tmp_path: Path) -> None:
     assert result.step == 4 and not result.stopped
     assert [row["step"] for row in read_metrics(tmp_path)] == [1, 2, 3, 4]
     assert len(resumed.pids) == 1 and gone(resumed.pids[0])
+
+
+@pytest.mark.usefixtures("spread_reward")
+def test_a_stopped_and_resumed_bound_zero_run_equals_the_sync_run(tmp_path: Path) -> None:
+    """The checkpoint of an async run holds the sampling generator after the last batch trained
+    on and the prompt generator before the prompts not trained on yet: with bound 0 the resumed
+    run goes on exactly as the sync run does."""
+    train(small_config(steps=4), tmp_path / "sync")
+    train(async_config(0, steps=4), tmp_path / "async", callback=Watch(stop_after=2))
+    resumed = Watch()
+    train(async_config(0, steps=4), tmp_path / "async", callback=resumed, resume=True)
+    sync, asyn = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
+    assert [row["step"] for row in asyn] == [1, 2, 3, 4]
+    for s, a in zip(sync, asyn, strict=True):
+        assert {k: a[k] for k in set(s) - TIMING} == {k: s[k] for k in set(s) - TIMING}
+    assert len(resumed.pids) == 1 and gone(resumed.pids[0])
+
+
+@pytest.mark.usefixtures("spread_reward")
+def test_a_resumed_run_asks_again_for_the_prompts_in_flight_at_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Bound 1: the checkpoint after step 2 is taken with step 3's prompts drawn and asked for;
+    the resumed run draws them again, so every step trains on the uninterrupted run's prompts."""
+    whole = Watch()
+    cfg = async_config(1, steps=4, log_samples_every=1, log_samples_count=4)
+    train(cfg, tmp_path / "whole", callback=whole)
+    train(cfg, tmp_path / "stopped", callback=Watch(stop_after=2))
+    resumed = Watch()
+    train(cfg, tmp_path / "stopped", callback=resumed, resume=True)
+    assert sorted(resumed.prompts) == [3, 4]
+    assert resumed.prompts == {step: whole.prompts[step] for step in (3, 4)}
+    assert whole.prompts[3] != whole.prompts[4]  # the steps' prompts tell them apart
 
 
 @pytest.mark.usefixtures("spread_reward")

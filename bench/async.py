@@ -9,7 +9,7 @@ Reported per mode: the wall time of `train()` (model load, the server's start, e
 final save), steps/s over the steps alone (from the first step's report to the last's: the
 steady state, without the server's start), tokens/s (response tokens over that span), the
 mean sample age, the final step's reward and, async, the trainer's and server's waits and the
-weight sync's time and bytes; with the load average before and after. On a CPU the two
+weight sync's time and bytes (means over the steps after the first, as steps/s); with the load average before and after. On a CPU the two
 processes share the machine's cores: async wins only what the trainer and the server can do at
 once on cores that are free (`--threads` torch threads each)."""
 
@@ -94,7 +94,7 @@ def one_run(cfg: TrainConfig) -> dict[str, Any]:
         "weight_sync_bytes",
     ):
         if key in rows[0]:
-            result[key] = statistics.fmean(r[key] for r in rows)
+            result[key] = statistics.fmean(r[key] for r in rows[1:])  # as steps/s: from step 2
     return result
 
 

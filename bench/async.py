@@ -9,9 +9,10 @@ Reported per mode: the wall time of `train()` (model load, the server's start, e
 final save), steps/s over the steps alone (from the first step's report to the last's: the
 steady state, without the server's start), tokens/s (response tokens over that span), the
 mean sample age, the final step's reward and, async, the trainer's and server's waits and the
-weight sync's time and bytes (means over the steps after the first, as steps/s); with the load average before and after. On a CPU the two
-processes share the machine's cores: async wins only what the trainer and the server can do at
-once on cores that are free (`--threads` torch threads each)."""
+weight sync's time and bytes (means over the steps after the first, as steps/s); with the load
+average before and after. On a CPU the two processes share the machine's cores: async wins
+only what the trainer and the server can do at once on cores that are free (`--threads` torch
+threads each)."""
 
 from __future__ import annotations
 

@@ -57,6 +57,10 @@ MAX_SEED = 2**63 - 1 - SEED_OFFSETS
 """Largest seed: seed + SEED_OFFSETS must still fit torch's signed 64-bit seed."""
 
 
+MAX_OFF_POLICY_STEPS = 1000
+"""Largest `rollout.max_off_policy_steps` (like `rollout.staleness`'s)."""
+
+
 class RolloutConfig(Strict):
     prompts_per_step: int = Field(
         default=16, ge=1, le=65536, description="Distinct prompts per rollout batch."
@@ -108,6 +112,26 @@ class RolloutConfig(Strict):
             "what it sampled (core.rollout.vllm_engine)."
         ),
     )
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description=(
+            "'sync': the rollout and the update take turns, each waiting for the other. "
+            "'async': a rollout server in its own process (the hf engine, on CPU) samples the "
+            "next steps' groups while the trainer updates, and gets the new weights after "
+            "every optimizer step; samples are at most rollout.max_off_policy_steps policy "
+            "versions old (core.rollout.server)."
+        ),
+    )
+    max_off_policy_steps: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_OFF_POLICY_STEPS,
+        description=(
+            "mode 'async': how many optimizer steps older than the trained policy a sample's "
+            "policy may be; older samples are dropped and counted (dropped_samples). 0 is "
+            "on-policy: the same results as mode 'sync'. Ignored in mode 'sync'."
+        ),
+    )
     vllm_memory: FiniteFloat = Field(
         default=0.3,
         gt=0,
@@ -118,6 +142,25 @@ class RolloutConfig(Strict):
             "trainer shares the device and needs the rest."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_async(self) -> RolloutConfig:
+        """What an async run cannot do (yet), said at submit rather than after the job
+        started."""
+        if self.mode != "async":
+            return self
+        if self.staleness > 0:
+            raise ValueError(
+                f"rollout.staleness={self.staleness} imitates an older sampler inside the sync "
+                "loop; with rollout.mode='async' the sampler really is older: leave staleness at "
+                "0 and bound the age with rollout.max_off_policy_steps"
+            )
+        if self.engine != "hf":
+            raise ValueError(
+                f"rollout.mode='async' runs the hf engine in its server for now, not "
+                f"rollout.engine={self.engine!r}: use engine 'hf' or mode 'sync'"
+            )
+        return self
 
 
 IS_CAP_OFF = 1e4
@@ -482,6 +525,7 @@ class TrainConfig(Strict):
         if self.sharding != "fsdp":
             return
         refused = {
+            "rollout.mode='async'": self.rollout.mode == "async",
             "rollout.staleness > 0": self.rollout.staleness > 0,
             "a rollout.dtype other than model.dtype": self.rollout.dtype != self.model.dtype,
             "algorithm.kl_beta > 0": self.algorithm.kl_beta > 0,
@@ -514,6 +558,8 @@ class TrainConfig(Strict):
         (`core.parallel.distributed.check_world`)."""
         if processes == 1:
             return None
+        if self.rollout.mode == "async":
+            return "rollout.mode='async' trains in one process for now: use mode 'sync'"
         if self.rollout.prompts_per_step % processes:
             return (
                 f"rollout.prompts_per_step={self.rollout.prompts_per_step} must split evenly over "

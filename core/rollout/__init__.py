@@ -1,9 +1,10 @@
 """The rollout engine: batched sampling with a KV cache that records what an engine would expose.
 
 The package: this engine (`generate`, `RolloutBatch`) here; `prefix`: a prompt's keys and values
-shared by its group's rows; `vllm_engine`: the same batches sampled by vLLM. Imports:
+shared by its group's rows; `vllm_engine`: the same batches sampled by vLLM; `server`: this engine
+in a process of its own, sampling while the trainer updates (`rollout.mode: async`). Imports:
 `core.objective` (the behavior view), `core.models`, `core.config`, `core.parallel` (vLLM's
-ranks); not the training loop.
+ranks), `core.process` (the server dies with its parent); not the training loop.
 
 For every generated token it keeps the `BehaviorView` a production engine returns (vLLM
 `logprobs=K`): the sampled token's log-prob and the top-K ids and log-probs of the sampling

@@ -18,7 +18,12 @@ How this departs from the textbook GRPO loop, on purpose:
 - the learning rate is a pure function of the step (`core.training.schedule`), so a resumed run
   needs no scheduler state; a minibatch may be split into `optim.grad_accumulation` micro-batches
   whose gradients add up to the unsplit one (`core.training.update`);
-- an optional format warm-up (supervised, random content) runs once before RL when the task asks.
+- an optional format warm-up (supervised, random content) runs once before RL when the task asks;
+- with `rollout.mode: async` the rollout is sampled by a server in its own process
+  (`core.rollout.server`) that works on the next steps' groups during the update; the loop
+  draws the prompts, sends the weights after each update and grades what comes back. A
+  checkpoint of an async run keeps no in-flight batch: the resumed run asks for those prompts
+  again (the prompt generator is saved as before their draw).
 
 A stop keeps the work done (`core.training.callbacks.Stop`), and a resumed run goes on from
 exactly there and equals an uninterrupted one bit for bit (tests/core). One step = one rollout
@@ -53,6 +58,7 @@ from core.models.base import check_chat_prompts, encode_example
 from core.parallel.distributed import World, check_world
 from core.parallel.sharding import full_state, gathered, shard
 from core.rollout import RolloutBatch, StopRequested, generate
+from core.rollout.server import RolloutServer, Sampling
 from core.tasks import Example, Task, make_task
 from core.tracking import Reporter, TrackingOptions
 from core.training.callbacks import Phases, Stop, TrainerCallback
@@ -165,8 +171,15 @@ class TrainingRun:
         self.engine = (
             _vllm_engine(self.lm, cfg, self.world) if cfg.rollout.engine == "vllm" else None
         )
-        self.separate_rollout = self.engine is None and (
-            cfg.rollout.staleness > 0 or rollout_dtype != self.lm.dtype
+        # async: the rollout server holds its own copy (`core.rollout.server`), started at the
+        # first step (after a warm-up or a resume)
+        self.asynchronous = cfg.rollout.mode == "async"
+        self.server: RolloutServer | None = None
+        self.data_roots, self.model_dir = data_roots, model_dir
+        self.separate_rollout = (
+            self.engine is None
+            and not self.asynchronous
+            and (cfg.rollout.staleness > 0 or rollout_dtype != self.lm.dtype)
         )
         self.rollout_lm = self.lm.copy_as(rollout_dtype) if self.separate_rollout else self.lm
         # snapshots[0] is the policy the next rollout samples from (staleness steps old)
@@ -357,11 +370,14 @@ class TrainingRun:
         _sync(self.device)
         update_time = time.perf_counter() - t1
         self.step += 1
+        # the new policy to the rollout server, which samples on while the step is reported
+        sync = self._publish() if self.server is not None else {}
         self.stop.partial = False
         self.last_rollout = StepRollout(ro.examples, ro.batch.completions, ro.rewards.tolist())
         return {
             "step": float(self.step),
             **self._rollout_metrics(ro),
+            **sync,
             **update_metrics,
             **self._memory_metrics(),
             "lr": lr,
@@ -375,6 +391,20 @@ class TrainingRun:
         """Sample the step's groups and grade them (`Task.grade`: one call for the batch, so
         graders that run code or call out can batch, time out and report metrics)."""
         r = self.cfg.rollout
+        if self.asynchronous:
+            exs, batch, elapsed, extra = self._server_rollout()
+        else:
+            exs, batch, elapsed, extra = self._local_rollout()
+        group = [e for e in exs for _ in range(r.group_size)]
+        tok = self.lm.tokenizer
+        grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
+        rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
+        return _Rollout(batch, group, rewards, {**grades.metrics, **extra}, elapsed)
+
+    def _local_rollout(self) -> tuple[list[Example], RolloutBatch, float, dict[str, float]]:
+        """The step's prompts, sampled in this process (or its vLLM engine): the examples, the
+        batch, the seconds of sampling and the engine's metrics."""
+        r = self.cfg.rollout
         if self.separate_rollout:
             self.snapshots.append(self.lm.snapshot())
             self.rollout_lm.load_snapshot(self.snapshots[0])
@@ -382,7 +412,6 @@ class TrainingRun:
         if self.world.parallel:  # every rank draws the step's prompts, and keeps its share
             exs = exs[self.world.share(len(exs))]
             self.sample_gen.manual_seed(self.world.seed(self.cfg.seed, self.step))
-        group = [e for e in exs for _ in range(r.group_size)]
         tok = self.lm.tokenizer
         # each drawn prompt tokenized once (chat records through the chat template), its ids
         # shared by the rows of its group; `generate` prefills each distinct prompt once
@@ -407,9 +436,60 @@ class TrainingRun:
                 )
             _sync(self.device)
             elapsed = time.perf_counter() - t0
-        grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
-        rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
-        return _Rollout(batch, group, rewards, {**grades.metrics, **extra}, elapsed)
+        return exs, batch, elapsed, extra
+
+    def _server_rollout(self) -> tuple[list[Example], RolloutBatch, float, dict[str, float]]:
+        """The step's batch from the rollout server (`core.rollout.server`): first the prompts
+        of the steps up to `max_off_policy_steps` ahead are asked for (drawn in the order the
+        sync loop draws them), then the oldest finished batch young enough is taken; the
+        examples, the batch, the server's seconds of sampling and the async metrics."""
+        server = self.server or self._start_server()
+        r = self.cfg.rollout
+        tok = self.lm.tokenizer
+        last = min(self.step + r.max_off_policy_steps, self.cfg.steps - 1)
+        while server.requested_through < last:
+            drawn_at = self.prompt_rng.getstate()
+            exs = [self.task.sample(self.prompt_rng) for _ in range(r.prompts_per_step)]
+            ids = [encode_example(tok, e) for e in exs]
+            target = server.requested_through + 1
+            server.submit(ids, target, Sampling.of(self.cfg), tag=(exs, drawn_at))
+        taken = server.take(self.step, should_stop=self.stop.in_step)
+        done = taken.finished
+        if self.device.type == "cpu":  # what a checkpoint resumes the sampling from
+            self.sample_gen.set_state(done.generator_state)
+        exs, _ = done.tag
+        return exs, done.batch, done.seconds, taken.metrics
+
+    def _start_server(self) -> RolloutServer:
+        """The rollout server, sampling from where this run's sampling generator is (a CPU
+        generator: on a GPU run, seeded like the sync loop's)."""
+        gen = self.sample_gen
+        if self.device.type != "cpu":
+            gen = torch.Generator().manual_seed(self.cfg.seed + 1)
+        self.server = RolloutServer(
+            self.cfg,
+            generator_state=gen.get_state(),
+            data_roots=self.data_roots,
+            model_dir=self.model_dir,
+            device=self.device,
+            on_log=self.cb.on_log,
+        )
+        self.server.requested_through = self.step - 1
+        self._publish()  # starts it
+        return self.server
+
+    def _publish(self) -> dict[str, float]:
+        """The trained weights (the adapter's alone with LoRA) to the rollout server."""
+        assert self.server is not None
+        weights = {n: p.detach() for n, p in self.lm.trainable()}
+        return self.server.publish(weights, version=self.step)
+
+    def close(self) -> None:
+        """Stop what the run started beside itself (the rollout server): after it ends,
+        fails or stops."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """The step's optimizer updates (`core.training.update`), asking the stop between
@@ -583,7 +663,7 @@ class TrainingRun:
 
     def state(self) -> dict[str, Any]:
         return {
-            "prompt_rng": self.prompt_rng.getstate(),
+            "prompt_rng": self._prompt_state(),
             "sample_gen": self.sample_gen.get_state(),
             "shuffle_gen": self.shuffle_gen.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -592,6 +672,15 @@ class TrainingRun:
             "steering": {"version": self.config_version, "overrides": self.overrides},
             "warmup": self.warm.state(),
         }
+
+    def _prompt_state(self) -> Any:
+        """The prompt generator to resume from: async, as it was before the draw of the oldest
+        prompts asked for and not trained on (the resumed run asks for them again)."""
+        if self.server is not None:
+            in_flight = [tag[1] for tag in self.server.in_flight()]
+            if in_flight:
+                return in_flight[0]
+        return self.prompt_rng.getstate()
 
     def restore(self, state: dict[str, Any]) -> None:
         self.prompt_rng.setstate(_as_random_state(state["prompt_rng"]))

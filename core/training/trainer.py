@@ -83,4 +83,7 @@ def train(
             if isinstance(cb, ReportingCallback):
                 cb.close()  # the trackers' last reports, for a bounded time
         finally:
-            run.task.close()  # its grading server, if it has one
+            try:
+                run.close()  # its rollout server, if it has one
+            finally:
+                run.task.close()  # its grading server, if it has one

@@ -3,9 +3,11 @@ set without a dataset file), `spread_reward` and `zero_reward` (the rewards of e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 
 import core.training.run
 from core.config import TaskConfig
@@ -22,6 +24,16 @@ def held_out_task(monkeypatch: pytest.MonkeyPatch) -> None:
         return HeldOutReverse()
 
     monkeypatch.setattr(core.training.run, "make_task", make)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for the test: reductions add in one order, the same last bits in every
+    run (and in a rollout server, which takes the trainer's thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -179,6 +179,9 @@ FULL_SPEC: dict[str, Any] = {
             "staleness": 1,
             "engine": "hf",
             "vllm_memory": 0.5,
+            # async refuses staleness and several GPUs: FULL_SPEC gives the default mode
+            "mode": "sync",
+            "max_off_policy_steps": 2,
         },
         "algorithm": {
             "mask": "dppo",

@@ -362,6 +362,7 @@ def test_the_shipped_config_names_real_operators_and_existing_modules() -> None:
         "commands",
         "graders",
         "rollout",
+        "rollout-server",
         "evaluation",
         "training-run",
         "openai",

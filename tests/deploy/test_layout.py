@@ -40,7 +40,9 @@ CORE_RULES: dict[str, frozenset[str]] = {
     "core.budget": frozenset({"core.config", "core.disk"}),
     "core.experiments": frozenset({"core.config"}),
     "core.parallel": frozenset({"core.config", "core.models"}),
-    "core.rollout": frozenset({"core.config", "core.models", "core.objective", "core.parallel"}),
+    "core.rollout": frozenset(
+        {"core.config", "core.models", "core.objective", "core.parallel", "core.process"}
+    ),
     "core.tracking": frozenset({"core.extras"}),
     "core.training": frozenset(
         {

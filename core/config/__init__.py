@@ -502,6 +502,10 @@ class TrainConfig(Strict):
                 f"rollout.engine='vllm' needs a Hugging Face model (hf:<folder or hub id>, or "
                 f"job:<id> of one), not {name!r}"
             )
+        if self.task.name == "environment":
+            raise ValueError(
+                "task.name='environment' samples its turns with rollout.engine='hf' for now"
+            )
         if self.algorithm.estimator == "exact":
             raise ValueError(
                 "algorithm.estimator='exact' needs the full behavior distribution, which vLLM "

@@ -53,7 +53,8 @@ from core.models.base import check_chat_prompts, encode_example
 from core.parallel.distributed import World, check_world
 from core.parallel.sharding import full_state, gathered, shard
 from core.rollout import RolloutBatch, StopRequested, generate
-from core.tasks import Example, Task, make_task
+from core.rollout.episodes import ChatDelta, SamplingOptions, run_episodes
+from core.tasks import EnvironmentTask, Example, Task, make_task
 from core.tracking import Reporter, TrackingOptions
 from core.training.callbacks import Phases, Stop, TrainerCallback
 from core.training.checkpoint import (
@@ -148,6 +149,8 @@ class TrainingRun:
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
+        if isinstance(self.task, EnvironmentTask):
+            ChatDelta(self.lm.tokenizer)  # observations need a chat template: refused here
         # FSDP2 over the ranks (`core.parallel.sharding`): before the optimizer, which holds the
         # shards
         self.sharded = cfg.sharding == "fsdp" and self.world.parallel
@@ -383,6 +386,8 @@ class TrainingRun:
             exs = exs[self.world.share(len(exs))]
             self.sample_gen.manual_seed(self.world.seed(self.cfg.seed, self.step))
         group = [e for e in exs for _ in range(r.group_size)]
+        if isinstance(self.task, EnvironmentTask):
+            return self._episodes(self.task, group)
         tok = self.lm.tokenizer
         # each drawn prompt tokenized once (chat records through the chat template), its ids
         # shared by the rows of its group; `generate` prefills each distinct prompt once
@@ -410,6 +415,31 @@ class TrainingRun:
         grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
         rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
         return _Rollout(batch, group, rewards, {**grades.metrics, **extra}, elapsed)
+
+    def _episodes(self, task: EnvironmentTask, group: list[Example]) -> _Rollout:
+        """The step's groups as multi-turn episodes (`core.rollout.episodes`): each row an
+        episode of its group's task row, its reward the environment's."""
+        r = self.cfg.rollout
+        t0 = time.perf_counter()
+        with gathered(self.rollout_lm) if self.sharded else nullcontext():
+            played = run_episodes(
+                self.rollout_lm,
+                task.environment,
+                group,
+                limits=task.limits,
+                sampling=SamplingOptions(
+                    max_new_tokens=r.max_new_tokens,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                    top_k=self.cfg.algorithm.top_k,
+                    keep_full=self.cfg.algorithm.estimator == "exact",
+                ),
+                generator=self.sample_gen,
+                should_stop=self.stop.in_step,
+            )
+        _sync(self.device)
+        rewards = torch.tensor(played.rewards, dtype=torch.float32)
+        return _Rollout(played.batch, group, rewards, played.metrics, time.perf_counter() - t0)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """The step's optimizer updates (`core.training.update`), asking the stop between

@@ -409,3 +409,15 @@ def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
     out["episode_turns_mean"] = sum(r.turns for r in records) / n
     out["episode_env_tokens_mean"] = sum(r.used - sum(r.loss_mask) for r in records) / n
     return out
+
+
+def format_episode(record: EpisodeRecord, tokenizer: Any) -> str:
+    """One episode's ids after the prompt, a line per token: position, loss mask (1: sampled,
+    trained on; 0: inserted by the environment), id and the token's text."""
+    hf = getattr(tokenizer, "tok", None)
+    lines = [f"reward {record.reward:g}, {record.turns} turns, ended: {record.outcome}"]
+    lines.append(" pos mask    id  token")
+    for pos, (i, m) in enumerate(zip(record.ids, record.loss_mask, strict=True)):
+        text = hf.convert_ids_to_tokens(i) if hf is not None else tokenizer.decode([i])
+        lines.append(f"{pos:4d} {m:4d} {i:5d}  {text!r}")
+    return "\n".join(lines)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from core.environments import Done, Environment, Episode, Observation, Turn, register_environment
+from core.environments.base import Done, Environment, Episode, Observation, Turn
 from core.environments.tools import format_tool_call, parse_tool_calls
 from core.tasks.base import Example
 
@@ -145,6 +145,3 @@ class CalculatorEnvironment(Environment):
 
     def start(self, example: Example) -> Episode:
         return CalculatorEpisode(int(example.answer))
-
-
-register_environment("calculator", CalculatorEnvironment)

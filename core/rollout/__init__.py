@@ -1,9 +1,11 @@
 """The rollout engine: batched sampling with a KV cache that records what an engine would expose.
 
 The package: this engine (`generate`, `RolloutBatch`) here; `prefix`: a prompt's keys and values
-shared by its group's rows; `vllm_engine`: the same batches sampled by vLLM. Imports:
-`core.objective` (the behavior view), `core.models`, `core.config`, `core.parallel` (vLLM's
-ranks); not the training loop.
+shared by its group's rows; `vllm_engine`: the same batches sampled by vLLM; `episodes`:
+multi-turn episodes with a `core.environments` environment, its tokens inserted between the
+sampled turns and masked out of the loss. Imports: `core.objective` (the behavior view),
+`core.models`, `core.config`, `core.parallel` (vLLM's ranks), `core.environments` and
+`core.tasks` (episodes and their task rows); not the training loop.
 
 For every generated token it keeps the `BehaviorView` a production engine returns (vLLM
 `logprobs=K`): the sampled token's log-prob and the top-K ids and log-probs of the sampling

@@ -21,7 +21,8 @@ episode with reward 0 (`env_errors`, `env_timeouts`); the thread of one that han
 behind (a daemon: it ends with the process). Isolation in a process of its own is issue 54,
 item 4.
 
-Imports: `core.environments`, `core.models` (the tokenizer, the prompt), `core.rollout`.
+Imports: `core.environments`, `core.models` (the tokenizer, the prompt), `core.objective` (the
+behavior view), `core.tasks` (the task row).
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from core.environments import Done, Environment, Episode, EpisodeLimits, Observation, Turn
+from core.environments.base import Done, Environment, Episode, EpisodeLimits, Observation, Turn
 from core.models.base import CausalLM, encode_example
 from core.objective.behavior import BehaviorView
 from core.rollout import RolloutBatch, StopRequested, generate, left_pad
@@ -171,7 +172,8 @@ def run_episodes(
         running = [r for r in records if r.outcome == "running"]
         if not running:
             break
-        _take_turn(lm, running, sampling, _budgets(lm, running, limits), generator, should_stop)
+        budgets = _budgets(lm, running, limits)
+        _take_turn(lm, running, sampling, budgets, generator=generator, should_stop=should_stop)
         for r in running:
             r.turns += 1
         answers = _call_all([_stepper(r, turn, tok) for r in running], limits)
@@ -206,6 +208,7 @@ def _take_turn(
     running: list[EpisodeRecord],
     sampling: SamplingOptions,
     budgets: list[int],
+    *,
     generator: torch.Generator | None,
     should_stop: Callable[[], bool] | None,
 ) -> None:
@@ -216,11 +219,7 @@ def _take_turn(
     batch = generate(
         lm,
         contexts,
-        max_new_tokens=max(n, 1),
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        keep_full=sampling.keep_full,
+        **{**asdict(sampling), "max_new_tokens": max(n, 1)},
         generator=generator,
         should_stop=should_stop,
     )

@@ -3,7 +3,7 @@ reasoning-gym's procedural datasets.
 
 Imports: `core.config`, `core.disk` (a dataset file read safely), `core.graders` (a JSONL task's
 grader), `core.extras` (reasoning-gym is the `reasoning` extra, imported when such a task is
-built), `core.environments` (a multi-turn environment's rows, imported when such a task is built).
+built).
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from core.config import TaskConfig
 from core.graders import GraderOptions
 from core.tasks.base import Example, Grades, Task, positional_credit
 from core.tasks.builtin import ArithmeticTask, DigitStringTask
-from core.tasks.environment import EnvironmentTask
 from core.tasks.jsonl import JsonlTask
 from core.tasks.reasoning_gym import ReasoningGymTask
 
 __all__ = [
-    "EnvironmentTask",
     "Example",
     "Grades",
     "JsonlTask",
@@ -55,7 +53,9 @@ def make_task(
             cfg, data_roots, file_paths, seed=seed, grader_options=grader_options
         )
     if cfg.name == "environment":
-        return EnvironmentTask(cfg)
+        raise ValueError(
+            "task.name='environment' is played in episodes: core.environments.task builds it"
+        )
     if cfg.name == "reasoning_gym":
         return ReasoningGymTask(cfg, run_seed=seed)
     if cfg.name == "arithmetic":

@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ import torch
 
 from core.config import TrainConfig
 from core.disk.atomic_dir import discard_dir, write_dir_atomically
+from core.environments.task import EnvironmentTask
 from core.graders import GraderOptions
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
@@ -54,7 +55,7 @@ from core.parallel.distributed import World, check_world
 from core.parallel.sharding import full_state, gathered, shard
 from core.rollout import RolloutBatch, StopRequested, generate
 from core.rollout.episodes import ChatDelta, SamplingOptions, run_episodes
-from core.tasks import EnvironmentTask, Example, Task, make_task
+from core.tasks import Example, Task, make_task
 from core.tracking import Reporter, TrackingOptions
 from core.training.callbacks import Phases, Stop, TrainerCallback
 from core.training.checkpoint import (
@@ -144,8 +145,12 @@ class TrainingRun:
         # touch it, so a resumed run rebuilds the same one (nothing of it is checkpointed)
         self.reference = ReferencePolicy(self.lm) if cfg.algorithm.kl_beta > 0 else None
         self.silence = SilenceWatch(cfg.silent_steps, jsonl_task=cfg.task.name == "jsonl")
-        self.task: Task = make_task(
-            cfg.task, data_roots, file_paths, seed=cfg.seed, grader_options=grader_options
+        self.task: Task = (
+            EnvironmentTask(cfg.task)
+            if cfg.task.name == "environment"
+            else make_task(
+                cfg.task, data_roots, file_paths, seed=cfg.seed, grader_options=grader_options
+            )
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
@@ -402,11 +407,7 @@ class TrainingRun:
                 batch = generate(
                     self.rollout_lm,
                     [p for p in ids for _ in range(r.group_size)],
-                    max_new_tokens=r.max_new_tokens,
-                    temperature=r.temperature,
-                    top_p=r.top_p,
-                    top_k=self.cfg.algorithm.top_k,
-                    keep_full=self.cfg.algorithm.estimator == "exact",
+                    **asdict(self._sampling()),
                     generator=self.sample_gen,
                     should_stop=self.stop.in_step,
                 )
@@ -416,10 +417,20 @@ class TrainingRun:
         rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
         return _Rollout(batch, group, rewards, {**grades.metrics, **extra}, elapsed)
 
+    def _sampling(self) -> SamplingOptions:
+        """How the rollout samples (`generate`'s arguments), from the config of this step."""
+        r = self.cfg.rollout
+        return SamplingOptions(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=self.cfg.algorithm.top_k,
+            keep_full=self.cfg.algorithm.estimator == "exact",
+        )
+
     def _episodes(self, task: EnvironmentTask, group: list[Example]) -> _Rollout:
         """The step's groups as multi-turn episodes (`core.rollout.episodes`): each row an
         episode of its group's task row, its reward the environment's."""
-        r = self.cfg.rollout
         t0 = time.perf_counter()
         with gathered(self.rollout_lm) if self.sharded else nullcontext():
             played = run_episodes(
@@ -427,13 +438,7 @@ class TrainingRun:
                 task.environment,
                 group,
                 limits=task.limits,
-                sampling=SamplingOptions(
-                    max_new_tokens=r.max_new_tokens,
-                    temperature=r.temperature,
-                    top_p=r.top_p,
-                    top_k=self.cfg.algorithm.top_k,
-                    keep_full=self.cfg.algorithm.estimator == "exact",
-                ),
+                sampling=self._sampling(),
                 generator=self.sample_gen,
                 should_stop=self.stop.in_step,
             )

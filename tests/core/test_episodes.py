@@ -36,6 +36,7 @@ from core.environments import (
     register_environment,
 )
 from core.environments.calculator import evaluate, final_answer
+from core.environments.task import EnvironmentTask
 from core.environments.tools import format_tool_call, parse_tool_calls
 from core.models.base import encode_example
 from core.models.hf import HFLM
@@ -489,4 +490,6 @@ def test_the_environment_spec_validates() -> None:
         TrainConfig.model_validate({"task": {**base, "warmup_steps": 3}})
     cfg = TrainConfig.model_validate({"task": {**base, "environment": {"name": "nope"}}})
     with pytest.raises(ValueError, match="known: calculator"):
+        EnvironmentTask(cfg.task)
+    with pytest.raises(ValueError, match="played in episodes"):
         make_task(cfg.task)

@@ -1,17 +1,17 @@
 """`task.name: environment`: the task rows and limits of a multi-turn environment, for the
 trainer to play episodes on (`core.rollout.episodes`); rewards are the episodes', not a grader's.
+Built by the trainer (`core.training.run`), not by `core.tasks.make_task`: environments read the
+task row (`core.tasks.base`), so the tasks package cannot import them back.
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
 
 from core.config import TaskConfig
+from core.environments.base import Environment, EpisodeLimits
+from core.environments.registry import make_environment
 from core.tasks.base import Example, Task
-
-if TYPE_CHECKING:
-    from core.environments import Environment
 
 
 class EnvironmentTask(Task):
@@ -19,10 +19,6 @@ class EnvironmentTask(Task):
     would play episodes too) and no single-completion score."""
 
     def __init__(self, cfg: TaskConfig) -> None:
-        # core.environments reads the task row (core.tasks.base): imported when built, not with
-        # the package
-        from core.environments import EpisodeLimits, make_environment
-
         env_cfg = cfg.environment
         if env_cfg is None:
             raise ValueError("task.name='environment' needs task.environment")

@@ -94,6 +94,7 @@ class EpisodeRecord:
     prompt: list[int]
     segments: list[tuple[list[int], bool]] = field(default_factory=list)
     reward: float = 0.0
+    room: int = 0  # tokens it may hold after the prompt: `EpisodeLimits.max_tokens`, or fewer
     turns: int = 0
     outcome: Outcome = "running"
     info: dict[str, Any] = field(default_factory=dict)
@@ -160,6 +161,11 @@ def run_episodes(
     delta = ChatDelta(tok)
     by_id: dict[int, list[int]] = {}
     records = [EpisodeRecord(e, by_id.setdefault(id(e), encode_example(tok, e))) for e in examples]
+    for r in records:  # the episode's tokens after its prompt: its limit, and the model's
+        room = limits.max_tokens
+        if lm.max_seq_len is not None:
+            room = min(room, lm.max_seq_len - len(r.prompt))
+        r.room = max(room, 0)
     started = _call_all([partial(environment.start, r.example) for r in records], limits)
     for rec, (status, value) in zip(records, started, strict=True):
         if status == "ok":
@@ -169,17 +175,20 @@ def run_episodes(
     for turn in range(limits.max_turns):
         if should_stop is not None and should_stop():
             raise StopRequested("stopped between turns")
+        for r in records:
+            if r.outcome == "running" and r.used >= r.room:  # a prompt as long as the model's
+                r.end("token_limit")
         running = [r for r in records if r.outcome == "running"]
         if not running:
             break
-        budgets = _budgets(lm, running, limits)
+        budgets = [r.room - r.used for r in running]
         _take_turn(lm, running, sampling, budgets, generator=generator, should_stop=should_stop)
         for r in running:
             r.turns += 1
         answers = _call_all([_stepper(r, turn, tok) for r in running], limits)
         for rec, (status, value) in zip(running, answers, strict=True):
             last = turn + 1 == limits.max_turns
-            _answer(rec, status, value, delta=delta, eos=tok.eos_id, last=last, limits=limits)
+            _answer(rec, status, value, delta=delta, eos=tok.eos_id, last=last)
     for r in records:
         if r.outcome == "running":  # no turn left: the last answer was an observation
             r.end("turn_limit")
@@ -189,18 +198,6 @@ def run_episodes(
         episode_metrics(records),
         records,
     )
-
-
-def _budgets(lm: CausalLM, running: list[EpisodeRecord], limits: EpisodeLimits) -> list[int]:
-    """Tokens each running episode may still sample this turn: what is left of
-    `limits.max_tokens`, and of the model's positions."""
-    out = []
-    for r in running:
-        left = limits.max_tokens - r.used
-        if lm.max_seq_len is not None:
-            left = min(left, lm.max_seq_len - len(r.prompt) - r.used)
-        out.append(max(left, 0))
-    return out
 
 
 def _take_turn(
@@ -278,7 +275,6 @@ def _answer(
     delta: ChatDelta,
     eos: int,
     last: bool,
-    limits: EpisodeLimits,
 ) -> None:
     """Applies the environment's answer to `rec`: the end, or the observation inserted."""
     if status != "ok":
@@ -309,7 +305,7 @@ def _answer(
     turn = rec.segments[-1][0]
     if not turn or turn[-1] != eos:
         ids = [eos, *ids]  # a turn cut short is closed, by an inserted (masked) EOS
-    if rec.used + len(ids) >= limits.max_tokens:  # no room for another sampled token
+    if rec.used + len(ids) >= rec.room:  # no room for another sampled token
         rec.end("token_limit")
         return
     rec.segments.append((ids, False))

@@ -368,6 +368,28 @@ def test_token_limit_ends_an_episode_with_zero(tool_model: ToolModel) -> None:
     assert all(r.used <= 20 for r in played.episodes)
 
 
+def test_the_models_positions_end_an_episode_too(
+    tool_model: ToolModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model of few positions: the episode holds at most what fits after the prompt, and an
+    observation that would pass the model's last position ends it (env_token_limits)."""
+    env = make_environment("test_faulty", {"kinds": ["floods"]})
+    example = env.sample(random.Random(0))
+    prompt = encode_example(tool_model.lm.tokenizer, example)
+    monkeypatch.setattr(tool_model.lm, "max_seq_len", len(prompt) + 6)
+    played = run_episodes(
+        tool_model.lm,
+        env,
+        [example] * 2,
+        limits=EpisodeLimits(max_turns=8, max_tokens=200, step_timeout=5.0),
+        sampling=SamplingOptions(max_new_tokens=4),
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert [r.outcome for r in played.episodes] == ["token_limit", "token_limit"]
+    assert [r.turns for r in played.episodes] == [1, 1]
+    assert all(r.used <= 4 for r in played.episodes)
+
+
 def test_a_run_with_faulty_environments_trains_to_the_end(
     tool_model: ToolModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -466,6 +466,12 @@ class TrainConfig(Strict):
                 "task.validation_path or task.validation_fraction (task.validation_size for "
                 "reasoning_gym)"
             )
+        if t.name == "environment" and self.model.name == "builtin:tiny":
+            raise ValueError(
+                "task.name='environment' needs a model with a chat template (an hf: model whose "
+                "tokenizer defines one; examples/build_chat_model.py builds one): the "
+                "environment's turns are rendered with it. builtin:tiny has none"
+            )
         needed = self.task.max_len * 2 + 16 + self.rollout.max_new_tokens
         tiny = self.model.name == "builtin:tiny"
         if tiny and self.task.name in BUILTIN_TASKS and self.model.tiny.max_seq_len < needed:

@@ -500,17 +500,22 @@ def test_the_environment_spec_validates() -> None:
     assert spec.train.task.environment is not None
     assert spec.train.task.environment.name == "calculator"
     base = {"name": "environment", "environment": {"name": "calculator"}}
+    chat = {"name": "hf:x"}
     with pytest.raises(ValueError, match=r"task\.environment goes with"):
-        TrainConfig.model_validate({"task": {"name": "environment"}})
+        TrainConfig.model_validate({"model": chat, "task": {"name": "environment"}})
     with pytest.raises(ValueError, match=r"task\.environment goes with"):
         TrainConfig.model_validate({"task": {"name": "reverse", "environment": {"name": "x"}}})
     with pytest.raises(ValueError, match=r"rollout\.engine='hf'"):
-        TrainConfig.model_validate(
-            {"model": {"name": "hf:x"}, "task": base, "rollout": {"engine": "vllm"}}
-        )
+        TrainConfig.model_validate({"model": chat, "task": base, "rollout": {"engine": "vllm"}})
     with pytest.raises(ValueError, match="warm-up"):
-        TrainConfig.model_validate({"task": {**base, "warmup_steps": 3}})
-    cfg = TrainConfig.model_validate({"task": {**base, "environment": {"name": "nope"}}})
+        TrainConfig.model_validate({"model": chat, "task": {**base, "warmup_steps": 3}})
+    with pytest.raises(ValueError, match="needs a model with a chat template"):
+        TrainConfig.model_validate({"task": base})  # builtin:tiny
+    with pytest.raises(ValueError, match="eval_every=2 needs held-out data"):
+        TrainConfig.model_validate({"model": chat, "task": base, "eval_every": 2})
+    cfg = TrainConfig.model_validate(
+        {"model": chat, "task": {**base, "environment": {"name": "nope"}}}
+    )
     with pytest.raises(ValueError, match="known: calculator"):
         EnvironmentTask(cfg.task)
     with pytest.raises(ValueError, match="played in episodes"):

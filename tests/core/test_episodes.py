@@ -284,7 +284,7 @@ class FaultyEpisode(Episode):
             return Done(1.0)
         if self.kind == "floods":  # a tool result for every turn, whatever the model says
             return Observation(messages=({"role": "tool", "content": "0"},))
-        return Done(1.0 if len(turn.ids) % 2 == 0 else 0.0)
+        return Done(float(turn.ids[0] % 2) if turn.ids else 0.0)  # rewards that differ
 
 
 class FaultyEnvironment(Environment):
@@ -520,3 +520,46 @@ def test_the_environment_spec_validates() -> None:
         EnvironmentTask(cfg.task)
     with pytest.raises(ValueError, match="played in episodes"):
         make_task(cfg.task)
+
+
+def test_a_stopped_environment_run_resumes_to_the_uninterrupted_one(
+    tool_model: ToolModel, tmp_path: Path
+) -> None:
+    """Episodes draw from the run's generators only (the environment's threads decide nothing
+    about sampling): a run stopped after step 2 and resumed writes the metrics and the final
+    weights of the run that never stopped, multi-turn episodes and their masks included."""
+    from safetensors.torch import load_file
+
+    from tests.support.trainer_runs import TIMING, Recorder
+
+    cfg = TrainConfig.model_validate(
+        {
+            "model": {"name": f"hf:{tool_model.folder}"},
+            "task": {
+                "name": "environment",
+                "environment": {
+                    "name": "test_faulty",
+                    "args": {"kinds": ["ok", "floods"]},  # 2 rows a step: the same each run
+                    "max_turns": 2,
+                    "max_tokens": 40,
+                },
+            },
+            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+            "algorithm": {"top_k": 8},
+            "optim": {"lr": 1e-2},
+            "steps": 4,
+            "checkpoint_every": 0,
+            "device": "cpu",
+        }
+    )
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(cfg, full)
+    assert train(cfg, part, callback=Recorder(stop_after=2)).step == 2
+    assert train(cfg, part, resume=True).step == 4
+    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(full)]
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(part)] == strip
+    assert all(r["episode_env_tokens_mean"] > 0 for r in strip)  # the floods' tool tokens
+    assert any(r["grad_norm"] > 0 for r in strip)
+    a = load_file(str(full / "final" / "model.safetensors"))
+    b = load_file(str(part / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

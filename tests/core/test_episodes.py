@@ -390,6 +390,24 @@ def test_the_models_positions_end_an_episode_too(
     assert all(r.used <= 4 for r in played.episodes)
 
 
+def _faulty_run(
+    folder: Path, environment: dict[str, Any], *, prompts: int, lr: float, steps: int
+) -> TrainConfig:
+    """A run of the local chat model on `test_faulty` with `environment`'s settings."""
+    return TrainConfig.model_validate(
+        {
+            "model": {"name": f"hf:{folder}"},
+            "task": {"name": "environment", "environment": {"name": "test_faulty", **environment}},
+            "rollout": {"prompts_per_step": prompts, "group_size": 2, "max_new_tokens": 4},
+            "algorithm": {"top_k": 8},
+            "optim": {"lr": lr},
+            "steps": steps,
+            "checkpoint_every": 0,
+            "device": "cpu",
+        }
+    )
+
+
 def test_a_run_with_faulty_environments_trains_to_the_end(
     tool_model: ToolModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -413,26 +431,12 @@ def test_a_run_with_faulty_environments_trains_to_the_end(
 
     monkeypatch.setattr(run_module, "update_policy", spy)
     monkeypatch.setattr(run_module, "run_episodes", spy_run)
-    cfg = TrainConfig.model_validate(
-        {
-            "model": {"name": f"hf:{tool_model.folder}"},
-            "task": {
-                "name": "environment",
-                "environment": {
-                    "name": "test_faulty",
-                    "args": {"kinds": KINDS},
-                    "max_turns": 3,
-                    "max_tokens": 60,
-                    "step_timeout_seconds": 0.5,
-                },
-            },
-            "rollout": {"prompts_per_step": 4, "group_size": 2, "max_new_tokens": 4},
-            "algorithm": {"top_k": 8},
-            "optim": {"lr": 1e-3},
-            "steps": 3,
-            "checkpoint_every": 0,
-            "device": "cpu",
-        }
+    cfg = _faulty_run(
+        tool_model.folder,
+        {"args": {"kinds": KINDS}, "max_turns": 3, "max_tokens": 60, "step_timeout_seconds": 0.5},
+        prompts=4,
+        lr=1e-3,
+        steps=3,
     )
     try:
         result = train(cfg, tmp_path / "run")
@@ -532,25 +536,12 @@ def test_a_stopped_environment_run_resumes_to_the_uninterrupted_one(
 
     from tests.support.trainer_runs import TIMING, Recorder
 
-    cfg = TrainConfig.model_validate(
-        {
-            "model": {"name": f"hf:{tool_model.folder}"},
-            "task": {
-                "name": "environment",
-                "environment": {
-                    "name": "test_faulty",
-                    "args": {"kinds": ["ok", "floods"]},  # 2 rows a step: the same each run
-                    "max_turns": 2,
-                    "max_tokens": 40,
-                },
-            },
-            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
-            "algorithm": {"top_k": 8},
-            "optim": {"lr": 1e-2},
-            "steps": 4,
-            "checkpoint_every": 0,
-            "device": "cpu",
-        }
+    cfg = _faulty_run(  # 2 rows a step, of the 2 kinds: the same in each run
+        tool_model.folder,
+        {"args": {"kinds": ["ok", "floods"]}, "max_turns": 2, "max_tokens": 40},
+        prompts=2,
+        lr=1e-2,
+        steps=4,
     )
     full, part = tmp_path / "full", tmp_path / "part"
     train(cfg, full)

@@ -111,6 +111,8 @@ def task_problems(task: TaskConfig) -> list[SpecProblem]:
     schema's checks stand alone (names, keys, value types: `core.config.reasoning_gym`) and the
     worker refuses such a value when the job starts. The first import of reasoning-gym takes
     seconds: `admit` runs this in a worker thread."""
+    if task.name == "environment":
+        return _environment_problems(task)
     if task.name != "reasoning_gym" or missing(("reasoning_gym",)) is not None:
         return []
     from core.tasks.reasoning_gym import check_values
@@ -122,6 +124,20 @@ def task_problems(task: TaskConfig) -> list[SpecProblem]:
         return [
             SpecProblem(field="train." + message.split(":", 1)[0], kind="task", message=message)
         ]
+    return []
+
+
+def _environment_problems(task: TaskConfig) -> list[SpecProblem]:
+    """An environment the workers do not have, or arguments it refuses, named at submit: the
+    environment is built (pure Python, no torch: `core.environments`), no episode played."""
+    from core.environments import make_environment
+
+    env = task.environment
+    assert env is not None  # TaskConfig's check
+    try:
+        make_environment(env.name, env.args)
+    except (ValueError, TypeError) as e:
+        return [SpecProblem(field="train.task.environment", kind="task", message=str(e))]
     return []
 
 

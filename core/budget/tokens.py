@@ -71,9 +71,11 @@ def prompt_tokens(
     seq = shape.max_seq_len or UNKNOWN_SEQ_LEN
     bound = max(1, seq - cfg.rollout.max_new_tokens)
     longest = None
-    if cfg.task.name == "reasoning_gym":
+    if cfg.task.name in ("reasoning_gym", "environment"):
+        # an environment's episodes (prompt, turns and inserted tokens) are cut at the model's
+        # sequence length too (core.rollout.episodes): the bound holds for them
         note = (
-            "task.name='reasoning_gym': its prompts are generated when the job starts, so "
+            f"task.name={cfg.task.name!r}: its prompts are generated when the job starts, so "
             f"they are assumed as long as the model's sequence allows ({bound} tokens)"
         )
         if shape.max_seq_len is None:

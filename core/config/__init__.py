@@ -509,6 +509,17 @@ class TrainConfig(Strict):
                 "task.validation_path or task.validation_fraction (task.validation_size for "
                 "reasoning_gym)"
             )
+        if t.name == "environment" and self.model.name == "builtin:tiny":
+            raise ValueError(
+                "task.name='environment' needs a model with a chat template (an hf: model whose "
+                "tokenizer defines one; examples/build_chat_model.py builds one): the "
+                "environment's turns are rendered with it. builtin:tiny has none"
+            )
+        if t.name == "environment" and self.rollout.mode == "async":
+            raise ValueError(
+                "task.name='environment' plays its episodes in the trainer's process for now: "
+                "use rollout.mode='sync' (the rollout server samples single-turn prompts only)"
+            )
         needed = self.task.max_len * 2 + 16 + self.rollout.max_new_tokens
         tiny = self.model.name == "builtin:tiny"
         if tiny and self.task.name in BUILTIN_TASKS and self.model.tiny.max_seq_len < needed:
@@ -545,6 +556,10 @@ class TrainConfig(Strict):
             raise ValueError(
                 f"rollout.engine='vllm' needs a Hugging Face model (hf:<folder or hub id>, or "
                 f"job:<id> of one), not {name!r}"
+            )
+        if self.task.name == "environment":
+            raise ValueError(
+                "task.name='environment' samples its turns with rollout.engine='hf' for now"
             )
         if self.algorithm.estimator == "exact":
             raise ValueError(

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from core.config.environment import EnvironmentConfig
 from core.config.graders import GraderConfig
 from core.config.reasoning_gym import DatasetConfig, DatasetName, WeightedDataset, check_dataset
 from core.config.types import FINITE, NO_CONTROL_CHARS, FiniteFloat, Strict
@@ -22,7 +23,7 @@ FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
 """An uploaded file's id: `file-` and the first 32 hex digits of its sha256."""
 
 
-TaskName = Literal["arithmetic", "sort", "copy", "reverse", "jsonl", "reasoning_gym"]
+TaskName = Literal["arithmetic", "sort", "copy", "reverse", "jsonl", "reasoning_gym", "environment"]
 
 BUILTIN_TASKS = ("arithmetic", "sort", "copy", "reverse")
 """The digit tasks of `core.tasks.builtin`: prompts of a known format, no data."""
@@ -36,7 +37,9 @@ class TaskConfig(Strict):
         default="reverse",
         description=(
             "Built-in verifiable task, 'jsonl' for a dataset of {prompt, answer}, or "
-            "'reasoning_gym' for rows a reasoning-gym dataset generates (the `reasoning` extra)."
+            "'reasoning_gym' for rows a reasoning-gym dataset generates (the `reasoning` extra), "
+            "'environment' for multi-turn episodes with a task.environment (tools, scored at "
+            "the end)."
         ),
     )
     min_len: int = Field(
@@ -146,6 +149,13 @@ class TaskConfig(Strict):
         default=None,
         description="reasoning_gym: a system turn before each question (chat models).",
     )
+    environment: EnvironmentConfig | None = Field(
+        default=None,
+        description=(
+            "environment: the multi-turn environment ({name, args, max_turns, max_tokens, "
+            "step_timeout_seconds}); its rows are the prompts, its reward the episode's."
+        ),
+    )
     warmup_steps: int = Field(
         default=0,
         ge=0,
@@ -193,6 +203,10 @@ class TaskConfig(Strict):
             if self.validation_fraction:
                 raise ValueError("task.validation_fraction is only used when task.name='jsonl'")
         self._check_reasoning_gym()
+        if (self.name == "environment") != (self.environment is not None):
+            raise ValueError("task.environment goes with task.name='environment', and only with it")
+        if self.name == "environment" and self.warmup_steps:
+            raise ValueError("task.name='environment' has no supervised warm-up (warmup_steps)")
         if self.name in ("jsonl", "reasoning_gym") and (
             self.warmup_steps and self.warmup_target == "format"
         ):

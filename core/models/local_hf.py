@@ -176,12 +176,22 @@ def make_tiny_hf(path: Path, *, vocab_words: int = 600, seed: int = 0) -> Path:
     return path
 
 
-def make_chat_hf(path: Path, *, shape: LlamaShape | None = None, seed: int = 0) -> Path:
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+"""The tool-call tags as whole tokens (added, not special: decoding keeps them), as Qwen's
+tokenizer has them (`core.environments.tools`)."""
+
+
+def make_chat_hf(
+    path: Path, *, shape: LlamaShape | None = None, seed: int = 0, tool_tokens: bool = False
+) -> Path:
     """Save a small random Llama with a Llama-3-like chat template to `path` (no hub).
 
     The default shape (hidden 128, 2 heads of 64, 2 layers, 0.5M parameters) learns small
     arithmetic in minutes on a laptop CPU. The EOS is `<|eot_id|>`, the end of a turn, so a
-    completion stops where the assistant's reply ends.
+    completion stops where the assistant's reply ends. `tool_tokens`: `TOOL_TOKENS` are whole
+    tokens too, after every other id (so the others keep theirs); the text `<tool_call>` then
+    encodes to one id, though a model may still write it character by character, which a
+    re-encoding would not give back (tests/core/test_episodes.py).
     """
     tok = char_tokenizer(
         CHAT_SPECIALS,
@@ -190,5 +200,7 @@ def make_chat_hf(path: Path, *, shape: LlamaShape | None = None, seed: int = 0) 
         chat_template=LLAMA3_CHAT_TEMPLATE,
         add_bos=True,
     )
+    if tool_tokens:
+        tok.add_tokens(list(TOOL_TOKENS))
     save_llama(path, tok, shape or LlamaShape(), seed)
     return path

@@ -2,9 +2,12 @@
 
 The package: this engine (`generate`, `RolloutBatch`) here; `prefix`: a prompt's keys and values
 shared by its group's rows; `vllm_engine`: the same batches sampled by vLLM; `server`: this engine
-in a process of its own, sampling while the trainer updates (`rollout.mode: async`). Imports:
-`core.objective` (the behavior view), `core.models`, `core.config`, `core.parallel` (vLLM's
-ranks), `core.process` (the server dies with its parent); not the training loop.
+in a process of its own, sampling while the trainer updates (`rollout.mode: async`); `episodes`:
+multi-turn episodes with a `core.environments` environment, its tokens inserted between the
+sampled turns and masked out of the loss. Imports: `core.objective` (the behavior view),
+`core.models`, `core.config`, `core.parallel` (vLLM's ranks), `core.process` (the server dies
+with its parent), `core.environments` and `core.tasks` (episodes and their task rows); not the
+training loop.
 
 For every generated token it keeps the `BehaviorView` a production engine returns (vLLM
 `logprobs=K`): the sampled token's log-prob and the top-K ids and log-probs of the sampling

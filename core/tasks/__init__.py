@@ -52,6 +52,10 @@ def make_task(
         return JsonlTask.from_config(
             cfg, data_roots, file_paths, seed=seed, grader_options=grader_options
         )
+    if cfg.name == "environment":
+        raise ValueError(
+            "task.name='environment' is played in episodes: core.environments.task builds it"
+        )
     if cfg.name == "reasoning_gym":
         return ReasoningGymTask(cfg, run_seed=seed)
     if cfg.name == "arithmetic":

@@ -13,5 +13,6 @@ trackers, `core.tracking`).
 
 Imports: any other package of `core`, this is the top of the tree: `core.config`, `core.disk`,
 `core.process`, `core.objective`, `core.extras`, `core.graders`, `core.tasks`, `core.models`,
-`core.budget`, `core.parallel`, `core.rollout`, `core.tracking`. Nothing else in `core` imports it.
+`core.budget`, `core.parallel`, `core.rollout`, `core.tracking`, `core.environments` (a
+`task.name: environment` run's task). Nothing else in `core` imports it.
 """

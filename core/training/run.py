@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -52,12 +52,14 @@ import torch
 
 from core.config import TrainConfig
 from core.disk.atomic_dir import discard_dir, write_dir_atomically
+from core.environments.task import EnvironmentTask
 from core.graders import GraderOptions
 from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
 from core.parallel.distributed import World, check_world
 from core.parallel.sharding import full_state, gathered, shard
 from core.rollout import RolloutBatch, StopRequested, generate
+from core.rollout.episodes import ChatDelta, SamplingOptions, run_episodes
 from core.rollout.server import RolloutServer, Sampling
 from core.tasks import Example, Task, make_task
 from core.tracking import Reporter, TrackingOptions
@@ -149,11 +151,17 @@ class TrainingRun:
         # touch it, so a resumed run rebuilds the same one (nothing of it is checkpointed)
         self.reference = ReferencePolicy(self.lm) if cfg.algorithm.kl_beta > 0 else None
         self.silence = SilenceWatch(cfg.silent_steps, jsonl_task=cfg.task.name == "jsonl")
-        self.task: Task = make_task(
-            cfg.task, data_roots, file_paths, seed=cfg.seed, grader_options=grader_options
+        self.task: Task = (
+            EnvironmentTask(cfg.task)
+            if cfg.task.name == "environment"
+            else make_task(
+                cfg.task, data_roots, file_paths, seed=cfg.seed, grader_options=grader_options
+            )
         )
         dataset = getattr(self.task, "examples", ())  # a JSONL task's training records
         check_chat_prompts(self.lm.tokenizer, [*dataset, *self.task.held_out()])
+        if isinstance(self.task, EnvironmentTask):
+            ChatDelta(self.lm.tokenizer)  # observations need a chat template: refused here
         # FSDP2 over the ranks (`core.parallel.sharding`): before the optimizer, which holds the
         # shards
         self.sharded = cfg.sharding == "fsdp" and self.world.parallel
@@ -389,21 +397,25 @@ class TrainingRun:
 
     def rollout(self) -> _Rollout:
         """Sample the step's groups and grade them (`Task.grade`: one call for the batch, so
-        graders that run code or call out can batch, time out and report metrics)."""
+        graders that run code or call out can batch, time out and report metrics); an
+        environment's episodes are scored by the environment itself."""
         r = self.cfg.rollout
         if self.asynchronous:
             exs, batch, elapsed, extra = self._server_rollout()
         else:
-            exs, batch, elapsed, extra = self._local_rollout()
+            exs = self._draw_prompts()
+            if isinstance(self.task, EnvironmentTask):
+                return self._episodes(self.task, [e for e in exs for _ in range(r.group_size)])
+            batch, elapsed, extra = self._local_rollout(exs)
         group = [e for e in exs for _ in range(r.group_size)]
         tok = self.lm.tokenizer
         grades = self.task.grade(group, [tok.decode(c) for c in batch.completions])
         rewards = torch.tensor(grades.rewards, dtype=torch.float32)  # (B,)
         return _Rollout(batch, group, rewards, {**grades.metrics, **extra}, elapsed)
 
-    def _local_rollout(self) -> tuple[list[Example], RolloutBatch, float, dict[str, float]]:
-        """The step's prompts, sampled in this process (or its vLLM engine): the examples, the
-        batch, the seconds of sampling and the engine's metrics."""
+    def _draw_prompts(self) -> list[Example]:
+        """The step's prompts for a rollout in this process, and the rollout copy's weights
+        (`staleness` steps old) and, across ranks, this rank's share of them."""
         r = self.cfg.rollout
         if self.separate_rollout:
             self.snapshots.append(self.lm.snapshot())
@@ -412,6 +424,12 @@ class TrainingRun:
         if self.world.parallel:  # every rank draws the step's prompts, and keeps its share
             exs = exs[self.world.share(len(exs))]
             self.sample_gen.manual_seed(self.world.seed(self.cfg.seed, self.step))
+        return exs
+
+    def _local_rollout(self, exs: list[Example]) -> tuple[RolloutBatch, float, dict[str, float]]:
+        """`exs` sampled in this process (or its vLLM engine): the batch, the seconds of
+        sampling and the engine's metrics."""
+        r = self.cfg.rollout
         tok = self.lm.tokenizer
         # each drawn prompt tokenized once (chat records through the chat template), its ids
         # shared by the rows of its group; `generate` prefills each distinct prompt once
@@ -426,17 +444,13 @@ class TrainingRun:
                 batch = generate(
                     self.rollout_lm,
                     [p for p in ids for _ in range(r.group_size)],
-                    max_new_tokens=r.max_new_tokens,
-                    temperature=r.temperature,
-                    top_p=r.top_p,
-                    top_k=self.cfg.algorithm.top_k,
-                    keep_full=self.cfg.algorithm.estimator == "exact",
+                    **asdict(self._sampling()),
                     generator=self.sample_gen,
                     should_stop=self.stop.in_step,
                 )
             _sync(self.device)
             elapsed = time.perf_counter() - t0
-        return exs, batch, elapsed, extra
+        return batch, elapsed, extra
 
     def _server_rollout(self) -> tuple[list[Example], RolloutBatch, float, dict[str, float]]:
         """The step's batch from the rollout server (`core.rollout.server`): first the prompts
@@ -490,6 +504,35 @@ class TrainingRun:
         server, self.server = self.server, None
         if server is not None:
             server.close()
+
+    def _sampling(self) -> SamplingOptions:
+        """How the rollout samples (`generate`'s arguments), from the config of this step."""
+        r = self.cfg.rollout
+        return SamplingOptions(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=self.cfg.algorithm.top_k,
+            keep_full=self.cfg.algorithm.estimator == "exact",
+        )
+
+    def _episodes(self, task: EnvironmentTask, group: list[Example]) -> _Rollout:
+        """The step's groups as multi-turn episodes (`core.rollout.episodes`): each row an
+        episode of its group's task row, its reward the environment's."""
+        t0 = time.perf_counter()
+        with gathered(self.rollout_lm) if self.sharded else nullcontext():
+            played = run_episodes(
+                self.rollout_lm,
+                task.environment,
+                group,
+                limits=task.limits,
+                sampling=self._sampling(),
+                generator=self.sample_gen,
+                should_stop=self.stop.in_step,
+            )
+        _sync(self.device)
+        rewards = torch.tensor(played.rewards, dtype=torch.float32)
+        return _Rollout(played.batch, group, rewards, played.metrics, time.perf_counter() - t0)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """The step's optimizer updates (`core.training.update`), asking the stop between

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
+from core.config.environment import EnvironmentConfig
 from core.config.graders import MultiGrader
 from core.config.openai_graders import FORMULA_FUNCTIONS, OpenAIMulti, OpenAIPython
 from core.config.reasoning_gym import dataset_names
@@ -207,6 +208,9 @@ def task(draw: st.DrawFn, name: str | None = None) -> dict[str, Any]:
     them freely, 1 in 64 draws of a built-in task would be valid)."""
     data: dict[str, Any] = draw(_fields(TaskConfig))
     data["name"] = name or data.get("name", TaskConfig.model_fields["name"].default)
+    if data["name"] == "environment":
+        return _environment(draw, data)
+    data.pop("environment", None)
     if data["name"] == "reasoning_gym":
         return _reasoning_gym(draw, {k: v for k, v in data.items() if k not in JSONL_ONLY})
     data = {k: v for k, v in data.items() if k not in (*REASONING_GYM_FIELDS, "system_prompt")}
@@ -223,6 +227,15 @@ def task(draw: st.DrawFn, name: str | None = None) -> dict[str, Any]:
     if "validation_path" in data or "validation_file" in data:
         data.pop("validation_fraction", None)
     return data
+
+
+def _environment(draw: st.DrawFn, data: dict[str, Any]) -> dict[str, Any]:
+    """A `task.environment` section (drawn freely when the draw has none), and none of the
+    fields another task takes, nor a warm-up."""
+    if "environment" not in data:
+        data["environment"] = draw(_fields(EnvironmentConfig))
+    only = (*JSONL_ONLY, *REASONING_GYM_FIELDS, "system_prompt", "warmup_steps")
+    return {k: v for k, v in data.items() if k not in only}
 
 
 def _reasoning_gym(draw: st.DrawFn, data: dict[str, Any]) -> dict[str, Any]:

@@ -232,9 +232,23 @@ FULL_SPEC: dict[str, Any] = {
 
 
 REASONING_GYM_ONLY = {f"train.task.{name}" for name in (*REASONING_GYM_FIELDS, "system_prompt")}
-EXCLUSIVE = {"train.task.path", "train.task.validation_file"} | REASONING_GYM_ONLY
+EXCLUSIVE = {"train.task.path", "train.task.validation_file", "train.task.environment"}
+EXCLUSIVE |= REASONING_GYM_ONLY
 """Fields FULL_SPEC leaves out because one it sets excludes them (task.file, validation_path;
-its jsonl task, every field of a reasoning_gym task: those are FULL_REASONING_GYM's)."""
+its jsonl task, every field of a reasoning_gym task: those are FULL_REASONING_GYM's; the
+environment task's section: FULL_ENVIRONMENT's)."""
+
+FULL_ENVIRONMENT: dict[str, Any] = {
+    "name": "environment",
+    "environment": {
+        "name": "calculator",
+        "args": {"min_value": 2, "max_value": 20, "ops": "+*"},
+        "max_turns": 3,
+        "max_tokens": 80,
+        "step_timeout_seconds": 2.5,
+    },
+}
+"""A task that sets every field of `task.environment`."""
 
 FULL_REASONING_GYM: list[dict[str, Any]] = [
     {
@@ -296,6 +310,14 @@ def test_the_full_spec_sets_every_field_and_round_trips() -> None:
         assert_spec_round_trips(rg)
         given |= {f"train.task.{name}" for name in rg.train.task.model_fields_set}
     assert given >= REASONING_GYM_ONLY, REASONING_GYM_ONLY - given
+
+    env = JobSpec.model_validate(
+        # no held-out episodes yet: an environment task takes no eval_every
+        FULL_SPEC | {"train": FULL_SPEC["train"] | {"task": FULL_ENVIRONMENT, "eval_every": 0}}
+    )
+    assert env.train.task.environment is not None
+    assert _unset(env.train.task.environment) == []
+    assert_spec_round_trips(env)
 
     for correction in FULL_CORRECTIONS:  # the types that set their own weight take no is_cap
         algorithm = FULL_SPEC["train"]["algorithm"] | {"correction": correction, "is_cap": 1e4}

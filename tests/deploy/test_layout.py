@@ -40,8 +40,17 @@ CORE_RULES: dict[str, frozenset[str]] = {
     "core.budget": frozenset({"core.config", "core.disk"}),
     "core.experiments": frozenset({"core.config"}),
     "core.parallel": frozenset({"core.config", "core.models"}),
+    "core.environments": frozenset({"core.config", "core.tasks"}),
     "core.rollout": frozenset(
-        {"core.config", "core.models", "core.objective", "core.parallel", "core.process"}
+        {
+            "core.config",
+            "core.environments",
+            "core.models",
+            "core.objective",
+            "core.parallel",
+            "core.process",
+            "core.tasks",
+        }
     ),
     "core.tracking": frozenset({"core.extras"}),
     "core.training": frozenset(
@@ -49,6 +58,7 @@ CORE_RULES: dict[str, frozenset[str]] = {
             "core.budget",
             "core.config",
             "core.disk",
+            "core.environments",
             "core.extras",
             "core.graders",
             "core.models",

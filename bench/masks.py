@@ -44,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from core.experiments import curves, report, report_csv
+from core.experiments import report, report_csv
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "ppo_clip": {"mask": "ppo_clip", "estimator": "binary", "delta_low": 0.2, "delta_high": 0.2},
@@ -420,24 +420,71 @@ def held_out(runs: dict[str, dict[int, list[dict[str, float]]]], baseline: str, 
     return "\n".join(lines) + "\n\n" + paired_table(rep)
 
 
-def plot(runs: dict[str, dict[int, list[dict[str, float]]]], path: Path) -> None:
+SMOOTH = 5
+"""Steps in the running mean of the figure's reward curves (the threshold's window too)."""
+
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """The running mean over the last `window` values (fewer at the start)."""
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def plot(
+    runs: dict[str, dict[int, list[dict[str, float]]]], path: Path, primary: str | None = None
+) -> None:
+    """The figure of a comparison: each arm's training reward per step (every seed's curve
+    smoothed over `SMOOTH` steps, then their median and the band between the quartiles: the
+    min-max band of 16 noisy seeds hides every gap), and with `primary` a second panel of that
+    metric after the last step, every seed a dot, the arm's median a bar, the median start a
+    dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, curve in curves(runs, "reward_mean").items():
-        (line,) = ax.plot(curve["step"], curve["median"], label=name)
-        ax.fill_between(
-            curve["step"], curve["low"], curve["high"], alpha=0.12, color=line.get_color()
-        )
+    order = [name for name in VARIANTS if name in runs]
+    panels = 2 if primary else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 5), squeeze=False)
+    ax = axes[0][0]
+    colors = {}
+    for name in order:
+        seeds = [[r["reward_mean"] for r in rows] for rows in runs[name].values()]
+        length = min(len(s) for s in seeds)
+        curves_ = np.array([smoothed(s[:length]) for s in seeds])
+        steps = np.arange(1, length + 1)
+        low, mid, high = np.percentile(curves_, [25, 50, 75], axis=0)
+        (line,) = ax.plot(steps, mid, label=name)
+        colors[name] = line.get_color()
+        ax.fill_between(steps, low, high, alpha=0.12, color=line.get_color())
     ax.set_xlabel("step")
-    ax.set_ylabel("reward (median over seeds, min-max band)")
-    ax.set_title("Trust-region masks under stale bf16 rollouts")
-    ax.legend(loc="lower right", framealpha=0.9)
+    ax.set_ylabel(f"training reward, {SMOOTH}-step mean (median, quartile band)")
+    ax.set_title(f"Training reward, {len(next(iter(runs.values())))} seeds")
+    ax.legend(loc="lower left", framealpha=0.9, fontsize=8)
+    if primary:
+        ax = axes[0][1]
+        starts = [
+            rows[0][f"start_{primary}"]
+            for name in order
+            for rows in runs[name].values()
+            if f"start_{primary}" in rows[0]
+        ]
+        for i, name in enumerate(order):
+            ends = [rows[-1].get(primary, math.nan) for rows in runs[name].values()]
+            ax.scatter([i] * len(ends), ends, s=14, alpha=0.6, color=colors[name])
+            ax.plot([i - 0.3, i + 0.3], [float(np.nanmedian(ends))] * 2, color=colors[name], lw=3)
+        if starts:
+            ax.axhline(float(np.median(starts)), ls="--", color="grey", label="before RL (median)")
+            ax.legend(loc="lower left", fontsize=8)
+        ax.set_xticks(range(len(order)), order, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(f"{primary} after the last step (dots: seeds, bar: median)")
+        ax.set_title("Held-out reward after the last step")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -563,7 +610,7 @@ def main() -> None:
         print()
         print(held_out(runs, baseline, args.primary))
     png = args.out / "reward_curves.png"
-    plot(runs, png)
+    plot(runs, png, args.primary)
     print(f"\nreward curves: {png}")
 
 

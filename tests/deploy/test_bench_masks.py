@@ -235,3 +235,10 @@ def test_every_arm_is_a_valid_algorithm_section_and_the_corrections_reach_it() -
     assert types["icepop"] == ("none", "icepop")
     assert types["dppo topK-TV + tis"] == ("dppo", "tis")
     assert types["dppo topK-TV"] == ("dppo", "none")
+
+
+def test_the_figures_curves_are_running_means_over_the_last_five_steps() -> None:
+    from bench.masks import smoothed
+
+    assert smoothed([5.0, 1.0, 3.0, 0.0, 1.0, 10.0, 0.0]) == [5.0, 3.0, 3.0, 2.25, 2.0, 3.0, 2.8]
+    assert smoothed([]) == []

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -39,6 +39,9 @@ from core.models.base import CausalLM
 from core.objective.behavior import BehaviorView
 from core.objective.lazy_logits import ProjectedLogits
 from core.rollout.prefix import distinct_rows, shared_prefix_logits
+
+if TYPE_CHECKING:
+    from core.config import TrainConfig
 
 
 class StopRequested(Exception):
@@ -170,6 +173,29 @@ loop ends when all have, and finished rows leave decoding. On CPU the look is fr
 DROP_FRACTION = 0.25
 """Finished rows leave decoding (one copy of the cache) once they are this share of those still
 decoded: a copy per few finished rows, not one per row."""
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a rollout samples (`generate`'s sampling arguments), read from the config at each
+    step or request, so that a steered temperature or length applies from the next one on."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 20
+    keep_full: bool = False
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> SamplingOptions:
+        r = cfg.rollout
+        return cls(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=cfg.algorithm.top_k,
+            keep_full=cfg.algorithm.estimator == "exact",
+        )
 
 
 @torch.no_grad()

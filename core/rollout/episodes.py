@@ -40,7 +40,7 @@ from torch import Tensor
 from core.environments.base import Done, Environment, Episode, EpisodeLimits, Observation, Turn
 from core.models.base import CausalLM, encode_example
 from core.objective.behavior import BehaviorView
-from core.rollout import RolloutBatch, StopRequested, generate, left_pad
+from core.rollout import RolloutBatch, SamplingOptions, StopRequested, generate, left_pad
 from core.tasks.base import Example, Message
 
 Outcome = Literal["done", "error", "timeout", "turn_limit", "token_limit", "running"]
@@ -131,18 +131,6 @@ class EpisodeBatch:
     rewards: list[float]
     metrics: dict[str, float]
     episodes: list[EpisodeRecord]
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """How each turn is sampled (`core.rollout.generate`'s arguments): `max_new_tokens` per
-    turn, and what the rollout config says."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 20
-    keep_full: bool = False
 
 
 def run_episodes(

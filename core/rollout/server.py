@@ -48,7 +48,7 @@ import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ import torch.multiprocessing as tmp
 
 from core.config import TrainConfig
 from core.objective.behavior import BehaviorView
-from core.rollout import RolloutBatch, StopRequested, generate
+from core.rollout import RolloutBatch, SamplingOptions, StopRequested, generate
 
 STARTUP_SECONDS = 120.0
 """How long a new server may take to import torch and load its copy of the model."""
@@ -88,27 +88,16 @@ class RolloutServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """What `generate` needs besides the prompts: read from the config at each request, so a
-    steered temperature or length applies from the next request on."""
+    """What `generate` needs besides the prompts: each prompt's group size and the sampling
+    options, read from the config at each request, so a steered temperature or length applies
+    from the next request on."""
 
     group_size: int
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    keep_full: bool
+    options: SamplingOptions
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> Sampling:
-        r = cfg.rollout
-        return cls(
-            group_size=r.group_size,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=cfg.algorithm.top_k,
-            keep_full=cfg.algorithm.estimator == "exact",
-        )
+        return cls(group_size=cfg.rollout.group_size, options=SamplingOptions.of(cfg))
 
 
 @dataclass(frozen=True)
@@ -473,11 +462,7 @@ def serve(setup: _Setup, requests: Any, weights: Any, results: Any) -> None:
             batch = generate(
                 lm,
                 [p for p in request.prompts for _ in range(s.group_size)],
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                keep_full=s.keep_full,
+                **asdict(s.options),
                 generator=gen,
             )
             seconds = time.perf_counter() - t0

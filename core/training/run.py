@@ -58,8 +58,8 @@ from core.models import CausalLM, load_model
 from core.models.base import check_chat_prompts, encode_example
 from core.parallel.distributed import World, check_world
 from core.parallel.sharding import full_state, gathered, shard
-from core.rollout import RolloutBatch, StopRequested, generate
-from core.rollout.episodes import ChatDelta, SamplingOptions, run_episodes
+from core.rollout import RolloutBatch, SamplingOptions, StopRequested, generate
+from core.rollout.episodes import ChatDelta, run_episodes
 from core.rollout.server import RolloutServer, Sampling
 from core.tasks import Example, Task, make_task
 from core.tracking import Reporter, TrackingOptions
@@ -444,7 +444,7 @@ class TrainingRun:
                 batch = generate(
                     self.rollout_lm,
                     [p for p in ids for _ in range(r.group_size)],
-                    **asdict(self._sampling()),
+                    **asdict(SamplingOptions.of(self.cfg)),
                     generator=self.sample_gen,
                     should_stop=self.stop.in_step,
                 )
@@ -505,17 +505,6 @@ class TrainingRun:
         if server is not None:
             server.close()
 
-    def _sampling(self) -> SamplingOptions:
-        """How the rollout samples (`generate`'s arguments), from the config of this step."""
-        r = self.cfg.rollout
-        return SamplingOptions(
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=self.cfg.algorithm.top_k,
-            keep_full=self.cfg.algorithm.estimator == "exact",
-        )
-
     def _episodes(self, task: EnvironmentTask, group: list[Example]) -> _Rollout:
         """The step's groups as multi-turn episodes (`core.rollout.episodes`): each row an
         episode of its group's task row, its reward the environment's."""
@@ -526,7 +515,7 @@ class TrainingRun:
                 task.environment,
                 group,
                 limits=task.limits,
-                sampling=self._sampling(),
+                sampling=SamplingOptions.of(self.cfg),
                 generator=self.sample_gen,
                 should_stop=self.stop.in_step,
             )
